@@ -1,0 +1,70 @@
+# kdelay — the two commands a user needs are `make demo` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kdelay-installed
+PYTEST_ARGS ?=
+
+.PHONY: help install jvm lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+
+help:
+	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
+	@echo "make test    install everything, lint, run every test tier"
+	@echo "make install virtualenv in $(VENV), the project with dev extras, the pinned jars"
+	@echo "make lint    ruff check, ruff format --check, mypy --strict"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kdelay needs Python 3.11+, found " + sys.version.split()[0] + " at $(PYTHON) (set PYTHON=...)")'
+	@echo "==> creating $(VENV) and installing kdelay with dev extras"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) jvm
+
+jvm: $(STAMP)
+	$(BIN)/kdelay jvm fetch
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# pytest exits 5 when it collected nothing; that is a failure here, never a silent pass.
+test: install lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+test-e2e: install
+	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+# Every JVM and service kdelay starts carries -Dkdelay.managed / KDELAY_MANAGED in its command line.
+check-leftovers:
+	@if pgrep -af 'kdelay[.]managed' ; then echo "FAIL: processes started by kdelay are still running" >&2; exit 1; fi
+	@echo "no kdelay-managed process left running"
+
+demo: install
+	$(BIN)/python -m kdelay.demo
+
+bench: install
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .cache .kdelay .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,167 @@
+"""The control headers of CONTRACT.md: how a producer asks for a delay, an id or a cancel.
+
+Parsing is pure and shared by the proxy's Kafka listener and its HTTP API, so both reject the
+same inputs with the same message. Values are ASCII; the id may be any 1-255 bytes of UTF-8.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from kdelay.errors import InvalidHeaderError
+
+DELAY_MS = "kdelay-delay-ms"
+DELIVER_AT = "kdelay-deliver-at"
+DELAY_LEVEL = "kdelay-delay-level"
+ID = "kdelay-id"
+CANCEL = "kdelay-cancel"
+
+#: Headers that choose when a record is delivered; at most one may be present.
+TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
+#: Headers the proxy consumes; they are not passed on with the delivered record.
+CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL})
+
+#: RocketMQ's default level table, in milliseconds: 1s 5s 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
+DEFAULT_LEVELS_MS: tuple[int, ...] = tuple(
+    s * 1000
+    for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
+DEFAULT_MAX_HORIZON_MS = 365 * 24 * 3600 * 1000
+MAX_ID_BYTES = 255
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """A record that asks to be delivered at ``deliver_at_ms`` (epoch ms)."""
+
+    deliver_at_ms: int
+    id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A record that cancels the pending message ``id``; it is delivered nowhere."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DelayPolicy:
+    """The configurable part of header interpretation."""
+
+    levels_ms: tuple[int, ...] = DEFAULT_LEVELS_MS
+    max_horizon_ms: int = DEFAULT_MAX_HORIZON_MS
+
+
+def new_id() -> str:
+    """An id for a message that came without one: random, 32 hex characters."""
+    return uuid.uuid4().hex
+
+
+def _ascii(header: str, raw: bytes | None) -> str:
+    if raw is None:
+        raise InvalidHeaderError(header, "value is null")
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise InvalidHeaderError(header, "value is not ASCII") from None
+    if not text:
+        raise InvalidHeaderError(header, "value is empty")
+    return text
+
+
+def _int(header: str, raw: bytes | None) -> int:
+    text = _ascii(header, raw)
+    if not (text.isdigit() or (text.startswith("-") and text[1:].isdigit())):
+        raise InvalidHeaderError(header, f"{text!r} is not an integer")
+    return int(text)
+
+
+def parse_deliver_at(header: str, raw: bytes | None) -> int:
+    """Epoch milliseconds, or an RFC 3339 timestamp with an offset, to epoch milliseconds."""
+    text = _ascii(header, raw)
+    if text.isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidHeaderError(
+            header, f"{text!r} is neither epoch milliseconds nor an RFC 3339 timestamp"
+        ) from None
+    if parsed.tzinfo is None:
+        raise InvalidHeaderError(header, f"{text!r} has no UTC offset (RFC 3339 needs one)")
+    return round(parsed.timestamp() * 1000)
+
+
+def validate_id(header: str, raw: bytes | None) -> str:
+    """A message id: 1-255 bytes of UTF-8."""
+    if raw is None or not raw:
+        raise InvalidHeaderError(header, "id is empty")
+    if len(raw) > MAX_ID_BYTES:
+        raise InvalidHeaderError(header, f"id is {len(raw)} bytes, the maximum is {MAX_ID_BYTES}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidHeaderError(header, "id is not UTF-8") from None
+
+
+def resolve_timing(header: str, raw: bytes | None, now_ms: int, policy: DelayPolicy) -> int:
+    """The due time (epoch ms) asked for by one timing header."""
+    if header == DELAY_MS:
+        delay = _int(header, raw)
+        if delay < 0:
+            raise InvalidHeaderError(header, f"delay {delay} is negative")
+        due = now_ms + delay
+    elif header == DELIVER_AT:
+        due = parse_deliver_at(header, raw)
+    elif header == DELAY_LEVEL:
+        level = _int(header, raw)
+        if level < 1:
+            raise InvalidHeaderError(header, f"level {level} is below 1")
+        due = now_ms + policy.levels_ms[min(level, len(policy.levels_ms)) - 1]
+    else:  # pragma: no cover - callers pass TIMING_HEADERS only
+        raise InvalidHeaderError(header, "not a timing header")
+    if due - now_ms > policy.max_horizon_ms:
+        raise InvalidHeaderError(
+            header,
+            f"due time is {(due - now_ms) // 1000} s ahead, beyond the maximum horizon "
+            f"of {policy.max_horizon_ms // 1000} s",
+        )
+    return due
+
+
+def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | CancelRequest | None:
+    """What a produced record asks for: a delay, a cancel, or nothing (pass through).
+
+    Raises InvalidHeaderError naming the header when a control header is malformed, repeated,
+    or combined with one it excludes.
+    """
+    seen: dict[str, bytes | None] = {}
+    for name, value in headers:
+        if name in CONTROL_HEADERS:
+            if name in seen:
+                raise InvalidHeaderError(name, "header appears more than once")
+            seen[name] = value
+    if not seen:
+        return None
+    timing = [h for h in TIMING_HEADERS if h in seen]
+    if CANCEL in seen:
+        if timing:
+            raise InvalidHeaderError(CANCEL, f"cannot be combined with {timing[0]!r}")
+        return CancelRequest(validate_id(CANCEL, seen[CANCEL]))
+    msg_id = validate_id(ID, seen[ID]) if ID in seen else None
+    if len(timing) > 1:
+        raise InvalidHeaderError(timing[1], f"only one of {', '.join(TIMING_HEADERS)} may be set")
+    if not timing:
+        raise InvalidHeaderError(ID, f"an id needs one of {', '.join(TIMING_HEADERS)}")
+    return Delay(resolve_timing(timing[0], seen[timing[0]], now_ms, policy), msg_id)
+
+
+def strip_control(headers: Iterable[tuple[str, bytes | None]]) -> tuple[tuple[str, bytes], ...]:
+    """The producer's own headers: control headers removed, null values made empty."""
+    return tuple((n, v if v is not None else b"") for n, v in headers if n not in CONTROL_HEADERS)

@@ -1,0 +1,154 @@
+"""Pinned JVM dependencies: Kafka, ZooKeeper and Spark's Kafka connector from Maven Central.
+
+Versions live in ``deploy/jvm/<component>/pom.xml``; Maven copies each component's runtime
+jars into ``<cache>/<component>-<version>-<pom digest>/``, so editing a pom re-resolves. A
+finished copy is marked with ``.complete`` and is never resolved again. The cache is
+``.cache/jvm`` in the source tree, or ``$KDELAY_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from functools import cache
+from pathlib import Path
+
+from kdelay.errors import InfrastructureError
+
+COMPONENTS = ("kafka", "zookeeper", "spark-kafka")
+MIN_JAVA = 17
+_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+
+def source_root() -> Path:
+    """The kdelay source tree (``$KDELAY_HOME`` or the checkout this module lives in)."""
+    env = os.environ.get("KDELAY_HOME")
+    return Path(env) if env else Path(__file__).resolve().parents[2]
+
+
+def jvm_dir() -> Path:
+    path = source_root() / "deploy" / "jvm"
+    if not (path / "kafka" / "pom.xml").is_file():
+        raise InfrastructureError(
+            f"{path} holds no pinned JVM build files; set KDELAY_HOME to the kdelay source tree"
+        )
+    return path
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KDELAY_CACHE_DIR")
+    return Path(env) if env else source_root() / ".cache" / "jvm"
+
+
+@cache
+def pinned_version(component: str) -> str:
+    """The version pinned in ``deploy/jvm/<component>/pom.xml``."""
+    if component not in COMPONENTS:
+        raise InfrastructureError(f"unknown JVM component {component!r}; known: {COMPONENTS}")
+    root = ET.parse(jvm_dir() / component / "pom.xml").getroot()  # noqa: S314 - our own file
+    node = root.find("m:version", _POM_NS)
+    if node is None or not node.text:
+        raise InfrastructureError(f"deploy/jvm/{component}/pom.xml has no <version>")
+    return node.text.strip()
+
+
+@cache
+def java_executable() -> str:
+    """``$JAVA_HOME/bin/java`` or ``java`` on PATH, checked to be Java 17 or newer."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise InfrastructureError(
+            f"Java {MIN_JAVA}+ is required but no java was found (install a JDK, e.g. "
+            f"'apt-get install openjdk-17-jre-headless', or set JAVA_HOME)"
+        )
+    out = subprocess.run(
+        [java, "-version"], capture_output=True, text=True, check=False, timeout=60
+    ).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        raise InfrastructureError(f"cannot read the Java version from {java} -version: {out!r}")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8" style
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise InfrastructureError(
+            f"Java {MIN_JAVA}+ is required, {java} is Java {major} (set JAVA_HOME to a newer JDK)"
+        )
+    return java
+
+
+def _maven() -> str:
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise InfrastructureError(
+            "Maven is required to fetch the pinned Kafka/ZooKeeper/Spark jars but 'mvn' is not "
+            "on PATH (install it, e.g. 'apt-get install maven')"
+        )
+    return mvn
+
+
+def jars(component: str, *, progress: bool = False) -> Path:
+    """The directory of ``component``'s jars, resolving them on first use."""
+    version = pinned_version(component)
+    digest = hashlib.sha256((jvm_dir() / component / "pom.xml").read_bytes()).hexdigest()[:10]
+    target = cache_dir() / f"{component}-{version}-{digest}"
+    if (target / ".complete").exists():
+        return target
+    java_executable()
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    base = jvm_dir()
+    cmd = [
+        _maven(),
+        "-B",
+        "-s",
+        str(base / "settings.xml"),
+        "-f",
+        str(base / component / "pom.xml"),
+        "package",
+        f"-Djars.dir={staging}",
+        f"-Dproject.build.directory={staging}.build",
+    ]
+    if not progress:
+        cmd.insert(2, "-q")
+    else:
+        print(f"==> fetching {component} {version} jars from Maven Central", file=sys.stderr)  # noqa: T201
+    result = subprocess.run(
+        cmd,
+        stdout=None if progress else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    shutil.rmtree(f"{staging}.build", ignore_errors=True)
+    if result.returncode != 0 or not any(staging.glob("*.jar")):
+        detail = (result.stdout or "")[-2000:]
+        raise InfrastructureError(
+            f"Maven could not resolve {component} {version} (deploy/jvm/{component}/pom.xml): "
+            f"exit {result.returncode}\n{detail}"
+        )
+    (staging / ".complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def classpath(component: str) -> str:
+    """A ``-cp`` value covering every jar of ``component``."""
+    return str(jars(component) / "*")
+
+
+def main() -> None:  # pragma: no cover - thin wrapper for `python -m kdelay.local.jvm`
+    for name in sys.argv[1:] or COMPONENTS:
+        print(jars(name, progress=True))  # noqa: T201
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

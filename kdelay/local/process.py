@@ -1,0 +1,193 @@
+"""Child processes that never outlive their owner.
+
+Every process is started in its own process group with the marker ``kdelay.managed`` in its
+command line (``-Dkdelay.managed=<owner pid>`` for JVMs, an environment variable and argument
+otherwise), so ``make check-leftovers`` can prove nothing survived. Stopping signals the whole
+group: TERM, then KILL after a grace period. A registry kills what is still running at
+interpreter exit and on SIGTERM/SIGHUP, so an interrupted test run leaves no JVM behind.
+
+Thread-safety: the registry is guarded by a lock; one ManagedProcess is driven by one owner.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+from kdelay.errors import InfrastructureError
+from kdelay.local.jvm import java_executable
+
+MARKER = "kdelay.managed"
+
+_registry: set[ManagedProcess] = set()
+_lock = threading.Lock()
+_installed = False
+
+
+def _kill_all() -> None:
+    with _lock:
+        procs = list(_registry)
+    for proc in procs:
+        proc.stop(grace=2.0)
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    _kill_all()
+    # Restore the default and re-raise so the exit status still says "killed by signal".
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _installed  # noqa: PLW0603 - one-time process-wide hook installation
+    if _installed:
+        return
+    _installed = True
+    atexit.register(_kill_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_signal)
+
+
+class ManagedProcess:
+    """One child process in its own group, logging to ``log_path``."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._popen is None:
+            raise InfrastructureError(f"{self.name} is not started")
+        return self._popen.pid
+
+    def start(self) -> None:
+        _install_handlers()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        env["KDELAY_MANAGED"] = str(os.getpid())
+        with self.log_path.open("ab") as log:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        with _lock:
+            _registry.add(self)
+
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group."""
+        if self._popen is not None and self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the group at once and reap it (a crash, for failure tests)."""
+        self.signal(signal.SIGKILL)
+        if self._popen is not None:
+            self._popen.wait()
+        with _lock:
+            _registry.discard(self)
+
+    def stop(self, grace: float = 15.0) -> None:
+        """TERM the group; KILL it if it has not exited after ``grace`` seconds."""
+        if self._popen is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self._popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self._popen.wait()
+        # Children that left the group's leader behind still belong to the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        with _lock:
+            _registry.discard(self)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    proc: ManagedProcess | None = None,
+) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` (and the log tail of ``proc``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return
+        if proc is not None and not proc.alive():
+            raise InfrastructureError(
+                f"{proc.name} exited with code {proc.returncode()} while waiting for {what}; "
+                f"log {proc.log_path}:\n{proc.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            tail = f"; log {proc.log_path}:\n{proc.log_tail()}" if proc else ""
+            raise InfrastructureError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def java_argv(component_cp: str, main_class: str, heap_mb: int, *args: str) -> list[str]:
+    """A small-footprint JVM command line for a 2-core machine, marked as managed."""
+    return [
+        java_executable(),
+        f"-D{MARKER}={os.getpid()}",
+        f"-Xms{min(heap_mb, 128)}m",
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        "-Djava.awt.headless=true",
+        "-cp",
+        component_cp,
+        main_class,
+        *args,
+    ]

@@ -1,0 +1,1 @@
+"""The kdelay proxy: a Kafka broker facade for producers, plus the HTTP API."""

@@ -1,0 +1,1 @@
+"""Test support: infrastructure backends (local jars, testcontainers, external) and helpers."""

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from kdelay import __version__
+from kdelay.cli import cli
+
+
+def test_version_is_the_package_version() -> None:
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"kdelay, version {__version__}"
+    assert __version__ == "0.1.0"
+
+
+def test_unknown_subcommand_names_itself() -> None:
+    result = CliRunner().invoke(cli, ["frobnicate"])
+    assert result.exit_code == 2
+    assert "frobnicate" in result.output

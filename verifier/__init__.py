@@ -1,0 +1,1 @@
+"""The Spark Structured Streaming verifier: lateness, early, duplicate and missing deliveries."""

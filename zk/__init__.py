@@ -1,0 +1,1 @@
+"""ZooKeeper coordination: election, membership registry and the fenced checkpoint store."""
