@@ -1,8 +1,13 @@
-"""The ``kdelay`` command line (CONTRACT.md). Subcommands import their component lazily, so
-``kdelay --version`` stays instant and one component's dependencies never load another's."""
+"""The ``kdelay`` command line (CONTRACT.md).
+
+Subcommands live with their component and are imported lazily, by name, only when invoked:
+``kdelay --version`` stays instant, and one component's dependencies never load another's.
+A component provides a ``click.Command`` at the path registered in ``SUBCOMMANDS``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -10,14 +15,59 @@ import click
 from kdelay import __version__
 from kdelay.errors import KdelayError
 
+#: name -> "module:attribute" of a click.Command.
+SUBCOMMANDS: dict[str, str] = {
+    "up": "kdelay.up:command",
+    "proxy": "proxy.cli:command",
+    "send": "proxy.client:send_command",
+    "cancel": "proxy.client:cancel_command",
+    "delay-service": "delay_service.cli:command",
+    "status": "delay_service.cli:status_command",
+    "verify": "verifier.cli:command",
+    "jvm": "kdelay.cli:jvm",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported when first used (click's lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                return _unavailable(cmd_name, f"{module_name} is not part of this build yet")
+            raise
+        command = getattr(module, attr, None)
+        if not isinstance(command, click.Command):
+            return _unavailable(cmd_name, f"{target} is not a click command")
+        return command
+
+
+def _unavailable(name: str, why: str) -> click.Command:
+    def run() -> None:
+        raise click.UsageError(f"'kdelay {name}' is not available: {why}")
+
+    return click.Command(name, callback=run, help=f"(not available: {why})")
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
 @click.version_option(__version__, prog_name="kdelay")
 def cli() -> None:
     """Delayed and scheduled messages for Apache Kafka."""
 
 
-@cli.group()
+@click.group()
 def jvm() -> None:
     """The pinned Kafka, ZooKeeper and Spark-Kafka jars (from Maven Central)."""
 
@@ -36,7 +86,7 @@ def jvm_fetch(components: tuple[str, ...]) -> None:
 def main() -> None:
     """Console-script entry point: KdelayError becomes a one-line message and exit code 2."""
     try:
-        cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
@@ -45,3 +95,4 @@ def main() -> None:
     except KdelayError as exc:
         click.echo(f"kdelay: error: {exc}", err=True)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
