@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -175,6 +176,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def python_argv(*args: str) -> list[str]:
+    """``python -m kdelay ARGS`` in this interpreter, marked as managed (``-X`` is inert)."""
+    return [sys.executable, "-X", f"{MARKER}={os.getpid()}", "-m", "kdelay", *args]
 
 
 def java_argv(component_cp: str, main_class: str, heap_mb: int, *args: str) -> list[str]:

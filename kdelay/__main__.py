@@ -1,0 +1,7 @@
+"""``python -m kdelay`` is the ``kdelay`` command."""
+
+from __future__ import annotations
+
+from kdelay.cli import main
+
+main()

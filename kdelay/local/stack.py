@@ -1,0 +1,235 @@
+"""The whole kdelay stack on one machine: ZooKeeper, Kafka, the proxy and N replicas.
+
+``kdelay up`` runs it in the foreground; ``make demo`` and the end-to-end tests drive
+``kdelay up`` as a subprocess. Kafka and ZooKeeper are local unless ``bootstrap_servers`` /
+``zk_connect`` name existing ones. Components talk to each other only through their public
+interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdelay.local import jvm
+from kdelay.local.kafka import KafkaSettings, LocalKafka
+from kdelay.local.process import ManagedProcess, free_port, python_argv, wait_until
+from kdelay.local.zookeeper import LocalZooKeeper
+
+HOST = "127.0.0.1"
+_MASTER = re.compile(r"^kdelay_replica_is_master(?:\{[^}]*\})? 1(?:\.0)?$", re.M)
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What ``kdelay up`` was asked for (CONTRACT.md flags)."""
+
+    replicas: int = 3
+    proxy_port: int = 0
+    http_port: int = 0
+    kafka_port: int = 0
+    zk_port: int = 0
+    bootstrap_servers: str | None = None
+    zk_connect: str | None = None
+    data_dir: Path = Path(".kdelay/data")
+    state_file: Path = Path(".kdelay/up.json")
+    buffer_partitions: int = 6
+    start_timeout: float = 180.0
+
+
+@dataclass
+class Replica:
+    name: str
+    metrics_port: int
+    process: ManagedProcess
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}"
+
+
+@dataclass
+class LocalStack:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``progress`` receives one line a step."""
+
+    options: StackOptions
+    progress: Callable[[str], None] = print
+    zookeeper: LocalZooKeeper | None = None
+    kafka: LocalKafka | None = None
+    proxy: ManagedProcess | None = None
+    replicas: list[Replica] = field(default_factory=list)
+    bootstrap: str = ""
+    zk_connect: str = ""
+    proxy_port: int = 0
+    http_port: int = 0
+
+    def start(self) -> None:
+        opts = self.options
+        data = opts.data_dir.resolve()
+        data.mkdir(parents=True, exist_ok=True)
+        if not (opts.bootstrap_servers and opts.zk_connect):
+            self.progress("==> checking the pinned Kafka and ZooKeeper jars (first run: Maven)")
+            jvm.jars("kafka", progress=True)
+            jvm.jars("zookeeper", progress=True)
+        if opts.zk_connect:
+            self.zk_connect = opts.zk_connect
+        else:
+            self.progress("==> starting ZooKeeper")
+            self.zookeeper = LocalZooKeeper(data / "zookeeper", port=opts.zk_port).start()
+            self.zk_connect = self.zookeeper.connect_string
+        if opts.bootstrap_servers:
+            self.bootstrap = opts.bootstrap_servers
+        else:
+            self.progress("==> starting Kafka (KRaft)")
+            self.kafka = LocalKafka(
+                data / "kafka",
+                ports=[opts.kafka_port],
+                settings=KafkaSettings(num_partitions=4, auto_create_topics=True),
+            ).start()
+            self.bootstrap = self.kafka.bootstrap_servers
+        self._start_proxy(data)
+        self._start_replicas(data)
+        self.progress("==> waiting for the proxy and for a master to be elected")
+        self._wait_ready()
+        self._write_state()
+
+    def _start_proxy(self, data: Path) -> None:
+        self.progress("==> starting the proxy")
+        self.proxy_port = self.options.proxy_port or free_port()
+        self.http_port = self.options.http_port or free_port()
+        self.proxy = ManagedProcess(
+            "proxy",
+            python_argv(
+                "proxy",
+                "--listen",
+                f"{HOST}:{self.proxy_port}",
+                "--http-listen",
+                f"{HOST}:{self.http_port}",
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--buffer-partitions",
+                str(self.options.buffer_partitions),
+            ),
+            data / "proxy.log",
+        )
+        self.proxy.start()
+
+    def _start_replicas(self, data: Path) -> None:
+        for i in range(1, self.options.replicas + 1):
+            name = f"replica-{i}"
+            self.progress(f"==> starting {name}")
+            port = free_port()
+            proc = ManagedProcess(
+                name,
+                python_argv(
+                    "delay-service",
+                    "--name",
+                    name,
+                    "--bootstrap-servers",
+                    self.bootstrap,
+                    "--zk-connect",
+                    self.zk_connect,
+                    "--data-dir",
+                    str(data / name),
+                    "--metrics-port",
+                    str(port),
+                    "--buffer-partitions",
+                    str(self.options.buffer_partitions),
+                ),
+                data / f"{name}.log",
+            )
+            proc.start()
+            self.replicas.append(Replica(name, port, proc))
+
+    def _wait_ready(self) -> None:
+        assert self.proxy is not None
+        timeout = self.options.start_timeout
+        wait_until(
+            lambda: _http_ok(f"http://{HOST}:{self.http_port}/readyz"),
+            timeout=timeout,
+            what="the proxy's /readyz",
+            interval=0.2,
+            proc=self.proxy,
+        )
+        for replica in self.replicas:
+            wait_until(
+                functools.partial(_http_ok, f"{replica.metrics_url}/metrics"),
+                timeout=timeout,
+                what=f"{replica.name}'s /metrics",
+                interval=0.2,
+                proc=replica.process,
+            )
+        wait_until(
+            lambda: self.master() is not None,
+            timeout=timeout,
+            what="a delay-service master",
+            interval=0.2,
+        )
+
+    def master(self) -> str | None:
+        """The replica whose metrics say it is master, if any."""
+        for replica in self.replicas:
+            body = _http_get(f"{replica.metrics_url}/metrics")
+            if body is not None and _MASTER.search(body):
+                return replica.name
+        return None
+
+    def state(self) -> dict[str, object]:
+        """The state-file document of CONTRACT.md."""
+        return {
+            "proxy": f"{HOST}:{self.proxy_port}",
+            "http": f"http://{HOST}:{self.http_port}",
+            "kafka": self.bootstrap,
+            "zookeeper": self.zk_connect,
+            "replicas": [
+                {"name": r.name, "pid": r.process.pid, "metrics": r.metrics_url}
+                for r in self.replicas
+            ],
+        }
+
+    def _write_state(self) -> None:
+        path = self.options.state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state(), indent=2) + "\n")
+        tmp.replace(path)
+
+    def dead_components(self) -> list[str]:
+        procs = [r.process for r in self.replicas]
+        if self.proxy is not None:
+            procs.append(self.proxy)
+        return [p.name for p in procs if not p.alive()]
+
+    def stop(self) -> None:
+        """Stop everything this stack started, newest first; remove the state file."""
+        for replica in reversed(self.replicas):
+            self.progress(f"==> stopping {replica.name}")
+            replica.process.stop()
+        if self.proxy is not None:
+            self.progress("==> stopping the proxy")
+            self.proxy.stop()
+        if self.kafka is not None:
+            self.progress("==> stopping Kafka")
+            self.kafka.stop()
+        if self.zookeeper is not None:
+            self.progress("==> stopping ZooKeeper")
+            self.zookeeper.stop()
+        self.options.state_file.unlink(missing_ok=True)
+
+
+def _http_get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback URLs we built
+            return resp.read().decode("utf-8", "replace") if resp.status == 200 else None
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _http_ok(url: str) -> bool:
+    return _http_get(url) is not None
