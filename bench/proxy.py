@@ -1,0 +1,232 @@
+"""Proxy vs direct production to Kafka, in the same run (not a test).
+
+    .venv/bin/python -m bench.proxy [--bootstrap HOST:PORT] [--records N] [--rate-seconds S]
+
+Starts a local Kafka (unless --bootstrap names one) and ``kdelay proxy`` as a subprocess, then
+for confluent-kafka (this process) and the Java producer (kafka-tools' ProducerPerformance):
+throughput and ack latency p50/p99, direct vs through the proxy, immediate and delayed, 100 B
+and 1 KB values; and the p99 added at a fixed 10k msg/s. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from kdelay import headers as h
+from kdelay.local import LocalKafka, free_port, jvm
+from tests.support.kafka_helpers import create_topic, unique_topic
+
+
+@dataclass
+class Result:
+    client: str
+    path: str
+    kind: str
+    size: int
+    msgs_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _result(client: str, path: str, kind: str, size: int, r: tuple[float, float, float]) -> Result:
+    return Result(client, path, kind, size, r[0], r[1], r[2])
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def confluent_run(
+    bootstrap: str, topic: str, n: int, size: int, *, delayed: bool, rate: float | None = None
+) -> tuple[float, float, float]:
+    """Throughput (msg/s) and ack latency p50/p99 (ms) of an idempotent librdkafka producer."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    value = os.urandom(size)
+    latencies: list[float] = []
+    errors: list[KafkaError] = []
+    headers: list[tuple[str, str | bytes | None]] = [(h.DELAY_MS, b"3600000")] if delayed else []
+
+    def report(start: float) -> Callable[[KafkaError | None, Message], None]:
+        def cb(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err)
+            latencies.append((time.perf_counter() - start) * 1000)
+
+        return cb
+
+    producer.produce(topic, value, headers=headers)  # warm-up: metadata, producer id
+    producer.flush(30)
+    began = time.perf_counter()
+    for i in range(n):
+        if rate is not None:
+            due = began + i / rate
+            while time.perf_counter() < due:
+                producer.poll(0)
+        while True:
+            try:
+                producer.produce(
+                    topic, value, headers=headers, on_delivery=report(time.perf_counter())
+                )
+                break
+            except BufferError:
+                producer.poll(0.001)
+        producer.poll(0)
+    producer.flush(120)
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise RuntimeError(f"{len(errors)} delivery errors, first: {errors[0]}")
+    return n / elapsed, statistics.median(latencies), _pct(latencies, 0.99)
+
+
+_PERF = re.compile(
+    r"([\d.]+) records/sec .*?([\d.]+) ms avg latency.*?(\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th"
+)
+
+
+def java_run(
+    bootstrap: str, topic: str, n: int, size: int, rate: int = -1
+) -> tuple[float, float, float]:
+    """kafka-tools' ProducerPerformance (idempotent by default): msg/s, p50 and p99 (ms)."""
+    jars = jvm.jars("kafka")
+    out = subprocess.run(
+        [
+            str(jvm.java_executable()),
+            "-Xmx512m",
+            "-cp",
+            f"{jars}/*",
+            "org.apache.kafka.tools.ProducerPerformance",
+            "--topic",
+            topic,
+            "--num-records",
+            str(n),
+            "--record-size",
+            str(size),
+            "--throughput",
+            str(rate),
+            "--producer-props",
+            f"bootstrap.servers={bootstrap}",
+            "acks=all",
+            "linger.ms=5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    m = _PERF.findall(out)
+    if not m:
+        raise RuntimeError(f"unexpected ProducerPerformance output:\n{out[-2000:]}")
+    rps, _avg, p50, _p95, p99 = m[-1]
+    return float(rps), float(p50), float(p99)
+
+
+@contextmanager
+def kafka(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    with tempfile.TemporaryDirectory(prefix="kdelay-bench-") as tmp, LocalKafka(Path(tmp)) as k:
+        yield k.bootstrap_servers
+
+
+@contextmanager
+def proxy(bootstrap: str) -> Iterator[str]:
+    port = free_port()
+    argv = [
+        str(Path(sys.executable).with_name("kdelay")),
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--http-listen",
+        f"127.0.0.1:{free_port()}",
+        "--bootstrap-servers",
+        bootstrap,
+        "--log-level",
+        "WARNING",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError(f"proxy did not start: {line!r}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--bootstrap", default=None, help="an existing Kafka (default: start one)")
+    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--rate-seconds", type=int, default=5, help="length of the 10k msg/s run")
+    ap.add_argument("--skip-java", action="store_true")
+    args = ap.parse_args()
+    results: list[Result] = []
+    with kafka(args.bootstrap) as direct, proxy(direct) as via:
+        for size in (100, 1024):
+            topic = unique_topic("bench")
+            create_topic(direct, topic, partitions=3)
+            for path, target in (("direct", direct), ("proxy", via)):
+                r = confluent_run(target, topic, args.records, size, delayed=False)
+                results.append(_result("confluent-kafka", path, "immediate", size, r))
+            r = confluent_run(via, topic, args.records, size, delayed=True)
+            results.append(_result("confluent-kafka", "proxy", "delayed", size, r))
+            if not args.skip_java:
+                for path, target in (("direct", direct), ("proxy", via)):
+                    r = java_run(target, topic, args.records, size)
+                    results.append(_result("java", path, "immediate", size, r))
+        topic = unique_topic("bench-rate")
+        create_topic(direct, topic, partitions=3)
+        n = 10_000 * args.rate_seconds
+        for path, target in (("direct", direct), ("proxy", via)):
+            r = confluent_run(target, topic, n, 100, delayed=False, rate=10_000)
+            results.append(_result("confluent-kafka@10k/s", path, "immediate", 100, r))
+            if not args.skip_java:
+                r = java_run(target, topic, n, 100, rate=10_000)
+                results.append(_result("java@10k/s", path, "immediate", 100, r))
+    print("| client | path | kind | size | msg/s | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for res in results:
+        print(
+            f"| {res.client} | {res.path} | {res.kind} | {res.size} | {res.msgs_per_s:,.0f} "
+            f"| {res.p50_ms:.1f} | {res.p99_ms:.1f} |"
+        )
+    direct_by = {(x.client, x.size): x for x in results if x.path == "direct"}
+    print()
+    for res in results:
+        d = direct_by.get((res.client, res.size))
+        if res.path == "proxy" and d is not None:
+            print(
+                f"- {res.client} {res.kind} {res.size} B: throughput ratio "
+                f"{res.msgs_per_s / d.msgs_per_s:.2f}, p99 added {res.p99_ms - d.p99_ms:+.1f} ms"
+            )
+
+
+if __name__ == "__main__":
+    main()

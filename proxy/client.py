@@ -1,0 +1,133 @@
+"""``kdelay send`` and ``kdelay cancel``: produce through the proxy with confluent-kafka."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from confluent_kafka import KafkaError, Message, Producer
+
+from kdelay import buffer
+from kdelay import headers as h
+from kdelay.errors import KdelayError
+
+
+class SendError(KdelayError):
+    """The proxy did not accept the record; the message carries its Kafka error."""
+
+
+def produce_one(
+    bootstrap: str,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    *,
+    headers: list[tuple[str, str | bytes | None]],
+    timeout: float = 30.0,
+) -> Message:
+    """Produce one record (idempotent, acks=all) and return its delivery report."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    reports: list[tuple[KafkaError | None, Message]] = []
+    producer.produce(
+        topic,
+        value,
+        key,
+        headers=headers,
+        on_delivery=lambda err, msg: reports.append((err, msg)),
+    )
+    if producer.flush(timeout) or not reports:
+        raise SendError(f"no acknowledgement from {bootstrap} within {timeout} s")
+    err, msg = reports[0]
+    if err is not None:
+        raise SendError(f"{bootstrap} refused the record: {err.str()}")
+    return msg
+
+
+@click.command("send")
+@click.option("--bootstrap-servers", required=True, help="the proxy's host:port")
+@click.option("--topic", required=True)
+@click.option("--key", default=None)
+@click.option("--delay", default=None, help="delay, e.g. 1500ms, 30s, 5m, 2h")
+@click.option("--at", "at", default=None, help="deliver at: epoch ms or RFC 3339")
+@click.option("--level", type=click.IntRange(min=1), default=None, help="delay level 1..18")
+@click.option("--id", "msg_id", default=None, help="message id (default: a new one)")
+@click.option("--header", "extra", multiple=True, help="NAME=VALUE, repeatable")
+@click.argument("value")
+def send_command(
+    *,
+    bootstrap_servers: str,
+    topic: str,
+    key: str | None,
+    delay: str | None,
+    at: str | None,
+    level: int | None,
+    msg_id: str | None,
+    extra: tuple[str, ...],
+    value: str,
+) -> None:
+    """Send VALUE to TOPIC through the proxy, delayed unless no timing option is given."""
+    chosen = [x for x in (delay, at, level) if x is not None]
+    if len(chosen) > 1:
+        raise click.UsageError("give at most one of --delay, --at, --level")
+    headers: list[tuple[str, str | bytes | None]] = []
+    for item in extra:
+        name, sep, val = item.partition("=")
+        if not sep:
+            raise click.UsageError(f"--header {item!r}: use NAME=VALUE")
+        headers.append((name, val.encode()))
+    if delay is not None:
+        headers.append((h.DELAY_MS, str(parse_duration_ms(delay)).encode()))
+    elif at is not None:
+        headers.append((h.DELIVER_AT, at.encode()))
+    elif level is not None:
+        headers.append((h.DELAY_LEVEL, str(level).encode()))
+    delayed = bool(chosen)
+    if delayed:
+        msg_id = msg_id or h.new_id()
+        headers.append((h.ID, msg_id.encode()))
+    elif msg_id is not None:
+        raise click.UsageError("--id needs one of --delay, --at, --level")
+    raw_key = key.encode() if key is not None else None
+    msg = produce_one(bootstrap_servers, topic, value.encode(), raw_key, headers=headers)
+    click.echo(
+        json.dumps(
+            {
+                "id": msg_id,
+                "topic": topic,
+                "partition": msg.partition(),
+                "offset": msg.offset(),
+                "delayed": delayed,
+            }
+        )
+    )
+
+
+@click.command("cancel")
+@click.option("--bootstrap-servers", required=True, help="the proxy's host:port")
+@click.argument("message_id")
+def cancel_command(bootstrap_servers: str, message_id: str) -> None:
+    """Cancel the pending message MESSAGE_ID (a no-op if it was already delivered)."""
+    try:
+        h.validate_id(h.CANCEL, message_id.encode())
+    except KdelayError as exc:
+        raise click.BadParameter(str(exc), param_hint="MESSAGE_ID") from None
+    # The carrier topic is irrelevant: the proxy turns the record into a buffer-topic cancel.
+    carrier = buffer.BUFFER_TOPIC
+    produce_one(bootstrap_servers, carrier, b"", None, headers=[(h.CANCEL, message_id.encode())])
+    click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``1500`` / ``1500ms`` / ``30s`` / ``5m`` / ``2h`` / ``1d`` to milliseconds."""
+    t = text.strip().lower()
+    for unit in ("ms", "s", "m", "h", "d"):
+        if t.endswith(unit) and t[: -len(unit)].isdigit():
+            return int(t[: -len(unit)]) * _UNITS_MS[unit]
+    if t.isdigit():
+        return int(t)
+    raise click.BadParameter(
+        f"{text!r} is not a duration like 1500ms, 30s, 5m, 2h", param_hint="--delay"
+    )

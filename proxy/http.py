@@ -1,0 +1,268 @@
+"""The proxy's HTTP API (CONTRACT.md): produce delayed, cancel, health, readiness, metrics.
+
+Runs on the same asyncio loop as the Kafka listener (uvicorn). Input is validated with the same
+header parser as the Kafka path, so both reject the same values with the same reason; a 400 names
+the JSON field at fault. A record is acknowledged (202) only once upstream Kafka has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from confluent_kafka import KafkaException
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from kdelay import buffer, logs
+from kdelay import headers as h
+from kdelay.errors import InvalidHeaderError
+from kdelay.headers import DelayPolicy
+from proxy.broker import Broker
+from proxy.metrics import ProxyMetrics
+from proxy.routing import Incoming, Kind, Outgoing, cancel, route_record
+from proxy.upstream import Upstream, UpstreamError
+
+log = logs.get(__name__)
+
+_FIELD_OF_HEADER = {
+    h.DELAY_MS: "delay_ms",
+    h.DELIVER_AT: "deliver_at",
+    h.DELAY_LEVEL: "delay_level",
+    h.ID: "id",
+    h.CANCEL: "id",
+}
+TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+
+
+class MessageIn(BaseModel):
+    """A message to deliver later. Exactly one of delay_ms, deliver_at, delay_level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: Annotated[str, Field(pattern=TOPIC_PATTERN, description="target topic")]
+    partition: Annotated[
+        int | None, Field(ge=0, le=2**31 - 1, description="target partition; absent: by key")
+    ] = None
+    key: str | None = Field(default=None, description="UTF-8 key; absent: null key")
+    value: str | None = Field(default=None, description="UTF-8 value")
+    value_b64: str | None = Field(default=None, description="base64 value (binary)")
+    headers: dict[str, str] | None = Field(default=None, description="record headers")
+    delay_ms: Annotated[int | None, Field(ge=0)] = None
+    deliver_at: int | str | None = Field(
+        default=None, description="epoch milliseconds or an RFC 3339 timestamp"
+    )
+    delay_level: Annotated[int | None, Field(ge=1)] = None
+    id: str | None = Field(default=None, description="message id, 1-255 bytes")
+
+
+class Accepted(BaseModel):
+    """The message is durable in the buffer topic."""
+
+    id: str
+    deliver_at: int
+
+
+class CancelAccepted(BaseModel):
+    """The cancel is durable in the buffer topic."""
+
+    id: str
+
+
+class Problem(BaseModel):
+    """What was wrong with the request, naming the field, or why the proxy cannot serve it."""
+
+    error: str
+
+
+class Status(BaseModel):
+    """Health or readiness."""
+
+    status: str
+
+
+class BadRequestError(Exception):
+    """Input the caller must fix; becomes 400."""
+
+
+class UnavailableError(Exception):
+    """Upstream Kafka cannot take the request now; becomes 503."""
+
+
+def _utf8(field: str, text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequestError(f"{field}: not valid UTF-8 text") from None
+
+
+def _value(msg: MessageIn) -> bytes | None:
+    if msg.value is not None and msg.value_b64 is not None:
+        raise BadRequestError("value_b64: give value or value_b64, not both")
+    if msg.value_b64 is not None:
+        try:
+            return base64.b64decode(msg.value_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequestError("value_b64: not valid base64") from None
+    return _utf8("value", msg.value)
+
+
+def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
+    timing: list[tuple[str, bytes | None]] = []
+    if msg.delay_ms is not None:
+        timing.append((h.DELAY_MS, str(msg.delay_ms).encode()))
+    if msg.deliver_at is not None:
+        at = msg.deliver_at
+        timing.append((h.DELIVER_AT, _utf8("deliver_at", str(at))))
+    if msg.delay_level is not None:
+        timing.append((h.DELAY_LEVEL, str(msg.delay_level).encode()))
+    if len(timing) != 1:
+        raise BadRequestError(
+            f"delay_ms: give exactly one of delay_ms, deliver_at, delay_level ({len(timing)} given)"
+        )
+    if msg.id is not None:
+        timing.append((h.ID, _utf8("id", msg.id)))
+    return timing
+
+
+def _route_message(msg: MessageIn, now_ms: int, policy: DelayPolicy) -> Outgoing:
+    """The buffer record for a posted message; BadRequestError names the bad field."""
+    value = _value(msg)
+    key = _utf8("key", msg.key)
+    own = [(k, _utf8(f"headers.{k}", v)) for k, v in (msg.headers or {}).items()]
+    for name, _ in own:
+        if name in h.CONTROL_HEADERS:
+            raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
+    control = _control_headers(msg)
+    try:
+        return route_record(
+            msg.topic,
+            -1 if msg.partition is None else msg.partition,
+            Incoming(key, value, [*own, *control]),
+            now_ms,
+            policy,
+        )
+    except InvalidHeaderError as exc:
+        field = _FIELD_OF_HEADER.get(exc.header, exc.header)
+        raise BadRequestError(f"{field}: {exc.problem}") from None
+
+
+def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
+    """Request counting, and the error shapes of CONTRACT.md ({"error": ...})."""
+
+    @app.middleware("http")
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        metrics.http_requests.labels(request.method, path, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_input(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first: dict[str, Any] = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x not in ("body",)]
+        field = ".".join(loc) or "body"
+        return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}"}, 400)
+
+    @app.exception_handler(BadRequestError)
+    async def bad_request(_request: Request, exc: BadRequestError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, 400)
+
+    @app.exception_handler(UnavailableError)
+    async def unavailable(_request: Request, exc: UnavailableError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, 503)
+
+
+def create_app(
+    broker: Broker, upstream: Upstream, *, now_ms: Callable[[], int] | None = None
+) -> FastAPI:
+    """The FastAPI application of one proxy."""
+    metrics = broker.metrics
+    clock = now_ms or broker.clock_ms
+    app = FastAPI(
+        title="kdelay proxy",
+        version="1",
+        description="Delayed and scheduled messages for Apache Kafka: the proxy's HTTP API.",
+    )
+
+    _install_common(app, metrics)
+
+    async def check_target(topic: str, partition: int | None) -> None:
+        if topic == buffer.BUFFER_TOPIC:
+            raise BadRequestError(f"topic: {topic} is the proxy's internal buffer topic")
+        try:
+            info = await broker.topic_info(topic)
+        except KafkaException as exc:
+            raise UnavailableError(f"upstream Kafka unreachable: {exc}") from None
+        if info.error_code or info.partitions == 0:
+            raise BadRequestError(f"topic: {topic!r} does not exist upstream")
+        if partition is not None and partition >= info.partitions:
+            raise BadRequestError(
+                f"partition: {topic!r} has {info.partitions} partitions, no {partition}"
+            )
+
+    async def write(records: list[Any]) -> None:
+        try:
+            await upstream.send(records)
+        except UpstreamError as exc:
+            raise UnavailableError(f"not accepted by upstream Kafka: {exc}") from None
+
+    errors: dict[int | str, dict[str, Any]] = {400: {"model": Problem}, 503: {"model": Problem}}
+
+    @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
+    async def post_message(msg: MessageIn) -> Accepted:
+        """Schedule one message for delivery at a later time."""
+        routed = _route_message(msg, clock(), broker.policy)
+        assert routed.kind is Kind.DELAYED
+        assert routed.id is not None
+        assert routed.deliver_at_ms is not None
+        await check_target(msg.topic, msg.partition)
+        await write([routed])
+        metrics.records.labels(Kind.DELAYED.value).inc()
+        return Accepted(id=routed.id, deliver_at=routed.deliver_at_ms)
+
+    @app.delete(
+        "/v1/messages/{message_id}",
+        status_code=202,
+        response_model=CancelAccepted,
+        responses=errors,
+    )
+    async def delete_message(message_id: str) -> CancelAccepted:
+        """Cancel a pending message; answered once the cancel is durable."""
+        try:
+            msg_id = h.validate_id("id", _utf8("id", message_id))
+        except InvalidHeaderError as exc:
+            raise BadRequestError(f"id: {exc.problem}") from None
+        await write([cancel(msg_id)])
+        metrics.records.labels(Kind.CANCEL.value).inc()
+        return CancelAccepted(id=msg_id)
+
+    @app.get("/healthz", response_model=Status)
+    async def healthz() -> Status:
+        """The process is up."""
+        return Status(status="ok")
+
+    @app.get("/readyz", response_model=Status, responses={503: {"model": Problem}})
+    async def readyz() -> Status:
+        """Upstream Kafka answers."""
+        if not await asyncio.to_thread(upstream.reachable):
+            raise UnavailableError(f"upstream Kafka at {upstream.bootstrap} is unreachable")
+        return Status(status="ready")
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        """Prometheus metrics (text exposition format)."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,165 @@
+"""Idempotent-producer bookkeeping: producer ids, epochs and sequence numbers (KIP-98).
+
+The proxy is the broker its clients see, so it must give them the broker's guarantee: a batch
+retried with the same (producer id, epoch, partition, base sequence) is answered with the first
+result and written once. State lives in this process only. A producer id this process did not
+allocate (another proxy replica behind the same Service, or before a restart) is adopted at the
+sequence it presents, so clients keep working; dedupe then starts from that batch.
+
+Only the asyncio loop thread calls into this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+import kafka.errors as kerr
+
+NO_PRODUCER_ID = -1
+#: Kafka keeps the metadata of the last five batches per producer and partition (KIP-98), the
+#: most a client has in flight per partition with idempotence on.
+RECENT_BATCHES = 5
+_SEQ_MODULUS = 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """What a Produce response says about one partition."""
+
+    error_code: int = 0
+    base_offset: int = -1
+    error_message: str | None = None
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+
+
+@dataclass(slots=True)
+class _Entry:
+    base_seq: int
+    last_seq: int
+    result: asyncio.Future[PartitionResult]
+
+
+@dataclass(slots=True)
+class _PartitionState:
+    epoch: int
+    last_seq: int  # -1: nothing yet in this epoch
+    recent: deque[_Entry] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
+
+
+class Verdict(Enum):
+    """The outcome of a sequence check."""
+
+    ACCEPT = "accept"
+    DUPLICATE = "duplicate"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A sequence check: accept (``entry`` to complete), duplicate (``entry`` holds the first
+    result) or reject (``error``)."""
+
+    verdict: Verdict
+    entry: _Entry | None = None
+    error: PartitionResult | None = None
+
+
+def _next(seq: int) -> int:
+    return (seq + 1) % _SEQ_MODULUS
+
+
+class ProducerRegistry:
+    """Producer ids this proxy handed out, and the sequence state per producer and partition."""
+
+    def __init__(self, first_id: int | None = None) -> None:
+        # Random start: ids from different proxy replicas should not collide.
+        self._next_id = first_id if first_id is not None else secrets.randbelow(2**46) + 1
+        self._epochs: dict[int, int] = {}
+        self._partitions: dict[tuple[int, str, int], _PartitionState] = {}
+
+    def init_producer(self, producer_id: int = NO_PRODUCER_ID, epoch: int = -1) -> tuple[int, int]:
+        """InitProducerId: a new id, or the next epoch of a known one (KIP-360 epoch bump)."""
+        known = producer_id != NO_PRODUCER_ID and self._epochs.get(producer_id) == epoch
+        if known and epoch < 32766:
+            self._epochs[producer_id] = epoch + 1
+            return producer_id, epoch + 1
+        pid = self._next_id
+        self._next_id += 1
+        self._epochs[pid] = 0
+        return pid, 0
+
+    def check(
+        self,
+        producer_id: int,
+        epoch: int,
+        topic: str,
+        partition: int,
+        *,
+        base_seq: int,
+        last_seq: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Check:
+        """Decide on a batch before it is written; an accepted one is recorded as in flight."""
+        current = self._epochs.get(producer_id)
+        if current is not None and epoch < current:
+            return Check(
+                Verdict.REJECT,
+                error=PartitionResult(
+                    kerr.InvalidProducerEpochError.errno,
+                    error_message=f"producer {producer_id} epoch {epoch} is older than {current}",
+                ),
+            )
+        if current is None or epoch > current:
+            self._epochs[producer_id] = epoch
+        key = (producer_id, topic, partition)
+        state = self._partitions.get(key)
+        if state is None or state.epoch != epoch:
+            # First batch seen for this producer/epoch/partition: adopt its sequence.
+            state = _PartitionState(epoch, (base_seq - 1) % _SEQ_MODULUS)
+            self._partitions[key] = state
+        for entry in state.recent:
+            if entry.base_seq == base_seq and entry.last_seq == last_seq:
+                return Check(Verdict.DUPLICATE, entry=entry)
+        expected = _next(state.last_seq)
+        if base_seq != expected:
+            behind = (expected - base_seq) % _SEQ_MODULUS
+            if 0 < behind < _SEQ_MODULUS // 2:
+                code, what = kerr.DuplicateSequenceNumberError.errno, "already written"
+            else:
+                code, what = kerr.OutOfOrderSequenceNumberError.errno, "out of order"
+            return Check(
+                Verdict.REJECT,
+                error=PartitionResult(
+                    code,
+                    error_message=(
+                        f"batch sequence {base_seq} for {topic}-{partition} is {what}; "
+                        f"expected {expected}"
+                    ),
+                ),
+            )
+        entry = _Entry(base_seq, last_seq, loop.create_future())
+        state.recent.append(entry)
+        state.last_seq = last_seq
+        return Check(Verdict.ACCEPT, entry=entry)
+
+    def complete(
+        self, producer_id: int, topic: str, partition: int, entry: _Entry, result: PartitionResult
+    ) -> None:
+        """Record the outcome of an accepted batch.
+
+        A retriable failure un-writes the batch's sequence range (when it is still the newest),
+        so the client's retry of the same batch is accepted rather than reported as a duplicate.
+        """
+        if not entry.result.done():
+            entry.result.set_result(result)
+        if result.error_code == 0 or not kerr.for_code(result.error_code).retriable:
+            return
+        state = self._partitions.get((producer_id, topic, partition))
+        if state is None or not state.recent or state.recent[-1] is not entry:
+            return
+        state.recent.pop()
+        state.last_seq = (entry.base_seq - 1) % _SEQ_MODULUS

@@ -1,0 +1,70 @@
+"""The proxy's Prometheus metrics, exactly as named in docs/metrics.md."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Produce latency: sub-millisecond (in-memory paths) to seconds (upstream trouble).
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+
+
+class ProxyMetrics:
+    """One set of metrics in its own registry (several proxies may share a test process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "kdelay_proxy_requests_total",
+            "Kafka-protocol requests handled",
+            ["api", "version", "result"],
+            registry=r,
+        )
+        self.records = Counter("kdelay_proxy_records_total", "Records routed", ["kind"], registry=r)
+        self.bytes = Counter(
+            "kdelay_proxy_bytes_total",
+            "Kafka-protocol bytes read from / written to clients",
+            ["direction"],
+            registry=r,
+        )
+        self.produce_latency = Histogram(
+            "kdelay_proxy_produce_latency_seconds",
+            "Produce request received to response sent",
+            ["path"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "kdelay_proxy_upstream_errors_total",
+            "Errors from upstream Kafka",
+            ["error"],
+            registry=r,
+        )
+        self.connections = Gauge("kdelay_proxy_connections", "Open client connections", registry=r)
+        self.http_requests = Counter(
+            "kdelay_proxy_http_requests_total",
+            "HTTP API requests",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.bytes_in = self.bytes.labels("in")
+        self.bytes_out = self.bytes.labels("out")
+        # Known label values exist from the start, so dashboards and rate() see zeros.
+        for path in ("immediate", "delayed"):
+            self.produce_latency.labels(path)
+        for kind in ("immediate", "delayed", "cancel", "rejected"):
+            self.records.labels(kind)

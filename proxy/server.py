@@ -1,0 +1,251 @@
+"""The Kafka listener: an asyncio server speaking the Kafka protocol to producers.
+
+Concurrency and ordering contract
+---------------------------------
+- Everything here runs on one asyncio event loop thread. librdkafka's delivery callbacks run on
+  the upstream poll thread and reach the loop only through ``call_soon_threadsafe``
+  (proxy/upstream.py); blocking metadata lookups run in worker threads (``asyncio.to_thread``).
+- Per connection there are two tasks. The *reader* reads one frame at a time, decodes it and
+  awaits stage 1 of its handler (``Broker.handle``: validation, sequence checks, handing the
+  records to librdkafka) before reading the next frame, so records reach upstream in the order
+  the client sent them. It then queues the request's stage 2 (the wait for upstream acks) for
+  the *writer*, which awaits the queued replies strictly in queue order and writes them: a
+  connection's responses leave in request order, as Kafka requires, while up to
+  ``max_inflight_per_connection`` requests wait on upstream concurrently.
+- Backpressure: the reader takes an in-flight permit before reading a frame and the writer gives
+  it back after the response is written, so a connection with that many requests unanswered is
+  not read from. When librdkafka's queue is full, stage 1 waits, which also stops the reader.
+- A malformed frame, an oversized length prefix, an unsupported API or an idle timeout closes
+  that connection only (with a structured log line), after the responses already owed to it are
+  written. Every other connection is untouched: nothing a connection does raises out of its own
+  tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from kdelay import logs
+from proxy import protocol as p
+from proxy.broker import Broker, Reply
+from proxy.metrics import ProxyMetrics
+
+log = logs.get(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-connection limits."""
+
+    max_request_bytes: int = 100 * 1024 * 1024
+    max_inflight: int = 5
+    idle_timeout_s: float = 600.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: p.Request | None
+    started: float
+    reply: Awaitable[Reply]
+
+
+class _Close(Exception):  # noqa: N818 - control flow, not an error users see
+    """Stop reading this connection; ``event`` and fields go to the log."""
+
+    def __init__(self, event: str, **fields: object) -> None:
+        super().__init__(event)
+        self.event = event
+        self.fields = fields
+
+
+class KafkaServer:
+    """Accepts client connections and serves each with a reader and a writer task."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        metrics: ProxyMetrics,
+        limits: Limits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self.limits = limits or Limits()
+        self.ssl_context = ssl_context
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on host:port (0: a free port); returns the bound address."""
+        self._server = await asyncio.start_server(
+            self._on_connect, host, port, ssl=self.ssl_context, limit=2**20
+        )
+        sock = self._server.sockets[0].getsockname()
+        return str(sock[0]), int(sock[1])
+
+    async def close(self) -> None:
+        """Stop accepting and close every connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await Connection(self, reader, writer).serve()
+        except asyncio.CancelledError:
+            # Shutdown. Ending normally keeps asyncio's stream callback from logging it.
+            pass
+        finally:
+            self._connections.discard(task)
+
+
+class Connection:
+    """One client connection (see the module docstring for the contract)."""
+
+    def __init__(
+        self, server: KafkaServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.metrics = server.metrics
+        self.limits = server.limits
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.permits = asyncio.Semaphore(self.limits.max_inflight)
+        self.queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+
+    async def serve(self) -> None:
+        self.metrics.connections.inc()
+        writer_task = asyncio.create_task(self._write_loop())
+        try:
+            await self._read_loop()
+        except _Close as stop:
+            log.warning(stop.event, peer=self.peer, **stop.fields)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            # A bug in a handler must cost this connection only, never the listener.
+            log.exception("connection_failed", peer=self.peer)
+        finally:
+            self.queue.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await writer_task
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+            self.metrics.connections.dec()
+
+    async def _read_frame(self) -> bytes | None:
+        """The next request frame, or None at a clean end of stream."""
+        idle = self.limits.idle_timeout_s
+        try:
+            prefix = await asyncio.wait_for(self.reader.readexactly(4), idle)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise _Close("truncated_frame", got=len(exc.partial), expected=4) from None
+            return None
+        except TimeoutError:
+            raise _Close("idle_timeout", seconds=idle) from None
+        size = p.frame_size(prefix)
+        if size > self.limits.max_request_bytes:
+            raise _Close("request_too_large", size=size, limit=self.limits.max_request_bytes)
+        if size < 8:
+            raise _Close("malformed_frame", reason=f"frame size {size} is below a header's")
+        try:
+            frame = await asyncio.wait_for(self.reader.readexactly(size), idle)
+        except asyncio.IncompleteReadError as exc:
+            raise _Close("truncated_frame", got=len(exc.partial), expected=size) from None
+        except TimeoutError:
+            raise _Close("idle_timeout", seconds=idle, reason="mid-frame") from None
+        self.metrics.bytes_in.inc(size + 4)
+        return frame
+
+    async def _read_loop(self) -> None:
+        while True:
+            await self.permits.acquire()
+            frame = await self._read_frame()
+            if frame is None:
+                return
+            started = time.perf_counter()
+            try:
+                request = p.decode_request(frame)
+            except p.UnsupportedApiError as exc:
+                name = p.API_NAMES.get(exc.api_key, str(exc.api_key))
+                self.metrics.requests.labels(
+                    name, str(exc.api_version), "UNSUPPORTED_VERSION"
+                ).inc()
+                if exc.api_key == p.API_VERSIONS:
+                    # KIP-511: answer in v0 so the client can retry with a version we list.
+                    frame_out = p.unsupported_api_versions_frame(exc.correlation_id)
+                    await self._enqueue(None, started, Reply(frame=frame_out))
+                    continue
+                raise _Close(
+                    "unsupported_api", api_key=exc.api_key, version=exc.api_version
+                ) from None
+            except p.ProtocolError as exc:
+                raise _Close("malformed_request", error=str(exc)) from None
+            reply = await self.broker.handle(request)
+            self.queue.put_nowait(_Pending(request, started, reply))
+
+    async def _enqueue(self, request: p.Request | None, started: float, reply: Reply) -> None:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future.set_result(reply)
+        self.queue.put_nowait(_Pending(request, started, future))
+
+    async def _write_loop(self) -> None:
+        """Write replies in request order; after a write error, only drain the queue."""
+        broken = False
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            try:
+                reply = await item.reply
+            except Exception:
+                # A handler bug: this connection cannot answer in order any more; close it.
+                log.exception("reply_failed", peer=self.peer)
+                broken = True
+                self.writer.close()
+                continue
+            finally:
+                self.permits.release()
+            req = item.request
+            if req is not None:
+                self.metrics.requests.labels(
+                    p.API_NAMES[req.api_key], str(req.api_version), reply.result
+                ).inc()
+            if broken:
+                continue
+            data = reply.frame
+            if data is None and reply.response is not None and req is not None:
+                try:
+                    data = p.encode_response(req, reply.response)
+                except Exception:
+                    log.exception("encode_failed", peer=self.peer, api=req.api_key)
+                    broken = True
+                    self.writer.close()
+                    continue
+            if data is None:
+                continue
+            try:
+                self.writer.write(data)
+                await self.writer.drain()
+                self.metrics.bytes_out.inc(len(data))
+            except ConnectionError:
+                broken = True

@@ -1,0 +1,253 @@
+"""The proxy's side of upstream Kafka: one idempotent librdkafka producer, and metadata.
+
+Threads: ``send`` and ``produce`` run on the asyncio loop thread (librdkafka's produce is
+non-blocking and thread-safe); one daemon thread ("kdelay-upstream-poll") serves librdkafka's
+delivery callbacks through ``poll``. A callback only counts down its batch; the batch's asyncio
+future is resolved with one ``call_soon_threadsafe`` when its last record is acknowledged, so the
+loop is woken once per batch, not per record. Metadata lookups block and run in worker threads.
+
+Every record is written with acks=all by an idempotent producer, so a future that resolves
+without error means every record of the batch is durable upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import kafka.errors as kerr
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+
+from kdelay import logs
+from kdelay.errors import KdelayError
+from proxy.metrics import ProxyMetrics
+from proxy.routing import Outgoing
+
+log = logs.get(__name__)
+
+
+class UpstreamError(KdelayError):
+    """Upstream Kafka did not take a batch; ``code`` is the Kafka error to give the client."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def kafka_code(err: KafkaError) -> int:
+    """The Kafka error code a client should see for a librdkafka delivery error.
+
+    Broker errors keep their own code; librdkafka-local ones (timeouts, transport, fatal
+    idempotence states) become retriable codes, because nothing of that batch is known durable.
+    """
+    code = int(err.code())
+    if code > 0:
+        return code
+    if code in (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
+        return int(kerr.UnknownTopicOrPartitionError.errno)
+    if err.fatal():
+        return int(kerr.KafkaStorageError.errno)
+    return int(kerr.RequestTimedOutError.errno)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as upstream describes it: error code (0 when fine) and partition count."""
+
+    error_code: int
+    partitions: int
+    internal: bool = False
+
+
+class _Batch:
+    """Countdown of one batch's deliveries; touched by the poll thread only after produce."""
+
+    __slots__ = ("error", "future", "lock", "loop", "offsets", "remaining")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[list[int]] = loop.create_future()
+        self.offsets = [-1] * size
+        self.remaining = size
+        self.error: KafkaError | None = None
+        self.lock = threading.Lock()
+
+    def callback(self, index: int) -> Callable[[KafkaError | None, Message], None]:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self.error = err
+            else:
+                self.offsets[index] = msg.offset() or 0
+            self.countdown(1)
+
+        return on_delivery
+
+    def countdown(self, n: int) -> None:
+        # The poll thread counts deliveries; the loop thread counts records it never produced.
+        with self.lock:
+            self.remaining -= n
+            last = self.remaining == 0
+        if last:
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if self.future.done():
+            return
+        if self.error is not None:
+            self.future.set_exception(
+                UpstreamError(kafka_code(self.error), f"upstream Kafka: {self.error.str()}")
+            )
+        else:
+            self.future.set_result(self.offsets)
+
+
+class Upstream:
+    """Writes routed records to upstream Kafka and answers metadata questions about it."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        metrics: ProxyMetrics,
+        *,
+        timeout_ms: int = 30_000,
+        linger_ms: float = 1.0,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.timeout_ms = timeout_ms
+        common = {"bootstrap.servers": bootstrap, **(extra or {})}
+        self._producer = Producer(
+            {
+                **common,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": linger_ms,
+                "message.timeout.ms": timeout_ms,
+                "request.timeout.ms": min(timeout_ms, 30_000),
+                "queue.buffering.max.messages": 1_000_000,
+                # Java's default: the buffer topic is keyed by id and other writers may be JVMs.
+                "partitioner": "murmur2_random",
+                "error_cb": self._on_error,
+            }
+        )
+        # Metadata for clients that asked not to auto-create: a consumer never creates topics.
+        self._lookup = Consumer(
+            {
+                **common,
+                "group.id": "kdelay-proxy-metadata",
+                "allow.auto.create.topics": False,
+                "enable.auto.commit": False,
+            }
+        )
+        self._lookup_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kdelay-upstream-poll", daemon=True)
+        self._thread.start()
+        self.cluster_id: str | None = None
+
+    def _on_error(self, err: KafkaError) -> None:
+        self.metrics.upstream_errors.labels(err.name()).inc()
+        log.warning("upstream_error", error=err.str(), code=err.name(), fatal=err.fatal())
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[list[int]]:
+        """Hand ``records`` to librdkafka in order; the returned future yields their offsets
+        once every one is acknowledged, or raises UpstreamError (with the Kafka error code for
+        the client) when any failed.
+
+        Returns as soon as all are queued, so a caller that awaits it before reading its next
+        request keeps upstream order equal to arrival order. It waits only while librdkafka's
+        queue is full: that wait is the backpressure on the client.
+        """
+        loop = asyncio.get_running_loop()
+        batch = _Batch(loop, len(records))
+        if not records:
+            batch.future.set_result([])
+            return batch.future
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        for i, rec in enumerate(records):
+            kwargs: dict[str, Any] = {
+                "key": rec.key,
+                "value": rec.value,
+                "headers": rec.headers,
+                "on_delivery": batch.callback(i),
+            }
+            if rec.partition >= 0:
+                kwargs["partition"] = rec.partition
+            if rec.timestamp_ms is not None and rec.timestamp_ms >= 0:
+                kwargs["timestamp"] = rec.timestamp_ms
+            while True:
+                try:
+                    self._producer.produce(rec.topic, **kwargs)
+                    break
+                except BufferError:
+                    if time.monotonic() > deadline:
+                        self._abandon(batch, len(records) - i, "local queue full")
+                        return batch.future
+                    await asyncio.sleep(0.002)
+                except KafkaException as exc:
+                    batch.error = exc.args[0]
+                    self._abandon(batch, len(records) - i, batch.error.str())
+                    return batch.future
+        return batch.future
+
+    async def send(self, records: Sequence[Outgoing]) -> list[int]:
+        """Submit ``records`` and wait until all are acknowledged (see ``submit``)."""
+        return await (await self.submit(records))
+
+    def _abandon(self, batch: _Batch, unproduced: int, why: str) -> None:
+        if batch.error is None:
+            batch.error = KafkaError(KafkaError._MSG_TIMED_OUT, why)
+        self.metrics.upstream_errors.labels(batch.error.name()).inc()
+        log.warning("upstream_produce_failed", error=why)
+        # Records already handed to librdkafka still report; count the rest down now.
+        batch.countdown(unproduced)
+
+    def topic(self, name: str, *, create: bool) -> TopicInfo:
+        """Upstream's view of ``name`` (blocking). ``create`` asks upstream to auto-create it
+        when its configuration allows, as a client's Metadata request may."""
+        handle: Producer | Consumer = self._producer if create else self._lookup
+        with self._lookup_lock if not create else contextlib.nullcontext():
+            meta = handle.list_topics(name, timeout=10)
+        self.cluster_id = meta.cluster_id
+        t = meta.topics.get(name)
+        if t is None:
+            return TopicInfo(int(kerr.UnknownTopicOrPartitionError.errno), 0)
+        code = int(t.error.code()) if t.error is not None else 0
+        return TopicInfo(code if code > 0 else 0, len(t.partitions))
+
+    def all_topics(self) -> dict[str, TopicInfo]:
+        """Every topic upstream (blocking)."""
+        with self._lookup_lock:
+            meta = self._lookup.list_topics(timeout=10)
+        self.cluster_id = meta.cluster_id
+        out: dict[str, TopicInfo] = {}
+        for name, t in meta.topics.items():
+            code = int(t.error.code()) if t.error is not None else 0
+            out[name] = TopicInfo(code if code > 0 else 0, len(t.partitions))
+        return out
+
+    def reachable(self, timeout: float = 3.0) -> bool:
+        """Whether upstream answers a metadata request within ``timeout`` (blocking)."""
+        try:
+            with self._lookup_lock:
+                meta = self._lookup.list_topics(timeout=timeout)
+        except KafkaException:
+            return False
+        return bool(meta.brokers)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (up to ``timeout``), then stop the poll thread."""
+        self._producer.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout)
+        self._lookup.close()

@@ -1,0 +1,147 @@
+"""kdelay/headers.py: every control header, RFC 3339, levels, horizon, duplicates, ids, cancel."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kdelay import headers as h
+from kdelay.errors import InvalidHeaderError
+
+NOW = 1_700_000_000_000
+POLICY = h.DelayPolicy()
+
+
+def classify(*headers: tuple[str, bytes | None]) -> h.Delay | h.CancelRequest | None:
+    return h.classify(list(headers), NOW, POLICY)
+
+
+def test_no_control_header_passes_through() -> None:
+    assert classify() is None
+    assert classify(("app", b"1"), ("kdelay-other", b"x")) is None
+
+
+def test_delay_ms() -> None:
+    assert classify((h.DELAY_MS, b"1500")) == h.Delay(NOW + 1500, None)
+    assert classify((h.DELAY_MS, b" 0 ")) == h.Delay(NOW, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"1700000001000", 1_700_000_001_000),
+        (b"2023-11-14T22:13:21Z", 1_700_000_001_000),
+        (b"2023-11-14T23:13:21.5+01:00", 1_700_000_001_500),
+        (b"1", 1),  # in the past: due now
+    ],
+)
+def test_deliver_at_epoch_and_rfc3339(raw: bytes, expected: int) -> None:
+    assert classify((h.DELIVER_AT, raw)) == h.Delay(expected, None)
+
+
+@pytest.mark.parametrize("raw", [b"2023-11-14T22:13:21", b"tomorrow", b"", None, "é".encode()])
+def test_deliver_at_rejects(raw: bytes | None) -> None:
+    with pytest.raises(InvalidHeaderError, match=h.DELIVER_AT):
+        classify((h.DELIVER_AT, raw))
+
+
+@pytest.mark.parametrize(
+    ("level", "delay"), [(1, 1000), (4, 30_000), (18, 7_200_000), (99, 7_200_000)]
+)
+def test_levels_including_above_the_maximum(level: int, delay: int) -> None:
+    assert classify((h.DELAY_LEVEL, str(level).encode())) == h.Delay(NOW + delay, None)
+
+
+def test_custom_level_table() -> None:
+    policy = h.DelayPolicy(levels_ms=(10, 20))
+    assert h.classify([(h.DELAY_LEVEL, b"5")], NOW, policy) == h.Delay(NOW + 20, None)
+
+
+@pytest.mark.parametrize(
+    ("header", "raw"),
+    [
+        (h.DELAY_MS, b"-1"),
+        (h.DELAY_MS, b"1.5"),
+        (h.DELAY_MS, b"abc"),
+        (h.DELAY_MS, None),
+        (h.DELAY_LEVEL, b"0"),
+        (h.DELAY_LEVEL, b"-3"),
+        (h.DELAY_LEVEL, b"x"),
+    ],
+)
+def test_malformed_values_name_the_header(header: str, raw: bytes | None) -> None:
+    with pytest.raises(InvalidHeaderError) as info:
+        classify((header, raw))
+    assert info.value.header == header
+    assert header in str(info.value)
+
+
+def test_horizon() -> None:
+    limit = h.DEFAULT_MAX_HORIZON_MS
+    assert classify((h.DELAY_MS, str(limit).encode())) == h.Delay(NOW + limit, None)
+    with pytest.raises(InvalidHeaderError, match="horizon"):
+        classify((h.DELAY_MS, str(limit + 1).encode()))
+    with pytest.raises(InvalidHeaderError, match="horizon"):
+        classify((h.DELIVER_AT, str(NOW + limit + 1).encode()))
+    small = h.DelayPolicy(max_horizon_ms=1000)
+    with pytest.raises(InvalidHeaderError, match=h.DELAY_LEVEL):
+        h.classify([(h.DELAY_LEVEL, b"2")], NOW, small)
+
+
+@pytest.mark.parametrize(
+    "pair", [(h.DELAY_MS, h.DELIVER_AT), (h.DELAY_MS, h.DELAY_LEVEL), (h.DELIVER_AT, h.DELAY_LEVEL)]
+)
+def test_two_timing_headers_are_rejected(pair: tuple[str, str]) -> None:
+    with pytest.raises(InvalidHeaderError, match="only one of"):
+        classify((pair[0], b"1"), (pair[1], b"1"))
+
+
+@pytest.mark.parametrize("name", sorted(h.CONTROL_HEADERS))
+def test_duplicates_are_rejected(name: str) -> None:
+    with pytest.raises(InvalidHeaderError, match="more than once") as info:
+        classify((name, b"1"), (name, b"1"))
+    assert info.value.header == name
+
+
+def test_id_bounds() -> None:
+    assert classify((h.DELAY_MS, b"1"), (h.ID, b"a")) == h.Delay(NOW + 1, "a")
+    long_id = "é" * 127  # 254 bytes
+    assert classify((h.DELAY_MS, b"1"), (h.ID, long_id.encode())) == h.Delay(NOW + 1, long_id)
+    for bad in (b"", None, b"x" * 256, b"\xff"):
+        with pytest.raises(InvalidHeaderError, match=h.ID):
+            classify((h.DELAY_MS, b"1"), (h.ID, bad))
+    with pytest.raises(InvalidHeaderError, match="needs one of"):
+        classify((h.ID, b"a"))
+
+
+def test_cancel_combinations() -> None:
+    assert classify((h.CANCEL, b"m-1")) == h.CancelRequest("m-1")
+    assert classify((h.CANCEL, b"m-1"), (h.ID, b"other"), ("app", b"x")) == h.CancelRequest("m-1")
+    for timing in h.TIMING_HEADERS:
+        with pytest.raises(InvalidHeaderError, match=h.CANCEL):
+            classify((h.CANCEL, b"m-1"), (timing, b"1"))
+    with pytest.raises(InvalidHeaderError, match=h.CANCEL):
+        classify((h.CANCEL, b""))
+
+
+def test_strip_control_keeps_own_headers_in_order() -> None:
+    raw = [("a", b"1"), (h.DELAY_MS, b"5"), ("b", None), (h.ID, b"x"), ("a", b"2")]
+    assert h.strip_control(raw) == (("a", b"1"), ("b", b""), ("a", b"2"))
+
+
+def test_new_ids_are_unique_and_valid() -> None:
+    ids = {h.new_id() for _ in range(100)}
+    assert len(ids) == 100
+    for i in ids:
+        assert h.validate_id(h.ID, i.encode()) == i
+
+
+@given(st.lists(st.tuples(st.sampled_from([*h.CONTROL_HEADERS, "x"]), st.none() | st.binary())))
+def test_classify_never_fails_otherwise(headers: list[tuple[str, bytes | None]]) -> None:
+    named: str | None = None
+    try:
+        h.classify(headers, NOW, POLICY)
+    except InvalidHeaderError as exc:
+        named = exc.header
+    assert named is None or named in h.CONTROL_HEADERS

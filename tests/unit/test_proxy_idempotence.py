@@ -1,0 +1,107 @@
+"""Sequence bookkeeping of the proxy's idempotent-producer support (KIP-98 semantics)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import kafka.errors as kerr
+import pytest
+
+from proxy.idempotence import PartitionResult, ProducerRegistry, Verdict
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+def test_in_order_batches_are_accepted(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=100)
+    pid, epoch = reg.init_producer()
+    assert (pid, epoch) == (100, 0)
+    first = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=2, loop=loop)
+    assert first.verdict is Verdict.ACCEPT
+    second = reg.check(pid, epoch, "t", 0, base_seq=3, last_seq=4, loop=loop)
+    assert second.verdict is Verdict.ACCEPT
+
+
+def test_retry_returns_the_first_result(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    pid, epoch = reg.init_producer()
+    first = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=1, loop=loop)
+    assert first.entry is not None
+    reg.complete(pid, "t", 0, first.entry, PartitionResult(0, 42))
+    again = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=1, loop=loop)
+    assert again.verdict is Verdict.DUPLICATE
+    assert again.entry is not None
+    assert again.entry.result.result() == PartitionResult(0, 42)
+
+
+def test_gap_is_out_of_order_and_old_batch_is_duplicate(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    pid, epoch = reg.init_producer()
+    for base in range(0, 12, 2):  # six batches: the first falls out of the recent window
+        check = reg.check(pid, epoch, "t", 0, base_seq=base, last_seq=base + 1, loop=loop)
+        assert check.verdict is Verdict.ACCEPT
+    gap = reg.check(pid, epoch, "t", 0, base_seq=20, last_seq=20, loop=loop)
+    assert gap.error is not None
+    assert gap.error.error_code == kerr.OutOfOrderSequenceNumberError.errno
+    old = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=1, loop=loop)
+    assert old.error is not None
+    assert old.error.error_code == kerr.DuplicateSequenceNumberError.errno
+
+
+def test_old_epoch_is_fenced_after_a_bump(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    pid, epoch = reg.init_producer()
+    assert reg.init_producer(pid, epoch) == (pid, epoch + 1)
+    stale = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert stale.error is not None
+    assert stale.error.error_code == kerr.InvalidProducerEpochError.errno
+    fresh = reg.check(pid, epoch + 1, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert fresh.verdict is Verdict.ACCEPT
+
+
+def test_retriable_failure_lets_the_retry_through(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    pid, epoch = reg.init_producer()
+    first = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert first.entry is not None
+    reg.complete(pid, "t", 0, first.entry, PartitionResult(kerr.RequestTimedOutError.errno))
+    retry = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert retry.verdict is Verdict.ACCEPT
+
+
+def test_permanent_failure_consumes_the_sequence(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    pid, epoch = reg.init_producer()
+    first = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert first.entry is not None
+    reg.complete(pid, "t", 0, first.entry, PartitionResult(kerr.InvalidRecordError.errno))
+    assert reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop).verdict is (
+        Verdict.DUPLICATE
+    )
+    assert reg.check(pid, epoch, "t", 0, base_seq=1, last_seq=1, loop=loop).verdict is (
+        Verdict.ACCEPT
+    )
+
+
+def test_unknown_producer_is_adopted_at_its_sequence(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    adopted = reg.check(777, 3, "t", 0, base_seq=50, last_seq=59, loop=loop)
+    assert adopted.verdict is Verdict.ACCEPT
+    assert reg.check(777, 3, "t", 0, base_seq=60, last_seq=60, loop=loop).verdict is (
+        Verdict.ACCEPT
+    )
+
+
+def test_sequence_wraps_at_int32(loop: asyncio.AbstractEventLoop) -> None:
+    reg = ProducerRegistry(first_id=1)
+    top = 2**31 - 1
+    assert reg.check(5, 0, "t", 0, base_seq=top - 1, last_seq=top, loop=loop).verdict is (
+        Verdict.ACCEPT
+    )
+    assert reg.check(5, 0, "t", 0, base_seq=0, last_seq=0, loop=loop).verdict is Verdict.ACCEPT
