@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install jvm lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+.PHONY: help install jvm deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
@@ -29,6 +29,10 @@ install: $(STAMP) jvm
 
 jvm: $(STAMP)
 	$(BIN)/kdelay jvm fetch
+
+# helm, kubeconform, promtool, hadolint, schemas: pinned, into .cache/tools (the tests run it too).
+deploy-tools: $(STAMP)
+	bash deploy/tools/install.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

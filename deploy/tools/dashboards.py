@@ -1,0 +1,352 @@
+"""Generates the Grafana dashboards and keeps the Helm chart's copies in sync.
+
+deploy/grafana/*.json are the dashboards users import or provision (Grafana 10+, schemaVersion
+39, the Prometheus data source chosen through the ``datasource`` template variable, so the same
+file works for provisioning, the Grafana sidecar and manual import). They are written from the
+panel lists below; edit here, run ``python deploy/tools/dashboards.py``, commit both.
+
+The chart cannot read files outside its directory, so helm/kdelay/files/ holds byte-identical
+copies of deploy/grafana/*.json and deploy/prometheus/rules.yml. ``--check`` exits 1 when any
+generated or copied file is out of date (the tests run it).
+
+Every PromQL expression uses only metric names from docs/metrics.md (a test checks). Panels for
+errors that are absent in a healthy system add ``or vector(0)``: an unlabelled counter child
+does not exist until the first error, and "0" reads better than "No data" there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "deploy" / "grafana"
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+CHART_FILES = ROOT / "helm" / "kdelay" / "files"
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+MASTER = "on (instance) (kdelay_replica_is_master == 1)"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    targets: list[tuple[str, str]]  # (expr, legend)
+    unit: str = "short"
+    kind: str = "timeseries"
+    description: str = ""
+    width: int = 12
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def q(expr: str, legend: str = "") -> tuple[str, str]:
+    return (expr, legend)
+
+
+def lateness(metric: str) -> list[tuple[str, str]]:
+    return [
+        q(
+            f"histogram_quantile({p}, sum by (le) (rate({metric}_bucket[{RATE}])))",
+            f"p{round(p * 100)}",
+        )
+        for p in (0.5, 0.99)
+    ]
+
+
+OVERVIEW = [
+    Panel(
+        "Produce rate (proxy)",
+        [q(f"sum by (kind) (rate(kdelay_proxy_records_total[{RATE}]))", "{{kind}}")],
+        "rps",
+        description="Records routed by the proxy, by kind (immediate, delayed, cancel, rejected).",
+    ),
+    Panel(
+        "Ingest rate (buffer topic)",
+        [q(f"max by (kind) (rate(kdelay_replica_ingested_total[{RATE}]))", "{{kind}}")],
+        "rps",
+        description="Buffer records ingested; every replica ingests everything, so the max.",
+    ),
+    Panel(
+        "Pending messages (master)",
+        [q(f"max(kdelay_replica_pending_messages and {MASTER})", "pending")],
+        "short",
+        kind="stat",
+        width=6,
+    ),
+    Panel(
+        "Current master",
+        [q("max by (instance) (kdelay_replica_is_master == 1)", "{{instance}}")],
+        "none",
+        kind="stat",
+        width=6,
+        options={"textMode": "name", "colorMode": "background"},
+        description="The replica holding the election; none: nothing forwards (KdelayNoMaster).",
+    ),
+    Panel(
+        "Due soon (master)",
+        [q(f"max by (within) (kdelay_replica_due_messages and {MASTER})", "{{within}}")],
+        "short",
+        kind="bargauge",
+        description="Pending messages due within each window (cumulative).",
+    ),
+    Panel(
+        "Forward rate",
+        [q(f"sum(rate(kdelay_replica_forwarded_total[{RATE}]))", "forwarded")],
+        "rps",
+    ),
+    Panel(
+        "Lateness (release - due)",
+        lateness("kdelay_replica_lateness_seconds"),
+        "s",
+        description="From the master's histogram; alert KdelayLatenessHigh on p99.",
+    ),
+    Panel(
+        "Verifier: early / duplicates / missing",
+        [
+            q(f"sum(increase(kdelay_verifier_early_total[{RATE}]))", "early"),
+            q(f"sum(increase(kdelay_verifier_duplicates_total[{RATE}]))", "duplicates"),
+            q(f"sum(increase(kdelay_verifier_missing_total[{RATE}]))", "missing"),
+        ],
+        "short",
+        description="Only while `kdelay verify` runs. Early or missing is a correctness bug.",
+    ),
+    Panel(
+        "Errors",
+        [
+            q(
+                f"sum(rate(kdelay_replica_dead_lettered_total[{RATE}])) or vector(0)",
+                "dead-lettered",
+            ),
+            q(
+                f"sum(rate(kdelay_replica_forward_errors_total[{RATE}])) or vector(0)",
+                "forward errors",
+            ),
+            q(
+                f"sum(rate(kdelay_proxy_upstream_errors_total[{RATE}])) or vector(0)",
+                "proxy upstream",
+            ),
+        ],
+        "rps",
+    ),
+]
+
+REPLICAS = [
+    Panel(
+        "Buffer lag",
+        [q("kdelay_replica_buffer_lag_messages", "{{instance}}")],
+        "short",
+        description="Buffer-topic records not yet ingested (alert KdelayReplicaLagging).",
+    ),
+    Panel(
+        "Checkpoint age",
+        [q("kdelay_replica_checkpoint_age_seconds", "{{instance}}")],
+        "s",
+        description="Since the last checkpoint each replica saw or wrote (KdelayCheckpointTooOld).",
+    ),
+    Panel("Role (1 = master)", [q("kdelay_replica_is_master", "{{instance}}")], "none"),
+    Panel(
+        "ZooKeeper state",
+        [q("kdelay_replica_zk_state == 1", "{{instance}} {{state}}")],
+        "none",
+        description="The current ZooKeeper connection state per replica.",
+    ),
+    Panel("Store size (RocksDB)", [q("kdelay_replica_store_bytes", "{{instance}}")], "bytes"),
+    Panel("Pending messages", [q("kdelay_replica_pending_messages", "{{instance}}")], "short"),
+    Panel(
+        "Ingest rate by replica",
+        [q(f"sum by (instance) (rate(kdelay_replica_ingested_total[{RATE}]))", "{{instance}}")],
+        "rps",
+    ),
+    Panel(
+        "Cancelled",
+        [q(f"sum by (instance) (rate(kdelay_replica_cancelled_total[{RATE}]))", "{{instance}}")],
+        "rps",
+    ),
+]
+
+PROXY = [
+    Panel(
+        "Kafka requests",
+        [
+            q(
+                f"sum by (api, result) (rate(kdelay_proxy_requests_total[{RATE}]))",
+                "{{api}} {{result}}",
+            )
+        ],
+        "reqps",
+    ),
+    Panel(
+        "Produce latency",
+        [
+            q(
+                f"histogram_quantile({p}, sum by (le, path) "
+                f"(rate(kdelay_proxy_produce_latency_seconds_bucket[{RATE}])))",
+                f"{{{{path}}}} p{round(p * 100)}",
+            )
+            for p in (0.5, 0.99)
+        ],
+        "s",
+    ),
+    Panel("Open connections", [q("sum(kdelay_proxy_connections)", "connections")], "short"),
+    Panel(
+        "Rejected records",
+        [q(f'sum(rate(kdelay_proxy_records_total{{kind="rejected"}}[{RATE}]))', "rejected")],
+        "rps",
+        description="Batches refused with INVALID_RECORD (bad or conflicting kdelay headers).",
+    ),
+    Panel(
+        "Kafka request errors",
+        [
+            q(
+                f'sum by (api, result) (rate(kdelay_proxy_requests_total{{result!="ok"}}[{RATE}]))',
+                "{{api}} {{result}}",
+            )
+        ],
+        "reqps",
+    ),
+    Panel(
+        "Upstream errors",
+        [
+            q(
+                f"sum by (error) (rate(kdelay_proxy_upstream_errors_total[{RATE}])) or vector(0)",
+                "{{error}}",
+            )
+        ],
+        "rps",
+    ),
+    Panel(
+        "HTTP API requests",
+        [
+            q(
+                f"sum by (route, status) (rate(kdelay_proxy_http_requests_total[{RATE}]))",
+                "{{route}} {{status}}",
+            )
+        ],
+        "reqps",
+    ),
+    Panel(
+        "Bytes",
+        [q(f"sum by (direction) (rate(kdelay_proxy_bytes_total[{RATE}]))", "{{direction}}")],
+        "Bps",
+    ),
+]
+
+
+def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DS,
+        "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "options": dict(panel.options),
+        "targets": [
+            {
+                "datasource": DS,
+                "refId": chr(ord("A") + i),
+                "expr": expr,
+                "legendFormat": legend or "__auto",
+                "range": True,
+            }
+            for i, (expr, legend) in enumerate(panel.targets)
+        ],
+    }
+    if panel.kind == "stat":
+        out["options"].setdefault("reduceOptions", {"calcs": ["lastNotNull"], "values": False})
+    return out
+
+
+def dashboard(uid: str, title: str, panels: list[Panel], description: str) -> dict[str, Any]:
+    rendered, x, y = [], 0, 0
+    for pid, panel in enumerate(panels, start=1):
+        if x + panel.width > 24:
+            x, y = 0, y + 8
+        rendered.append(_panel(panel, pid, x, y))
+        x += panel.width
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["kdelay"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "",
+        "links": [
+            {"type": "dashboards", "tags": ["kdelay"], "asDropdown": True, "title": "kdelay"}
+        ],
+        "annotations": {"list": []},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                    "regex": "",
+                }
+            ]
+        },
+        "panels": rendered,
+    }
+
+
+DASHBOARDS: dict[str, dict[str, Any]] = {
+    "kdelay-overview.json": dashboard(
+        "kdelay-overview", "kdelay / Overview", OVERVIEW, "Flow, backlog, lateness and errors."
+    ),
+    "kdelay-replicas.json": dashboard(
+        "kdelay-replicas", "kdelay / Replicas", REPLICAS, "Delay-service replicas."
+    ),
+    "kdelay-proxy.json": dashboard("kdelay-proxy", "kdelay / Proxy", PROXY, "The Kafka proxy."),
+}
+
+
+def expected_files() -> dict[Path, bytes]:
+    """Every generated or copied file and the bytes it must hold."""
+    files: dict[Path, bytes] = {}
+    for name, board in DASHBOARDS.items():
+        data = (json.dumps(board, indent=2) + "\n").encode()
+        files[GRAFANA / name] = data
+        files[CHART_FILES / "dashboards" / name] = data
+    files[CHART_FILES / "rules.yml"] = RULES.read_bytes()
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Write (or --check) the dashboards and chart copies."
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a file is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, data in expected_files().items():
+        if path.exists() and path.read_bytes() == data:
+            continue
+        stale.append(path.relative_to(ROOT))
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    for rel in stale:
+        sys.stdout.write(f"{'out of date' if args.check else 'wrote'}: {rel}\n")
+    if args.check and stale:
+        sys.stdout.write("run: python deploy/tools/dashboards.py\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
