@@ -1,1 +1,22 @@
-"""The Spark Structured Streaming verifier: lateness, early, duplicate and missing deliveries."""
+"""The Spark Structured Streaming verifier: lateness, early, duplicate and missing deliveries.
+
+``kdelay verify`` (see :mod:`verifier.cli`). The definitions of every count are in
+:mod:`verifier.report`; the Spark pipeline is :mod:`verifier.job` (imported lazily: it pulls
+in PySpark).
+"""
+
+from __future__ import annotations
+
+from verifier.config import VerifierConfig
+from verifier.report import Lateness, Outcome, Slo, Summary, WindowResult, breaches, summarise
+
+__all__ = [
+    "Lateness",
+    "Outcome",
+    "Slo",
+    "Summary",
+    "VerifierConfig",
+    "WindowResult",
+    "breaches",
+    "summarise",
+]

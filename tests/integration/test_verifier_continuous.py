@@ -1,0 +1,237 @@
+"""``kdelay verify`` (continuous): the streaming job publishes window results, then stops."""
+
+from __future__ import annotations
+
+import gc
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from kdelay import buffer
+from kdelay.local.process import free_port
+from tests.support.infra import KafkaInfra
+from tests.support.kafka_helpers import (
+    HeaderList,
+    Record,
+    consume_until,
+    create_topic,
+    unique_topic,
+)
+from verifier.cli import verify_continuous
+from verifier.config import VerifierConfig
+from verifier.metrics import Metrics
+
+# PySpark's collect() leaves its result socket to the garbage collector; a collection during
+# a test reports it as unraisable. The module's fixture collects them before it ends.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
+
+WINDOW_MS = 10_000
+
+
+@pytest.fixture(scope="module")
+def spark(kafka: KafkaInfra) -> Iterator[Any]:
+    from verifier import job
+
+    session = job.spark_session(VerifierConfig(bootstrap_servers=kafka.bootstrap_servers))
+    yield session
+    session.stop()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
+def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
+    return list(pairs)
+
+
+def _produce(bootstrap: str, topics: tuple[str, str], base_ms: int, n: int, tag: str) -> None:
+    """``n`` messages due from ``base_ms``; message 3 is lost, 4 is cancelled, 5 delivered twice."""
+    buffer_topic, target = topics
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i in range(n):
+        s = buffer.Scheduled(f"{tag}{i}", target, -1, None, b"v", base_ms + i * 100)
+        enc = buffer.encode(s)
+        producer.produce(
+            buffer_topic,
+            enc.value,
+            enc.key,
+            headers=_headers(enc.headers),
+            timestamp=base_ms - 9_000,
+        )
+        if i == 4:
+            cancel = buffer.encode(buffer.Cancel(s.id))
+            producer.produce(
+                buffer_topic, cancel.value, cancel.key, headers=_headers(cancel.headers)
+            )
+        if i in (3, 4):
+            continue
+        for extra in (0, 300) if i == 5 else (0,):
+            producer.produce(
+                target,
+                s.value,
+                headers=_headers(s.delivered_headers()),
+                timestamp=s.deliver_at_ms + 20 + extra,
+            )
+    assert producer.flush(30) == 0
+
+
+def _window_totals(records: list[Record], start_ms: int) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for rec in records:
+        result = json.loads(rec.value or b"{}")
+        if result["window_start_ms"] != start_ms:
+            continue
+        for key in ("scheduled", "delivered", "missing", "duplicates", "early", "cancelled"):
+            totals[key] = totals.get(key, 0) + int(result[key])
+    return totals
+
+
+def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    bootstrap = kafka.bootstrap_servers
+    buffer_topic, target, out_topic = (
+        unique_topic("sbuf"),
+        unique_topic("stgt"),
+        unique_topic("sout"),
+    )
+    create_topic(bootstrap, buffer_topic, partitions=2)
+    create_topic(bootstrap, target, partitions=2)
+    create_topic(bootstrap, out_topic)
+    now = int(time.time() * 1000)
+    first = (now - 120_000) // WINDOW_MS * WINDOW_MS  # a window start, long past
+    # Something is scheduled before the start, so the target topic is found in the buffer.
+    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    port = free_port()
+    cfg = VerifierConfig(
+        bootstrap_servers=bootstrap,
+        buffer_topic=buffer_topic,
+        grace_ms=1_000,
+        early_horizon_ms=1_000,
+        window="10s",
+        trigger="500ms",
+        output_dir=tmp_path / "out",
+        output_topic=out_topic,
+        console=False,
+        checkpoint_dir=tmp_path / "checkpoint",
+    )
+    metrics = Metrics()
+    metrics.serve(port, "127.0.0.1")
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            verify_continuous(spark, cfg, stop, metrics)
+        except Exception as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, name="verifier", daemon=True)
+    runner.start()
+    try:
+        # More data after the start: a second window, and event time far enough ahead to
+        # move the watermark past the first window (due + grace + horizon).
+        second = first + 3 * WINDOW_MS
+        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+        _produce(bootstrap, (buffer_topic, target), now - 30_000, 10, "c")
+
+        def first_two_windows_settled(records: list[Record]) -> bool:
+            assert not errors, errors
+            return (
+                _window_totals(records, first).get("scheduled", 0) >= 19
+                and _window_totals(records, second).get("scheduled", 0) >= 19
+            )
+
+        published = consume_until(bootstrap, [out_topic], first_two_windows_settled, timeout=180)
+        for start in (first, second):
+            assert _window_totals(published, start) == {
+                "scheduled": 19,  # 20 minus the cancelled one
+                "delivered": 18,
+                "missing": 1,
+                "duplicates": 1,
+                "early": 0,
+                "cancelled": 1,
+            }
+        files = sorted((tmp_path / "out" / "windows").glob("batch-*.json"))
+        assert files, "no per-batch JSON file was written"
+        in_files = [w for f in files for w in json.loads(f.read_text())]
+        assert sum(w["scheduled"] for w in in_files if w["window_start_ms"] == first) == 19
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        scheduled = [
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("kdelay_verifier_scheduled_total ")
+        ]
+        assert scheduled
+        assert scheduled[0] >= 38
+        assert "kdelay_verifier_lateness_seconds_bucket" in text
+    finally:
+        stop.set()
+        runner.join(timeout=90)
+    assert not runner.is_alive(), "the verifier did not stop within 90 s"
+    assert errors == []
+    assert spark.streams.active == []
+
+
+def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_path: Path) -> None:
+    bootstrap = kafka.bootstrap_servers
+    buffer_topic, target = unique_topic("sbuf"), unique_topic("stgt")
+    create_topic(bootstrap, buffer_topic)
+    create_topic(bootstrap, target)
+    out_dir = tmp_path / "out"
+    argv = [
+        str(Path(sys.executable).with_name("kdelay")),
+        "verify",
+        "--bootstrap-servers",
+        bootstrap,
+        "--buffer-topic",
+        buffer_topic,
+        "--topics",
+        target,
+        "--grace-ms",
+        "500",
+        "--early-horizon-ms",
+        "500",
+        "--trigger",
+        "500ms",
+        "--output-dir",
+        str(out_dir),
+        "--output-topic",
+        "",
+        "--log-level",
+        "WARNING",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        now = int(time.time() * 1000)
+        _produce(bootstrap, (buffer_topic, target), now - 60_000, 10, "a")
+        _produce(bootstrap, (buffer_topic, target), now - 20_000, 10, "b")  # moves the watermark
+        deadline = time.monotonic() + 120
+        while not list(out_dir.glob("windows/batch-*.json")):
+            assert proc.poll() is None, proc.communicate(timeout=10)
+            assert time.monotonic() < deadline, "no window result within 120 s"
+            time.sleep(0.2)  # polling a file for a condition, with a deadline
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    # The console sink printed the same window results as JSON lines.
+    printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any(r["window_start_ms"] <= now - 60_000 < r["window_end_ms"] for r in printed)

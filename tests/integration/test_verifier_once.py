@@ -1,0 +1,350 @@
+"""``kdelay verify --once`` against a real Kafka and a real (local) Spark.
+
+The tests write buffer records (kdelay.buffer.encode) and "delivered" records (with the
+kdelay-id / kdelay-deliver-at headers and chosen timestamps) straight into fresh topics, then
+compare the verifier's report with counts computed here, independently, from the topics.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError, Message, Producer
+
+from kdelay import buffer
+from kdelay import headers as h
+from tests.support.infra import KafkaInfra
+from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
+from verifier.cli import verify_once
+from verifier.config import VerifierConfig
+from verifier.report import Slo
+
+# PySpark's collect() leaves its result socket to the garbage collector (see
+# release_pyspark_sockets); a collection during a test reports it as unraisable.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+KDELAY = Path(sys.executable).with_name("kdelay")
+GRACE_MS = 5_000
+
+
+def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
+    return list(pairs)
+
+
+@pytest.fixture(scope="module")
+def spark(kafka: KafkaInfra) -> Iterator[Any]:
+    """One SparkSession for the module (start-up is the slow part)."""
+    from verifier import job
+
+    session = job.spark_session(VerifierConfig(bootstrap_servers=kafka.bootstrap_servers))
+    yield session
+    session.stop()
+    release_pyspark_sockets()
+
+
+def release_pyspark_sockets() -> None:
+    """Close the sockets PySpark's ``collect()`` leaves to the garbage collector.
+
+    PySpark reads a collect() result over a local socket it never closes ("closed when
+    garbage-collected", pyspark/util.py); collect them here, so their ResourceWarning cannot
+    surface later in another module's test.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
+@dataclass
+class Scenario:
+    """Topics written by a test, and what was written to them."""
+
+    bootstrap: str
+    buffer_topic: str = field(default_factory=lambda: unique_topic("vbuf"))
+    targets: list[str] = field(default_factory=lambda: [unique_topic("vtgt"), unique_topic("vtgt")])
+    buffer_records: int = 0
+    delivered_records: int = 0
+
+    def __post_init__(self) -> None:
+        create_topic(self.bootstrap, self.buffer_topic, partitions=3)
+        for t in self.targets:
+            create_topic(self.bootstrap, t, partitions=2)
+        self.producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 5}
+        )
+        self.failures: list[KafkaError] = []
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self.failures.append(err)
+
+    def schedule(self, msg_id: str, due_ms: int, topic: str, written_ms: int) -> buffer.Scheduled:
+        s = buffer.Scheduled(msg_id, topic, -1, None, b"v", due_ms)
+        enc = buffer.encode(s)
+        self.producer.produce(
+            self.buffer_topic,
+            enc.value,
+            enc.key,
+            headers=_headers(enc.headers),
+            timestamp=written_ms,
+            on_delivery=self._on_delivery,
+        )
+        self.buffer_records += 1
+        return s
+
+    def cancel(self, msg_id: str, written_ms: int) -> None:
+        enc = buffer.encode(buffer.Cancel(msg_id))
+        self.producer.produce(
+            self.buffer_topic,
+            enc.value,
+            enc.key,
+            headers=_headers(enc.headers),
+            timestamp=written_ms,
+            on_delivery=self._on_delivery,
+        )
+        self.buffer_records += 1
+
+    def deliver(self, s: buffer.Scheduled, at_ms: int) -> None:
+        self.producer.produce(
+            s.topic,
+            s.value,
+            s.key,
+            headers=_headers(s.delivered_headers()),
+            timestamp=at_ms,
+            on_delivery=self._on_delivery,
+        )
+        self.delivered_records += 1
+
+    def flush(self) -> None:
+        assert self.producer.flush(60) == 0
+        assert self.failures == []
+
+    def config(self, **overrides: Any) -> VerifierConfig:
+        settings: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "buffer_topic": self.buffer_topic,
+            "grace_ms": GRACE_MS,
+            "output_topic": "",
+            "console": False,
+            **overrides,
+        }
+        return VerifierConfig(**settings)
+
+
+def independent_report(sc: Scenario, end_ms: int) -> dict[str, Any]:
+    """The report, computed here from what the topics hold (not from what the test wrote)."""
+    buf = consume_until(sc.bootstrap, [sc.buffer_topic], lambda r: len(r) >= sc.buffer_records)
+    out = consume_until(sc.bootstrap, sc.targets, lambda r: len(r) >= sc.delivered_records)
+    due: dict[str, int] = {}
+    cancelled: set[str] = set()
+    for rec in buf:
+        parsed = buffer.decode(rec.key, rec.value, list(rec.headers))
+        if isinstance(parsed, buffer.Scheduled):
+            due[parsed.id] = parsed.deliver_at_ms
+        elif isinstance(parsed, buffer.Cancel):
+            cancelled.add(parsed.id)
+    times: dict[str, list[int]] = {}
+    for rec in out:
+        raw_id = rec.header(h.ID)
+        assert raw_id is not None
+        times.setdefault(raw_id.decode(), []).append(rec.timestamp_ms)
+    delivered = [i for i in due if i in times]
+    missing = [
+        i for i in due if i not in times and i not in cancelled and due[i] + GRACE_MS < end_ms
+    ]
+    lateness = [min(times[i]) - due[i] for i in delivered]
+
+    def pct(q: float) -> float:
+        return float(np.percentile(lateness, q)) if lateness else 0.0
+
+    return {
+        "scheduled": len(delivered) + len(missing),
+        "delivered": len(delivered),
+        "missing": len(missing),
+        "duplicates": sum(len(times[i]) - 1 for i in delivered),
+        "early": sum(1 for i in delivered for t in times[i] if t < due[i]),
+        "lateness_ms": {
+            "p50": pct(50),
+            "p95": pct(95),
+            "p99": pct(99),
+            "max": float(max(lateness)) if lateness else 0.0,
+        },
+    }
+
+
+def assert_same_report(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert set(got) == {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
+    assert {k: got[k] for k in got if k != "lateness_ms"} == {
+        k: want[k] for k in want if k != "lateness_ms"
+    }
+    assert set(got["lateness_ms"]) == {"p50", "p95", "p99", "max"}
+    for key, value in want["lateness_ms"].items():
+        assert isinstance(got["lateness_ms"][key], float)
+        assert abs(got["lateness_ms"][key] - value) <= 1.0, (key, got, want)
+
+
+def build_faults(bootstrap: str, base_ms: int) -> Scenario:
+    """20 messages: one duplicated, one early, one never delivered, one cancelled."""
+    sc = Scenario(bootstrap)
+    rng = random.Random(7)
+    for i in range(20):
+        s = sc.schedule(f"f{i}", base_ms + i * 1_000, sc.targets[i % 2], base_ms - 60_000)
+        if i == 13:
+            continue  # missing
+        if i == 17:
+            sc.cancel(s.id, base_ms - 30_000)  # cancelled in time: not missing
+            continue
+        at = s.deliver_at_ms - 250 if i == 5 else s.deliver_at_ms + rng.randint(1, 400)
+        sc.deliver(s, at)
+        if i == 9:
+            sc.deliver(s, at + 2_000)  # a duplicate, e.g. after a failover
+    sc.flush()
+    return sc
+
+
+def test_injected_faults_are_reported_exactly(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    base = int(time.time() * 1000) - 600_000
+    sc = build_faults(kafka.bootstrap_servers, base)
+    end_ms = int(time.time() * 1000)
+    outcome = verify_once(spark, sc.config(end_ms=end_ms), Slo(), tmp_path / "report.json")
+    want = independent_report(sc, end_ms)
+    assert (want["missing"], want["duplicates"], want["early"]) == (1, 1, 1)
+    assert_same_report(outcome.report, want)
+    assert outcome.report["scheduled"] == 19  # the cancelled message is left out
+    assert outcome.details["cancelled"] == 1
+    assert outcome.details["pending"] == 0
+    assert json.loads((tmp_path / "report.json").read_text()) == outcome.report
+    assert outcome.exit_code == 0
+
+
+def test_report_matches_an_independent_count_over_5000_messages(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    sc = Scenario(kafka.bootstrap_servers)
+    rng = random.Random(11)
+    now = int(time.time() * 1000)
+    base = now - 300_000
+    pending = 0
+    for i in range(5_000):
+        due = base + rng.randint(0, 290_000)
+        s = sc.schedule(f"m{i}", due, sc.targets[i % 2], due - rng.randint(0, 60_000))
+        roll = rng.random()
+        if roll < 0.01:
+            continue  # missing
+        if roll < 0.02:
+            sc.cancel(s.id, due - 1_000)
+            continue
+        if roll < 0.025:
+            sc.deliver(s, due - rng.randint(1, 500))  # early
+            continue
+        at = due + int(rng.expovariate(1 / 40.0))
+        sc.deliver(s, at)
+        if roll > 0.99:
+            sc.deliver(s, at + rng.randint(0, 3_000))
+    for i in range(5):  # not due yet: pending, part of no verdict
+        sc.schedule(f"later{i}", now + 600_000, sc.targets[0], now - 1_000)
+        pending += 1
+    sc.flush()
+    end_ms = int(time.time() * 1000)
+    report_path = tmp_path / "out" / "report.json"
+    outcome = verify_once(spark, sc.config(end_ms=end_ms, window="30s"), Slo(), report_path)
+    want = independent_report(sc, end_ms)
+    assert_same_report(outcome.report, want)
+    assert outcome.details["pending"] == pending
+    assert outcome.details["unmatched_deliveries"] == 0
+    assert sorted(outcome.details["topics"]) == sorted(sc.targets)
+    windows = outcome.details["windows"]
+    assert sum(w["scheduled"] for w in windows) == want["scheduled"]
+    assert sum(w["duplicates"] for w in windows) == want["duplicates"]
+    assert all(w["window_end_ms"] - w["window_start_ms"] == 30_000 for w in windows)
+    for png in (
+        report_path.parent / "report.lateness.png",
+        report_path.parent / "report.histogram.png",
+    ):
+        data = png.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert len(data) > 10_000
+
+
+def test_slos_met_exit_zero_and_one_missed_slo_is_named(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    cfg = sc.config()
+    met = verify_once(spark, cfg, Slo(max_p99_ms=60_000, max_early=1, max_duplicates=1), None)
+    assert met.exit_code == 0
+    assert met.breaches == []
+    early = verify_once(spark, cfg, Slo(max_early=0, max_p99_ms=60_000), None)
+    assert early.exit_code == 1
+    assert len(early.breaches) == 1
+    assert "--max-early" in early.breaches[0]
+
+
+def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_slos(
+    kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    report = tmp_path / "cli" / "report.json"
+    out_topic = unique_topic("vout")
+    argv = [
+        str(KDELAY),
+        "verify",
+        "--once",
+        "--report",
+        str(report),
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--buffer-topic",
+        sc.buffer_topic,
+        "--grace-ms",
+        str(GRACE_MS),
+        "--output-topic",
+        out_topic,
+        "--output-dir",
+        str(tmp_path / "cli-out"),
+        "--max-p99-ms",
+        "1",
+        "--max-early",
+        "0",
+        "--max-missing",
+        "5",
+    ]
+    env = {**os.environ, "KDELAY_VERIFIER_LOG_LEVEL": "WARNING"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False, env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "--max-p99-ms" in proc.stderr
+    assert "--max-early" in proc.stderr
+    assert "--max-missing" not in proc.stderr
+    got = json.loads(report.read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == got
+    end_ms = json.loads(report.with_name("report.details.json").read_text())["end_ms"]
+    assert_same_report(got, independent_report(sc, end_ms))
+    for name in ("report.lateness.png", "report.histogram.png"):
+        data = (report.parent / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert len(data) > 10_000
+    windows = json.loads((tmp_path / "cli-out" / "windows" / "once.json").read_text())
+    assert sum(w["scheduled"] for w in windows) == got["scheduled"]
+    published = consume_until(
+        kafka.bootstrap_servers, [out_topic], lambda r: len(r) >= len(windows)
+    )
+    assert sorted(json.loads(r.value or b"")["window_start_ms"] for r in published) == sorted(
+        w["window_start_ms"] for w in windows
+    )

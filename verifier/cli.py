@@ -1,0 +1,178 @@
+"""``kdelay verify``: the Spark verifier, continuous or ``--once`` (CONTRACT.md).
+
+Continuous: runs until SIGINT/SIGTERM, publishing window results (stdout, ``--output-dir``,
+``--output-topic``, Prometheus on ``--metrics-port``). ``--once``: a bounded run over what the
+topics hold now; writes the report to ``--report FILE`` (exactly the CONTRACT.md keys), and
+next to it ``<stem>.details.json`` (pending, cancelled, unmatched deliveries, per-window
+results, the end instant), ``<stem>.lateness.png`` (per-window lateness over time) and
+``<stem>.histogram.png`` (lateness histogram). Exit status 1 when an SLO given on the command
+line is missed (each missed SLO is named on stderr), 2 on a configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kdelay import logs
+from kdelay.config import load
+from verifier.config import VerifierConfig
+from verifier.metrics import Metrics
+from verifier.report import Slo, breaches
+from verifier.sinks import Sinks, write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy default, type 7)"
+
+
+@dataclass
+class OnceOutcome:
+    """What ``verify --once`` did: the report, the files written, the missed SLOs."""
+
+    report: dict[str, Any]
+    details: dict[str, Any]
+    breaches: list[str]
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.breaches else 0
+
+
+def verify_once(
+    spark: SparkSession, cfg: VerifierConfig, slo: Slo, report_path: Path | None
+) -> OnceOutcome:
+    """Run the bounded verification, write the report, details, charts and window results."""
+    from verifier import chart, job
+
+    result = job.run_once(spark, cfg)
+    report = result.summary.report()
+    details = {
+        **result.summary.details(),
+        "unmatched_deliveries": result.unmatched_deliveries,
+        "end_ms": result.end_ms,
+        "grace_ms": cfg.grace_ms,
+        "window_ms": cfg.window_ms,
+        "topics": result.topics,
+        "percentile_method": PERCENTILE_METHOD,
+        "windows": [w.as_dict() for w in result.windows],
+    }
+    outcome = OnceOutcome(report, details, breaches(result.summary, slo))
+    if report_path is not None:
+        write_json(report_path, report)
+        details_path = report_path.with_name(f"{report_path.stem}.details.json")
+        write_json(details_path, details)
+        charts = chart.write_charts(result.windows, result.lateness_sample, report_path)
+        outcome.files = [report_path, details_path, *charts]
+    metrics = Metrics() if cfg.metrics_port else None
+    if metrics is not None:
+        metrics.serve(cfg.metrics_port, cfg.metrics_host)
+    sinks = Sinks(cfg, metrics)
+    try:
+        sinks.publish("once", result.windows, result.lateness_sample, console=False)
+    finally:
+        sinks.close()
+    return outcome
+
+
+def verify_continuous(
+    spark: SparkSession, cfg: VerifierConfig, stop: threading.Event, metrics: Metrics
+) -> None:
+    """Run the streaming verifier until ``stop`` is set."""
+    from verifier import job
+
+    sinks = Sinks(cfg, metrics)
+
+    def handle(batch_id: int, windows: list[Any], lateness: list[float]) -> None:
+        sinks.publish(f"batch-{batch_id:06d}", windows, lateness)
+
+    try:
+        job.run_continuous(spark, cfg, handle, stop)
+    finally:
+        sinks.close()
+
+
+@click.command("verify")
+@click.option("--once", is_flag=True, help="Bounded run over what the topics hold now.")
+@click.option(
+    "--report", type=click.Path(dir_okay=False, path_type=Path), help="--once: report file."
+)
+@click.option("--bootstrap-servers", help="Kafka bootstrap servers.")
+@click.option("--buffer-topic", help="The buffer topic (default __kdelay_buffer).")
+@click.option("--topics", help="Comma-separated target topics (default: found in the buffer).")
+@click.option("--grace-ms", type=int, help="Missing only when due + grace < end of input.")
+@click.option("--window", help="Event-time window of the results, e.g. 10s.")
+@click.option("--early-horizon-ms", type=int, help="Streaming: how early a delivery still matches.")
+@click.option("--metrics-port", type=int, help="Prometheus port (0: none).")
+@click.option("--metrics-host", help="Prometheus bind address.")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), help="JSON files.")
+@click.option("--output-topic", help="Topic for window results ('' for none).")
+@click.option("--console/--no-console", default=None, help="Print window results on stdout.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--trigger", help="Streaming micro-batch interval, e.g. 2s.")
+@click.option("--starting-offsets", type=click.Choice(["earliest", "latest"]))
+@click.option("--end-ms", type=int, help="--once: end-of-input instant, epoch ms (default now).")
+@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+@click.option("--max-p99-ms", type=float, help="SLO: p99 lateness at most this (ms).")
+@click.option("--max-early", type=int, help="SLO: at most this many early deliveries.")
+@click.option("--max-missing", type=int, help="SLO: at most this many missing messages.")
+@click.option("--max-duplicates", type=int, help="SLO: at most this many duplicates.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON or YAML file of settings.",
+)
+def command(
+    *,
+    once: bool,
+    report: Path | None,
+    config_file: Path | None,
+    max_p99_ms: float | None,
+    max_early: int | None,
+    max_missing: int | None,
+    max_duplicates: int | None,
+    **flags: Any,
+) -> None:
+    """Verify delivery with Spark: lateness, early, duplicate and missing messages."""
+    if report is not None and not once:
+        raise click.UsageError("--report needs --once")
+    cfg = load(VerifierConfig, flags, config_file)
+    logs.configure(cfg.log_level, json=False)
+    slo = Slo(max_p99_ms, max_early, max_missing, max_duplicates)
+
+    from verifier import job
+
+    spark = job.spark_session(cfg)
+    try:
+        if once:
+            outcome = verify_once(spark, cfg, slo, report)
+            click.echo(json.dumps(outcome.report))
+            for path in outcome.files[1:]:
+                click.echo(f"wrote {path}", err=True)
+            for line in outcome.breaches:
+                click.echo(line, err=True)
+            sys.exit(outcome.exit_code)
+        stop = threading.Event()
+
+        def on_signal(_signum: int, _frame: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        metrics = Metrics()
+        if cfg.metrics_port:
+            metrics.serve(cfg.metrics_port, cfg.metrics_host)
+        verify_continuous(spark, cfg, stop, metrics)
+    finally:
+        spark.stop()

@@ -1,0 +1,479 @@
+"""The Spark side of the verifier: read the topics, match deliveries to messages, aggregate.
+
+One pipeline, two drivers (definitions of every count are in :mod:`verifier.report`):
+
+1. ``parse_buffer`` / ``parse_delivered`` turn Kafka rows into *schedules* (id, due),
+   *cancels* (id) and *deliveries* (id, record timestamp).
+2. ``match`` joins schedules with deliveries by id (left outer, so a message nobody delivered
+   still yields its row) and aggregates per message: deliveries, first delivery, early
+   deliveries. Event time is the due time for schedules and the record timestamp for
+   deliveries; both get a watermark of ``grace_ms``. In the streaming job the join is also
+   bounded in time (a delivery matches when its timestamp is within [due - early_horizon,
+   due + grace]) so Spark can drop old state; an unmatched message comes out (and counts
+   missing) once the watermark has passed due + grace. ``with_cancels`` then marks messages
+   with a cancel record.
+3. ``summarise`` aggregates per-message rows per event-time window (over the due time) and
+   overall, with Spark's exact ``percentile`` (linear interpolation, like numpy's default).
+
+``run_once`` (``kdelay verify --once``) applies the same functions to a *batch* read of the
+topics (offsets earliest..latest), not to ``trigger(availableNow=True)``: a streaming join only
+emits an unmatched message after the watermark (max event time - grace) has passed it, and the
+watermark never reaches the end of the input when the run stops, so messages due near the end
+would be silently left out instead of being judged missing or pending against the run's end
+instant. The batch plan also starts faster (no checkpoint, no state store) and aggregates the
+whole input at once, so percentiles are exact for the whole run. In batch, ``withWatermark`` is
+a no-op and the join is by id alone: no horizon limits what matches.
+
+``run_continuous`` (``kdelay verify``) runs the streaming plan: per-message rows in append mode
+into ``foreachBatch``, which summarises the rows each micro-batch finalised per window and
+hands them to the sinks. A window's messages may be finalised over several micro-batches, so
+a window result is per (batch, window): counts add up across batches, percentiles do not.
+Cancels are not joined in the stream (see :class:`CancelRegistry`): a second small query keeps
+the set of cancelled ids, seeded by a bounded read of the buffer topic at start-up.
+
+Target topics: ``--topics`` when given; otherwise the distinct "t" values of the schedule
+records in the buffer topic (``--once``: from the snapshot it reads; streaming: from the
+bounded read at start-up). A streaming job started before any message was scheduled falls
+back to every topic not starting with ``__`` (``subscribePattern``), so it follows topics
+created later; records without a ``kdelay-id`` header are dropped at once.
+
+Threading: a SparkSession is shared; ``run_once`` and ``run_continuous`` are called from one
+thread at a time. ``run_continuous`` returns when ``stop`` is set or a query fails (raising).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
+from pyspark.sql.streaming.query import StreamingQuery
+
+from kdelay import headers as h
+from kdelay import logs
+from kdelay.buffer import FORMAT_VERSION, ROUTE_HEADER
+from kdelay.errors import KdelayError
+from kdelay.local import jvm
+from verifier.config import VerifierConfig
+from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
+
+log = logs.get(__name__)
+
+_ROUTE_SCHEMA = "v INT, op STRING, t STRING, p INT, d BIGINT"
+#: Topics the streaming job reads when none are named or known: all but internal ones.
+ALL_USER_TOPICS = "^(?!__).+"
+#: At most this many lateness values are collected for the histogram chart.
+CHART_SAMPLE = 200_000
+
+_LOG4J2 = """\
+status = error
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+rootLogger.level = error
+rootLogger.appenderRef.err.ref = err
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = error
+# At the root level, Spark does not announce "Setting default log level" on start-up.
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.pygw.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygw.level = error
+"""
+
+
+class VerifierError(KdelayError):
+    """The verifier cannot run (no Kafka, a failed query, no target topics)."""
+
+
+def spark_session(cfg: VerifierConfig) -> SparkSession:
+    """The (one) local SparkSession, with Spark's Kafka connector and small settings."""
+    jar_dir = jvm.jars("spark-kafka")
+    jars = ",".join(sorted(str(p) for p in jar_dir.glob("*.jar")))
+    log4j = Path(tempfile.gettempdir()) / "kdelay-verifier-log4j2.properties"
+    log4j.write_text(_LOG4J2)
+    spark = (
+        SparkSession.builder.master(cfg.spark_master)
+        .appName("kdelay-verifier")
+        .config("spark.jars", jars)
+        .config("spark.driver.memory", cfg.driver_memory)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cfg.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+        .config("spark.sql.adaptive.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _kafka_options(cfg: VerifierConfig) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": cfg.bootstrap_servers,
+        "includeHeaders": "true",
+        # The buffer topic is compacted: offsets have gaps by design.
+        "failOnDataLoss": "false",
+    }
+
+
+def read_batch(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
+    """A bounded read (earliest..latest) of ``subscribe=``/``subscribePattern=`` topics."""
+    return (
+        spark.read.format("kafka")
+        .options(**_kafka_options(cfg))
+        .options(startingOffsets="earliest", endingOffsets="latest", **source)
+        .load()
+    )
+
+
+def read_stream(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
+    """An unbounded read of ``subscribe=``/``subscribePattern=`` topics."""
+    return (
+        spark.readStream.format("kafka")
+        .options(**_kafka_options(cfg))
+        .options(startingOffsets=cfg.starting_offsets, **source)
+        .load()
+    )
+
+
+@dataclass(frozen=True)
+class BufferRows:
+    """The buffer topic, parsed: schedules (id, due, due_ms, topic) and cancels (id, ts)."""
+
+    schedules: DataFrame
+    cancels: DataFrame
+
+
+def parse_buffer(raw: DataFrame) -> BufferRows:
+    """Schedule and cancel records of the buffer-record contract (version 1); others dropped."""
+    last = F.try_element_at(F.col("headers"), F.lit(-1))
+    route = F.when(
+        last.getField("key") == ROUTE_HEADER,
+        F.from_json(last.getField("value").cast("string"), _ROUTE_SCHEMA),
+    )
+    parsed = raw.select(
+        F.col("key").cast("string").alias("id"),
+        route.alias("r"),
+        F.col("timestamp").alias("ts"),
+    ).where(F.col("id").isNotNull() & (F.col("r.v") == FORMAT_VERSION))
+    schedules = parsed.where(
+        (F.col("r.op") == "schedule") & F.col("r.d").isNotNull() & F.col("r.t").isNotNull()
+    ).select(
+        "id",
+        F.timestamp_millis(F.col("r.d")).alias("due"),
+        F.col("r.d").alias("due_ms"),
+        F.col("r.t").alias("topic"),
+    )
+    cancels = parsed.where(F.col("r.op") == "cancel").select("id", "ts")
+    return BufferRows(schedules, cancels)
+
+
+def _header(name: str) -> Column:
+    found = F.filter(F.col("headers"), lambda hdr: hdr.getField("key") == name)
+    return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
+
+
+def parse_delivered(raw: DataFrame) -> DataFrame:
+    """Deliveries (id, ts): target-topic records that carry a ``kdelay-id`` header."""
+    return raw.select(_header(h.ID).alias("id"), F.col("timestamp").alias("ts")).where(
+        F.col("id").isNotNull()
+    )
+
+
+# -- matching and aggregation ---------------------------------------------------------------
+
+
+def match(
+    schedules: DataFrame, deliveries: DataFrame, *, grace_ms: int, horizon_ms: int | None
+) -> DataFrame:
+    """Per-message rows: id, due, due_ms, deliveries, first_ms, early.
+
+    ``horizon_ms`` None: match by id alone (batch). Otherwise the time-bounded streaming join
+    described in the module docstring.
+    """
+    delay = f"{grace_ms} milliseconds"
+    s = schedules.select("id", "due", "due_ms").withWatermark("due", delay)
+    # A record written twice to the buffer (a producer retry) is one message.
+    s = s.dropDuplicates(["id", "due"])
+    d = deliveries.select(F.col("id").alias("did"), "ts").withWatermark("ts", delay)
+    condition = "did = id"
+    if horizon_ms is not None:
+        condition += (
+            f" AND ts >= due - INTERVAL {horizon_ms} MILLISECONDS"
+            f" AND ts <= due + INTERVAL {grace_ms} MILLISECONDS"
+        )
+    joined = s.join(d, F.expr(condition), "leftOuter").select(
+        "id",
+        "due",
+        "due_ms",
+        # A new column (not ``ts`` itself) carries no event-time metadata, so the aggregation
+        # below has exactly one event-time key: ``due``.
+        F.unix_millis(F.col("ts")).alias("ts_ms"),
+    )
+    return joined.groupBy("id", "due", "due_ms").agg(
+        F.count("ts_ms").alias("deliveries"),
+        F.min("ts_ms").alias("first_ms"),
+        F.count(F.when(F.col("ts_ms") < F.col("due_ms"), 1)).alias("early"),
+    )
+
+
+def with_cancels(per_id: DataFrame, cancelled_ids: DataFrame | None) -> DataFrame:
+    """``per_id`` plus a ``cancelled`` column: a cancel record exists for the id."""
+    if cancelled_ids is None:
+        return per_id.withColumn("cancelled", F.lit(False))
+    ids = cancelled_ids.select(F.col("id").alias("cid")).distinct()
+    return (
+        per_id.join(ids, per_id["id"] == ids["cid"], "left")
+        .withColumn("cancelled", F.col("cid").isNotNull())
+        .drop("cid")
+    )
+
+
+def summarise(
+    per_id: DataFrame, *, grace_ms: int, end_ms: int | None, window_ms: int | None
+) -> DataFrame:
+    """Aggregate per-message rows overall (``window_ms`` None) or per window of the due time.
+
+    Columns: :data:`verifier.report.SUMMARY_COLUMNS`, plus ``window_start_ms``/``window_end_ms``
+    per window. ``end_ms`` None: every row is settled (the streaming job emits only those).
+    """
+    delivered = F.col("deliveries") > 0
+    cancelled = ~delivered & F.col("cancelled")
+    undecided = ~delivered & ~cancelled
+    overdue = F.lit(True) if end_ms is None else (F.col("due_ms") + grace_ms < F.lit(end_ms))
+    missing = undecided & overdue
+    pending = undecided & ~overdue
+    lateness = F.when(delivered, F.col("first_ms") - F.col("due_ms"))
+    quantiles = F.percentile(lateness, list(QUANTILES))
+
+    def count(flag: Column) -> Column:
+        return F.sum(flag.cast("long"))
+
+    aggs = [
+        count(delivered | missing).alias("scheduled"),
+        count(delivered).alias("delivered"),
+        count(missing).alias("missing"),
+        F.sum(F.when(delivered, F.col("deliveries") - 1).otherwise(0)).alias("duplicates"),
+        F.sum(F.when(delivered, F.col("early")).otherwise(0)).alias("early"),
+        quantiles.alias("q"),
+        F.max(lateness).cast("double").alias("max"),
+        count(pending).alias("pending"),
+        count(cancelled).alias("cancelled"),
+    ]
+    q = [F.col("q")[i].alias(name) for i, name in enumerate(("p50", "p95", "p99"))]
+    rest = [c for c in SUMMARY_COLUMNS if c not in ("p50", "p95", "p99")]
+    if window_ms is None:
+        return per_id.agg(*aggs).select(*rest, *q)
+    windowed = per_id.groupBy(F.window("due", f"{window_ms} milliseconds").alias("w")).agg(*aggs)
+    return windowed.select(
+        F.unix_millis(F.col("w.start")).alias("window_start_ms"),
+        F.unix_millis(F.col("w.end")).alias("window_end_ms"),
+        *rest,
+        *q,
+    ).orderBy("window_start_ms")
+
+
+def window_results(summary: DataFrame) -> list[WindowResult]:
+    """Collect a per-window summary into WindowResults, oldest window first."""
+    return [
+        WindowResult(
+            int(row["window_start_ms"]), int(row["window_end_ms"]), Summary.from_row(row.asDict())
+        )
+        for row in summary.collect()
+    ]
+
+
+def lateness_values(per_id: DataFrame, limit: int = CHART_SAMPLE) -> list[float]:
+    """Lateness (ms) of delivered messages, at most ``limit`` of them (for charts)."""
+    rows = (
+        per_id.where(F.col("deliveries") > 0)
+        .select((F.col("first_ms") - F.col("due_ms")).alias("l"))
+        .limit(limit)
+        .collect()
+    )
+    return [float(r["l"]) for r in rows]
+
+
+# -- the two drivers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnceResult:
+    """What a bounded run found."""
+
+    summary: Summary
+    windows: list[WindowResult]
+    lateness_sample: list[float]
+    end_ms: int
+    topics: list[str]
+    unmatched_deliveries: int
+
+
+def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
+    """Verify what the topics hold now (see the module docstring for why this is a batch read)."""
+    end_ms = cfg.end_ms if cfg.end_ms is not None else int(time.time() * 1000)
+    # The buffer snapshot is taken (and pinned in memory) before the target topics are read,
+    # so every delivery of a message in the snapshot that happened before it is seen.
+    buffer = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
+    schedules = buffer.schedules.persist()
+    cancels = buffer.cancels.select("id").distinct().persist()
+    cached = [schedules, cancels]
+    try:
+        found = sorted(str(r["topic"]) for r in schedules.select("topic").distinct().collect())
+        cancels.count()
+        topics = cfg.topic_list or found
+        log.info("verify.once.topics", topics=topics, end_ms=end_ms)
+        if topics:
+            deliveries = parse_delivered(read_batch(spark, cfg, subscribe=",".join(topics)))
+        else:
+            deliveries = spark.createDataFrame([], "id STRING, ts TIMESTAMP")
+        deliveries = deliveries.persist()
+        cached.append(deliveries)
+        per_id = with_cancels(
+            match(schedules, deliveries, grace_ms=cfg.grace_ms, horizon_ms=None), cancels
+        ).persist()
+        cached.append(per_id)
+        overall = summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=None)
+        row = overall.collect()[0].asDict()
+        windows = window_results(
+            summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=cfg.window_ms)
+        )
+        sample = lateness_values(per_id)
+        unmatched = deliveries.join(schedules, "id", "left_anti").count()
+    finally:
+        for df in reversed(cached):
+            df.unpersist()
+    return OnceResult(Summary.from_row(row), windows, sample, end_ms, topics, unmatched)
+
+
+BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
+
+
+class CancelRegistry:
+    """Ids with a cancel record, fed by a small streaming query over the buffer topic.
+
+    Why not a join: a cancel may come any time before its message's due time, so a
+    time-bounded stream-stream join would have to keep cancels (and hold back every result)
+    for the longest delay in use. Cancels are rare; a set on the driver is cheap. Written by
+    the cancels query's foreachBatch thread, read by the main query's: guarded by a lock.
+    """
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, ids: list[str]) -> None:
+        with self._lock:
+            self._ids.update(ids)
+
+    def among(self, ids: list[str]) -> list[str]:
+        with self._lock:
+            return [i for i in ids if i in self._ids]
+
+
+def start_continuous(
+    spark: SparkSession,
+    cfg: VerifierConfig,
+    handle: BatchHandler,
+    checkpoint: Path,
+) -> list[StreamingQuery]:
+    """Start the cancels query, then the main query; ``handle`` gets each batch's windows."""
+    # A bounded read of the buffer first: the target topics, and the cancels already there,
+    # so that no message is judged before the cancels query has caught up.
+    snapshot = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
+    registry = CancelRegistry()
+    registry.add([str(r["id"]) for r in snapshot.cancels.select("id").distinct().collect()])
+    found = snapshot.schedules.select("topic").distinct().collect()
+    topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
+    source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
+    log.info("verify.stream.start", source=source, checkpoint=str(checkpoint))
+    trigger = f"{cfg.trigger_ms} milliseconds"
+
+    def each_cancels(batch: DataFrame, _batch_id: int) -> None:
+        registry.add([str(r["id"]) for r in batch.select("id").distinct().collect()])
+
+    # From the earliest offset, without a checkpoint: the set lives in memory only.
+    cancels_cfg = cfg.model_copy(update={"starting_offsets": "earliest"})
+    cancels = parse_buffer(read_stream(spark, cancels_cfg, subscribe=cfg.buffer_topic)).cancels
+    cancels_query = (
+        cancels.writeStream.foreachBatch(each_cancels)
+        .trigger(processingTime=trigger)
+        .queryName("kdelay-verifier-cancels")
+        .start()
+    )
+
+    buffer = parse_buffer(read_stream(spark, cfg, subscribe=cfg.buffer_topic))
+    deliveries = parse_delivered(read_stream(spark, cfg, **source))
+    per_id = match(
+        buffer.schedules, deliveries, grace_ms=cfg.grace_ms, horizon_ms=cfg.early_horizon_ms
+    )
+
+    def each_batch(batch: DataFrame, batch_id: int) -> None:
+        batch = batch.persist()
+        try:
+            undelivered = [
+                str(r["id"]) for r in batch.where(F.col("deliveries") == 0).select("id").collect()
+            ]
+            cancelled = registry.among(undelivered)
+            ids = (
+                spark.createDataFrame([(i,) for i in cancelled], "id STRING") if cancelled else None
+            )
+            marked = with_cancels(batch, ids)
+            windows = window_results(
+                summarise(marked, grace_ms=cfg.grace_ms, end_ms=None, window_ms=cfg.window_ms)
+            )
+            if windows:
+                handle(batch_id, windows, lateness_values(batch))
+        finally:
+            batch.unpersist()
+
+    try:
+        main_query = (
+            per_id.writeStream.outputMode("append")
+            .foreachBatch(each_batch)
+            .trigger(processingTime=trigger)
+            .option("checkpointLocation", str(checkpoint))
+            .queryName("kdelay-verifier")
+            .start()
+        )
+    except Exception:
+        cancels_query.stop()
+        raise
+    return [cancels_query, main_query]
+
+
+def run_continuous(
+    spark: SparkSession,
+    cfg: VerifierConfig,
+    handle: BatchHandler,
+    stop: threading.Event,
+) -> None:
+    """Run the streaming verifier until ``stop`` is set; a failed query raises VerifierError."""
+    with tempfile.TemporaryDirectory(prefix="kdelay-verifier-") as tmp:
+        checkpoint = cfg.checkpoint_dir or Path(tmp) / "checkpoint"
+        queries = start_continuous(spark, cfg, handle, checkpoint)
+        try:
+            while not stop.is_set() and all(q.isActive for q in queries):
+                queries[-1].awaitTermination(1)
+        finally:
+            for q in queries:
+                q.stop()
+        for q in queries:
+            error = q.exception()
+            if error is not None:
+                raise VerifierError(f"the streaming query {q.name} failed: {error}")
