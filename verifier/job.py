@@ -183,6 +183,12 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
     return BufferRows(schedules, cancels)
 
 
+def _only_topics(schedules: DataFrame, topics: list[str]) -> DataFrame:
+    """With ``--topics``, only messages bound for those topics are judged: the deliveries of
+    any other topic are not read, so its messages would all look missing."""
+    return schedules.where(F.col("topic").isin(topics)) if topics else schedules
+
+
 def _header(name: str) -> Column:
     found = F.filter(F.col("headers"), lambda hdr: hdr.getField("key") == name)
     return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
@@ -330,7 +336,7 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
     # The buffer snapshot is taken (and pinned in memory) before the target topics are read,
     # so every delivery of a message in the snapshot that happened before it is seen.
     buffer = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
-    schedules = buffer.schedules.persist()
+    schedules = _only_topics(buffer.schedules, cfg.topic_list).persist()
     cancels = buffer.cancels.select("id").distinct().persist()
     cached = [schedules, cancels]
     try:
@@ -420,7 +426,10 @@ def start_continuous(
     buffer = parse_buffer(read_stream(spark, cfg, subscribe=cfg.buffer_topic))
     deliveries = parse_delivered(read_stream(spark, cfg, **source))
     per_id = match(
-        buffer.schedules, deliveries, grace_ms=cfg.grace_ms, horizon_ms=cfg.early_horizon_ms
+        _only_topics(buffer.schedules, cfg.topic_list),
+        deliveries,
+        grace_ms=cfg.grace_ms,
+        horizon_ms=cfg.early_horizon_ms,
     )
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:

@@ -283,6 +283,21 @@ def test_report_matches_an_independent_count_over_5000_messages(
         assert len(data) > 10_000
 
 
+def test_topics_option_judges_only_messages_bound_for_those_topics(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path
+) -> None:
+    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    end_ms = int(time.time() * 1000)
+    both = verify_once(spark, sc.config(end_ms=end_ms), Slo(), None)
+    first = verify_once(spark, sc.config(end_ms=end_ms, topics=sc.targets[0]), Slo(), None)
+    # build_faults alternates targets: even ids go to targets[0] (f13 missing and f17
+    # cancelled are odd, so targets[0] holds 10 messages, all delivered; f5 and f9 are odd too).
+    assert both.report["scheduled"] == 19
+    assert first.report["scheduled"] == 10
+    assert first.report["missing"] == 0
+    assert first.details["topics"] == [sc.targets[0]]
+
+
 def test_slos_met_exit_zero_and_one_missed_slo_is_named(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
