@@ -168,7 +168,7 @@ def verify(kafka: str) -> int:
     if report.exists():
         say(json.dumps(json.loads(report.read_text()), indent=2))
         say(f"report: {report}")
-    for chart in sorted((WORK / "verifier").glob("*.png")):
+    for chart in sorted(WORK.glob("report.*.png")):
         say(f"chart:  {chart}")
     return code
 
