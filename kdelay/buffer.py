@@ -124,7 +124,7 @@ def decode(
         raise BufferFormatError(f"buffer record {msg_id!r} lacks a trailing {ROUTE_HEADER} header")
     try:
         route = json.loads(hdrs[-1][1])
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc}") from None
     if not isinstance(route, dict):
         raise BufferFormatError(f"buffer record {msg_id!r}: {ROUTE_HEADER} is not an object")
@@ -136,7 +136,7 @@ def decode(
         )
     try:
         return _decode_route(msg_id, value, hdrs[:-1], route)
-    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, binascii.Error) as exc:
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc!r}") from None
 
 

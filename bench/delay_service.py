@@ -1,0 +1,380 @@
+"""Delay-service benchmark: ingest, forward rate, lateness, and a large pending set.
+
+Run: ``.venv/bin/python -m bench.delay_service`` (``--help`` for sizes). It starts its own Kafka
+and ZooKeeper through kdelay.local and replicas as ``kdelay delay-service`` subprocesses, and
+measures, beside a plain Kafka produce->consume baseline from the same run:
+
+- lateness (record timestamp - due time, and consumer receipt - due time) p50/p99/max at
+  several rates, with 1 and 3 replicas;
+- ingest rate of one replica (a fresh replica reading a pre-filled buffer topic);
+- forward rate (a burst of messages all due at once);
+- with a large pending set: store bytes per message, replica RSS, restart-to-first-delivery.
+
+Figures depend on the machine; the baseline shows what the same machine does without kdelay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from kazoo.client import KazooClient
+
+from kdelay.buffer import Scheduled, encode
+from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
+from zk import Paths, cluster_status
+
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
+PARTITIONS = 4
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def create(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def producer(bootstrap: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+
+
+def _produce(
+    p: Producer,
+    topic: str,
+    partition: int,
+    enc: tuple[bytes, bytes | None, list[tuple[str, bytes]]],
+) -> None:
+    key, value, headers = enc
+    while True:
+        try:
+            p.produce(topic, value, key, partition=partition, headers=list(headers))
+        except BufferError:
+            p.poll(0.05)
+        else:
+            return
+
+
+def produce_buffer(bootstrap: str, topic: str, messages: Iterable[Scheduled]) -> None:
+    p = producer(bootstrap)
+    for i, m in enumerate(messages):
+        enc = encode(m)
+        _produce(p, topic, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
+        if i % 1000 == 0:
+            p.poll(0)
+    p.flush(120)
+
+
+def paced(rate: int, seconds: float, make: Callable[[int], None], p: Producer) -> int:
+    """Call make(i) at ``rate`` per second for ``seconds``; returns how many were made."""
+    n = int(rate * seconds)
+    start = time.monotonic()
+    for i in range(n):
+        target = start + i / rate
+        delay = target - time.monotonic()
+        if delay > 0.002:
+            p.poll(delay)
+        make(i)
+    p.flush(60)
+    return n
+
+
+@dataclass
+class Lateness:
+    release: list[float]
+    receipt: list[float]
+
+    def row(self) -> str:
+        return (
+            f"{pct(self.release, 0.5):8.1f} {pct(self.release, 0.99):8.1f} "
+            f"{max(self.release, default=float('nan')):8.1f} | "
+            f"{pct(self.receipt, 0.5):8.1f} {pct(self.receipt, 0.99):8.1f} "
+            f"{max(self.receipt, default=float('nan')):8.1f}"
+        )
+
+
+def consume_lateness(bootstrap: str, topic: str, n: int, timeout: float) -> Lateness:
+    """Read ``n`` records of ``topic``; lateness in ms against kdelay-deliver-at (or sent-at)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.assign([TopicPartition(topic, p, -2) for p in range(PARTITIONS)])
+    release: list[float] = []
+    receipt: list[float] = []
+    deadline = time.monotonic() + timeout
+    while len(release) < n and time.monotonic() < deadline:
+        for msg in c.consume(1000, 0.2):
+            if msg.error():
+                continue
+            now = time.time() * 1000
+            hdrs = dict(msg.headers() or [])
+            due = float(hdrs.get("kdelay-deliver-at") or hdrs.get("sent-at") or 0)
+            release.append(msg.timestamp()[1] - due)
+            receipt.append(now - due)
+    c.close()
+    return Lateness(release, receipt)
+
+
+class Replicas:
+    """N replicas of one replica set (own ZooKeeper root and buffer topic)."""
+
+    def __init__(self, base: Path, bootstrap: str, zk: str, n: int) -> None:
+        self.base, self.bootstrap, self.zk = base, bootstrap, zk
+        self.root = f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
+        self.buffer = f"bench-buffer-{uuid.uuid4().hex[:8]}"
+        self.names = [f"r{i}" for i in range(1, n + 1)]
+        self.procs: dict[str, ManagedProcess] = {}
+        self.client = KazooClient(hosts=zk)
+        self.client.start(15)
+
+    def start(self, name: str) -> ManagedProcess:
+        argv = [
+            KDELAY, "delay-service", "--name", name, "--bootstrap-servers", self.bootstrap,
+            "--zk-connect", self.zk, "--zk-root", self.root, "--buffer-topic", self.buffer,
+            "--buffer-partitions", str(PARTITIONS), "--data-dir", str(self.base / name),
+            "--zk-session-timeout", "4", "--status-interval-ms", "200", "--log-level", "WARNING",
+        ]  # fmt: skip
+        proc = ManagedProcess(f"bench {name}", argv, self.base / f"{name}.log")
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self) -> None:
+        for n in self.names:
+            self.start(n)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {r["name"]: r for r in cluster_status(self.client, Paths(self.root))["replicas"]}
+
+    def wait_master(self, timeout: float = 120) -> str:
+        found: list[str] = []
+
+        def ok() -> bool:
+            for name, r in self.status().items():
+                if r["role"] == "master":
+                    found.append(name)
+                    return True
+            return False
+
+        wait_until(ok, timeout=timeout, what="a master", interval=0.05)
+        return found[-1]
+
+    def metric(self, name: str, metric: str) -> float:
+        url = str(self.status()[name]["metrics"])
+        text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310 - loopback
+        for line in text.splitlines():
+            if line.startswith(metric + " "):
+                return float(line.split()[1])
+        return float("nan")
+
+    def rss_bytes(self, name: str) -> int:
+        status = Path(f"/proc/{self.procs[name].pid}/status").read_text()
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.stop(grace=20)
+        self.client.stop()
+        self.client.close()
+
+
+class Reader:
+    """Consumes ``n`` records of ``topic`` on a thread started *before* producing."""
+
+    def __init__(self, bootstrap: str, topic: str, n: int, timeout: float) -> None:
+        self.result: Lateness | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(bootstrap, topic, n, timeout), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, bootstrap: str, topic: str, n: int, timeout: float) -> None:
+        self.result = consume_lateness(bootstrap, topic, n, timeout)
+
+    def wait(self) -> Lateness:
+        self._thread.join()
+        assert self.result is not None
+        return self.result
+
+
+def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
+    topic = f"bench-base-{uuid.uuid4().hex[:8]}"
+    create(bootstrap, topic)
+    p = producer(bootstrap)
+    reader = Reader(bootstrap, topic, int(rate * seconds), timeout=seconds + 60)
+    paced(
+        rate, seconds,
+        lambda i: _produce(p, topic, i % PARTITIONS,
+                           (b"k", b"v", [("sent-at", str(time.time() * 1000).encode())])),
+        p,
+    )  # fmt: skip
+    return reader.wait()
+
+
+def delayed(rs: Replicas, rate: int, seconds: float, delay_ms: int = 1000) -> Lateness:
+    topic = f"bench-target-{uuid.uuid4().hex[:8]}"
+    create(rs.bootstrap, topic)
+    p = producer(rs.bootstrap)
+
+    def make(i: int) -> None:
+        m = Scheduled(uuid.uuid4().hex, topic, i % PARTITIONS, None, b"v",
+                      int(time.time() * 1000) + delay_ms)  # fmt: skip
+        enc = encode(m)
+        _produce(p, rs.buffer, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
+
+    reader = Reader(rs.bootstrap, topic, int(rate * seconds), timeout=seconds + 120)
+    paced(rate, seconds, make, p)
+    return reader.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="1000,5000,20000")
+    ap.add_argument("--replicas", default="1,3")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per rate")
+    ap.add_argument("--burst", type=int, default=50_000, help="messages due at once")
+    ap.add_argument("--pending", type=int, default=1_000_000, help="large pending set")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="kdelay-bench-"))
+    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024))
+    zk = LocalZooKeeper(base / "zk")
+    results: dict[str, object] = {}
+    try:
+        kafka.start()
+        zk.start()
+        bs = kafka.bootstrap_servers
+        print(f"{'run':24} {'release p50/p99/max ms':>28} | {'receipt p50/p99/max ms':>26}")
+        for n_rep in [int(x) for x in args.replicas.split(",")]:
+            rs = Replicas(base / f"set-{n_rep}", bs, zk.connect_string, n_rep)
+            try:
+                rs.start_all()
+                rs.wait_master()
+                for rate in [int(x) for x in args.rates.split(",")]:
+                    base_l = baseline(bs, rate, args.seconds)
+                    print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
+                    lat = delayed(rs, rate, args.seconds)
+                    print(f"{f'{n_rep} replica(s) {rate}/s':24} {lat.row()}", flush=True)
+                    results[f"{n_rep}x{rate}"] = {
+                        "baseline_receipt_ms": [pct(base_l.receipt, q) for q in (0.5, 0.99)],
+                        "release_ms": [pct(lat.release, 0.5), pct(lat.release, 0.99),
+                                       max(lat.release, default=0)],
+                        "receipt_ms": [pct(lat.receipt, 0.5), pct(lat.receipt, 0.99),
+                                       max(lat.receipt, default=0)],
+                        "delivered": len(lat.release),
+                        "expected": int(rate * args.seconds),
+                    }  # fmt: skip
+            finally:
+                rs.close()
+        results.update(rates_and_pending(base, bs, zk.connect_string, args))
+    finally:
+        kafka.stop()
+        zk.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(results, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) -> dict[str, object]:
+    out: dict[str, object] = {}
+    rs = Replicas(base / "big", bs, zk, 1)
+    try:
+        # Ingest rate: a fresh replica reads a pre-filled buffer topic.
+        create(bs, rs.buffer)
+        far = int(time.time() * 1000) + 30 * 24 * 3600 * 1000
+        target = f"bench-big-{uuid.uuid4().hex[:8]}"
+        create(bs, target)
+        t0 = time.monotonic()
+        produce_buffer(bs, rs.buffer, (
+            Scheduled(f"p{i}", target, i % PARTITIONS, None, b"x" * 100, far + i)
+            for i in range(args.pending)
+        ))  # fmt: skip
+        produce_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        rs.start("r1")
+        wait_until(
+            lambda: rs.status().get("r1", {}).get("role") == "master",
+            timeout=1800,
+            what="the replica to ingest the pending set",
+            interval=0.2,
+        )
+        ingest_s = time.monotonic() - t0
+        out["pending_messages"] = args.pending
+        out["buffer_produce_per_s"] = args.pending / produce_s
+        out["ingest_per_s_incl_startup"] = args.pending / ingest_s
+        rs.procs["r1"].stop(grace=60)  # graceful: flushed memtables show the real SST size
+        rs.start("r1")
+        rs.wait_master(600)
+        wait_until(
+            lambda: rs.metric("r1", "kdelay_replica_store_bytes") > 0,
+            timeout=30,
+            what="the store size gauge",
+        )
+        out["store_bytes_per_message"] = rs.metric("r1", "kdelay_replica_store_bytes") / max(
+            1, args.pending
+        )
+        out["replica_rss_bytes"] = rs.rss_bytes("r1")
+        # Forward rate: a burst all due at the same moment.
+        due = int(time.time() * 1000) + 5_000
+        burst_topic = f"bench-burst-{uuid.uuid4().hex[:8]}"
+        create(bs, burst_topic)
+        produce_buffer(bs, rs.buffer, (
+            Scheduled(f"b{i}", burst_topic, i % PARTITIONS, None, b"v", due)
+            for i in range(args.burst)
+        ))  # fmt: skip
+        lat = consume_lateness(bs, burst_topic, args.burst, timeout=600)
+        spread = max(lat.release, default=0) - min(lat.release, default=0)
+        out["forward_per_s"] = args.burst / max(spread / 1000, 1e-3)
+        # Restart with the big pending set: time from process start to the first delivery.
+        rs.procs["r1"].stop(grace=60)
+        first = f"bench-first-{uuid.uuid4().hex[:8]}"
+        create(bs, first)
+        produce_buffer(bs, rs.buffer, [Scheduled("first", first, 0, None, b"v", 0)])
+        t0 = time.monotonic()
+        rs.start("r1")
+        consume_lateness(bs, first, 1, timeout=600)
+        out["restart_to_first_delivery_s"] = time.monotonic() - t0
+    finally:
+        rs.close()
+    for k, v in out.items():
+        print(f"{k:32} {v:,.1f}" if isinstance(v, float) else f"{k:32} {v}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""Errors of the delay service, under kdelay's one root."""
+
+from __future__ import annotations
+
+from kdelay.errors import KdelayError
+
+
+class StoreError(KdelayError):
+    """The RocksDB store is unusable or holds data this version cannot read."""
+
+
+class ForwarderStopped(KdelayError):  # noqa: N818 - a signal, not a failure
+    """The forwarder was told to stop (step-down, pause or shutdown) in the middle of a round."""

@@ -1,0 +1,232 @@
+"""Ingest: every buffer partition into the store, by manual assignment (no consumer group).
+
+Each poll's records are decoded and applied to the store *together with* the next offsets, in
+one WriteBatch, so a restart resumes exactly where the store ends. Undecodable records are
+counted as invalid, logged and skipped: one bad record never stops a replica. New buffer
+partitions are picked up by a periodic metadata check.
+
+Threads: :meth:`Ingest.run` is the body of the ingest thread and the only user of the Kafka
+consumer. Other threads read :attr:`caught_up`, :meth:`lag` and call :meth:`wait_ingested`;
+``on_new`` (earliest due time of newly stored entries) and ``on_cancelled`` are set before
+the thread starts, called from the ingest thread, and must not block.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from delay_service.config import ReplicaConfig
+from delay_service.metrics import Metrics
+from delay_service.store import Incoming, Store
+from kdelay import logs
+from kdelay.buffer import Cancel, Tombstone, decode
+from kdelay.errors import BufferFormatError
+
+log = logs.get(__name__)
+
+_BATCH = 2000
+
+
+def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
+    raw = msg.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
+
+
+class Ingest:
+    """Reads the buffer topic into ``store``."""
+
+    def __init__(
+        self,
+        cfg: ReplicaConfig,
+        store: Store,
+        metrics: Metrics,
+    ) -> None:
+        self._cfg = cfg
+        self._store = store
+        self._metrics = metrics
+        #: Set before :meth:`run` starts; called from the ingest thread, must not block.
+        self.on_new: Callable[[int], None] = lambda _at: None
+        self.on_cancelled: Callable[[list[tuple[str, int, int]]], None] = lambda _r: None
+        self.caught_up = threading.Event()
+        self._progress = threading.Condition()
+        self._lag = 0
+        self._targets: dict[int, int] = {}  # catch-up target per partition
+        self._partitions: set[int] = set()
+        self._positions: dict[int, int] = {}
+
+    def lag(self) -> int:
+        """Buffer records not yet ingested, summed over partitions (refreshed every second)."""
+        with self._progress:
+            return self._lag
+
+    def wait_ingested(
+        self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
+    ) -> bool:
+        """Block until the store holds everything below ``offsets`` (or timeout/stop)."""
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while not stop.is_set():
+                have = self._store.offsets()
+                if all(have.get(p, 0) >= o for p, o in offsets.items() if o > 0):
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._progress.wait(min(remaining, 0.5))
+        return False
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self._cfg.bootstrap_servers,
+                # Required by librdkafka, never joined: partitions are assigned manually and
+                # offsets live in the store, not in Kafka.
+                "group.id": f"kdelay-replica-{self._cfg.name}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 50,
+                "client.id": f"kdelay-replica-{self._cfg.name}-ingest",
+            }
+        )
+
+    def _assign_new(self, consumer: Consumer) -> None:
+        meta = consumer.list_topics(self._cfg.buffer_topic, timeout=10)
+        topic = meta.topics.get(self._cfg.buffer_topic)
+        if topic is None or topic.error is not None:
+            log.warning("buffer topic metadata unavailable", error=str(topic and topic.error))
+            return
+        new = sorted(set(topic.partitions) - self._partitions)
+        if not new:
+            return
+        stored = self._store.offsets()
+        tps = [
+            TopicPartition(self._cfg.buffer_topic, p, stored.get(p, OFFSET_BEGINNING)) for p in new
+        ]
+        consumer.incremental_assign(tps)
+        for p in new:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(self._cfg.buffer_topic, p), timeout=10, cached=False
+            )
+            if not self.caught_up.is_set():
+                self._targets[p] = high
+        self._partitions.update(new)
+        log.info(
+            "buffer partitions assigned", partitions=new, resume={p: stored.get(p) for p in new}
+        )
+
+    def _refresh_lag(self, consumer: Consumer) -> None:
+        stored = self._store.offsets()
+        total = 0
+        for p in self._partitions:
+            tp = TopicPartition(self._cfg.buffer_topic, p)
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                _, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+            total += max(0, high - max(stored.get(p, 0), self._positions.get(p, 0), low))
+        with self._progress:
+            self._lag = total
+        self._metrics.buffer_lag.set(total)
+
+    def _check_caught_up(self, consumer: Consumer) -> None:
+        if self.caught_up.is_set() or not self._partitions:
+            return
+        stored = self._store.offsets()
+        for tp in consumer.position(
+            [TopicPartition(self._cfg.buffer_topic, p) for p in self._partitions]
+        ):
+            if tp.offset >= 0:
+                self._positions[tp.partition] = tp.offset
+        behind = {
+            p: t
+            for p, t in self._targets.items()
+            if max(stored.get(p, 0), self._positions.get(p, 0)) < t
+        }
+        if not behind:
+            log.info("caught up with the buffer topic", offsets=stored, pending=self._store.pending)
+            self.caught_up.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """The ingest thread: poll, decode, apply, until ``stop`` is set."""
+        consumer = self._consumer()
+        next_meta = 0.0
+        next_lag = 0.0
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_meta:
+                    try:
+                        self._assign_new(consumer)
+                    except KafkaException as exc:
+                        log.warning("buffer metadata check failed", error=str(exc))
+                    next_meta = now + self._cfg.metadata_interval_ms / 1000
+                messages = consumer.consume(_BATCH, timeout=0.1)
+                if messages:
+                    self._apply(messages)
+                now = time.monotonic()
+                if now >= next_lag or not self.caught_up.is_set():
+                    try:
+                        self._check_caught_up(consumer)
+                        if now >= next_lag:
+                            self._refresh_lag(consumer)
+                            next_lag = now + 1.0
+                    except KafkaException as exc:
+                        log.warning("buffer position check failed", error=str(exc))
+        finally:
+            consumer.close()
+
+    def _apply(self, messages: list[Message]) -> None:
+        records: list[Incoming] = []
+        offsets: dict[int, int] = {}
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("buffer consume error", error=str(err))
+                continue
+            partition = msg.partition() or 0
+            offset = msg.offset() or 0
+            try:
+                record = decode(msg.key(), msg.value(), _headers(msg))
+            except BufferFormatError as exc:
+                log.warning(
+                    "invalid buffer record skipped",
+                    partition=partition,
+                    offset=offset,
+                    error=str(exc),
+                )
+                record = None
+            records.append((partition, offset, record))
+            offsets[partition] = offset + 1
+        if not offsets:
+            return
+        result = self._store.apply(records, offsets)
+        with self._progress:
+            self._positions.update(offsets)
+            self._progress.notify_all()
+        m = self._metrics.ingested
+        m.labels("schedule").inc(result.scheduled + result.duplicates + result.covered)
+        m.labels("cancel").inc(sum(1 for _, _, r in records if isinstance(r, Cancel)))
+        m.labels("tombstone").inc(sum(1 for _, _, r in records if isinstance(r, Tombstone)))
+        m.labels("invalid").inc(result.invalid)
+        if result.cancelled:
+            self._metrics.cancelled.inc(len(result.cancelled))
+            self.on_cancelled(result.cancelled)
+        if result.duplicates:
+            log.info("duplicate ids ignored (first one kept)", count=result.duplicates)
+        self._metrics.pending.set(self._store.pending)
+        if result.earliest_new_ms is not None:
+            self.on_new(result.earliest_new_ms)

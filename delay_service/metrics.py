@@ -1,0 +1,96 @@
+"""The replica's Prometheus metrics (docs/metrics.md, ``kdelay_replica_*``) and their server.
+
+Each replica process owns one :class:`Metrics` on its own registry, so tests can build several
+in one interpreter. prometheus_client's metrics are thread-safe; any thread may update them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+#: Lateness buckets, seconds: a healthy master releases within milliseconds; a failover or a
+#: restart shows up in the seconds-to-a-minute range.
+LATENESS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+#: The ``within`` windows of ``kdelay_replica_due_messages``, in milliseconds.
+DUE_WINDOWS = {"1s": 1_000, "10s": 10_000, "1m": 60_000, "10m": 600_000, "1h": 3_600_000}
+ZK_STATES = ("connected", "suspended", "lost")
+
+
+class Metrics:
+    """Every ``kdelay_replica_*`` metric of docs/metrics.md."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.pending = Gauge(
+            "kdelay_replica_pending_messages", "entries in this replica's store", registry=r
+        )
+        self.due = Gauge(
+            "kdelay_replica_due_messages",
+            "pending entries due within the window (cumulative)",
+            ["within"],
+            registry=r,
+        )
+        self.ingested = Counter(
+            "kdelay_replica_ingested", "buffer records ingested", ["kind"], registry=r
+        )
+        self.forwarded = Counter(
+            "kdelay_replica_forwarded",
+            "messages delivered to their target (master only)",
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "kdelay_replica_cancelled", "pending messages removed by a cancel", registry=r
+        )
+        self.dead_lettered = Counter(
+            "kdelay_replica_dead_lettered",
+            "messages sent to the dead-letter topic",
+            ["reason"],
+            registry=r,
+        )
+        self.forward_errors = Counter(
+            "kdelay_replica_forward_errors",
+            "forwarding attempts that failed (retried or dead-lettered)",
+            ["error"],
+            registry=r,
+        )
+        self.lateness = Histogram(
+            "kdelay_replica_lateness_seconds",
+            "release time - due time of each forwarded message",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.buffer_lag = Gauge(
+            "kdelay_replica_buffer_lag_messages",
+            "buffer-topic records not yet ingested (sum over partitions)",
+            registry=r,
+        )
+        self.checkpoint_age = Gauge(
+            "kdelay_replica_checkpoint_age_seconds",
+            "now - time of the last checkpoint this replica saw or wrote",
+            registry=r,
+        )
+        self.is_master = Gauge("kdelay_replica_is_master", "1 on the master, else 0", registry=r)
+        self.zk_state = Gauge(
+            "kdelay_replica_zk_state",
+            "1 for the current ZooKeeper connection state",
+            ["state"],
+            registry=r,
+        )
+        self.store_bytes = Gauge("kdelay_replica_store_bytes", "RocksDB size on disk", registry=r)
+        for kind in ("schedule", "cancel", "tombstone", "invalid"):
+            self.ingested.labels(kind)
+        for window in (*DUE_WINDOWS, "inf"):
+            self.due.labels(window)
+        self.set_zk_state("lost")
+
+    def set_zk_state(self, state: str) -> None:
+        for name in ZK_STATES:
+            self.zk_state.labels(name).set(1 if name == state else 0)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

@@ -1,0 +1,328 @@
+"""One delay-service replica: ingest, election, and (as master) the forwarder.
+
+Start-up order: internal topics exist -> store opens -> ingest starts -> first catch-up with
+the end of the buffer topic -> only then the replica joins the election, as a follower; the
+winner claims an epoch and the forwarder takes over (see forwarder.py). A follower applies each
+checkpoint it sees, so its store holds only what is not yet known to be delivered.
+
+Threads and who calls what:
+- main thread: :meth:`Replica.run` (start-up, then the *control loop*), :meth:`request_stop`
+  from signal handlers;
+- control loop (main thread): the only caller of the election, the registry and the
+  forwarder's control API; it reacts to ZooKeeper states (SUSPENDED -> pause, LOST -> step
+  down, CONNECTED -> resume / rejoin), leadership changes and checkpoints, all handed over by
+  kazoo callbacks through ``_events`` + ``_wakeup`` (callbacks never block);
+- ingest thread: :meth:`Ingest.run`; forwarder thread: :meth:`Forwarder.run`;
+- kazoo's threads run callbacks only; prometheus_client serves metrics on its own thread.
+
+Shutdown (SIGTERM/SIGINT): the forwarder finishes its round and writes a last checkpoint,
+the replica leaves the election, ingest stops, RocksDB is flushed and closed, ZooKeeper last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from kazoo.recipe.watchers import DataWatch
+
+from delay_service.config import ReplicaConfig
+from delay_service.forwarder import Forwarder, make_producer, now_ms
+from delay_service.ingest import Ingest
+from delay_service.metrics import DUE_WINDOWS, Metrics
+from delay_service.store import Store
+from kdelay import logs
+from kdelay.buffer import BUFFER_TOPIC
+from kdelay.errors import InfrastructureError
+from kdelay.topics import BUFFER_TOPIC_CONFIG, ensure_internal_topics
+from zk import (
+    CONNECTED,
+    LOST,
+    SUSPENDED,
+    Checkpoint,
+    CheckpointStore,
+    CoordinationError,
+    Election,
+    Paths,
+    Registry,
+    Session,
+)
+
+log = logs.get(__name__)
+
+SESSION_FILE = "zk-session.json"
+_DUE_CAP = 50_000
+
+
+def ensure_buffer_topic(cfg: ReplicaConfig) -> None:
+    """Create a shard's own buffer topic (same settings as ``__kdelay_buffer``) when missing."""
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers})
+    if cfg.buffer_topic in admin.list_topics(timeout=30).topics:
+        return
+    topic = NewTopic(
+        cfg.buffer_topic, cfg.buffer_partitions, cfg.buffer_replication, config=BUFFER_TOPIC_CONFIG
+    )
+    try:
+        admin.create_topics([topic])[cfg.buffer_topic].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise InfrastructureError(f"cannot create {cfg.buffer_topic}: {exc}") from None
+
+
+class Replica:
+    """A replica process; :meth:`run` blocks until :meth:`request_stop`."""
+
+    def __init__(self, cfg: ReplicaConfig) -> None:
+        self.cfg = cfg
+        self.paths = Paths(cfg.zk_root)
+        self.metrics = Metrics()
+        self.metrics_url = ""
+        self._stop = threading.Event()
+        self._wakeup = threading.Event()
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._last_cp: Checkpoint | None = None
+        self._applied_cp_version = -1
+        self._joined = False
+
+    def request_stop(self) -> None:
+        """Ask the control loop to shut down (safe from signal handlers)."""
+        self._stop.set()
+        self._wakeup.set()
+
+    # -- callbacks from other threads: hand off, never block ---------------------------------
+
+    def _on_leader(self, leader: bool) -> None:
+        self._events.put(("leader", leader))
+        self._wakeup.set()
+
+    def _on_fenced(self, why: str) -> None:
+        self._events.put(("fenced", why))
+        self._wakeup.set()
+
+    def _on_checkpoint(self, data: bytes | None, stat: Any) -> bool:
+        if data:
+            self._events.put(("checkpoint", (data, int(stat.version))))
+            self._wakeup.set()
+        return not self._stop.is_set()
+
+    # -- main ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        cfg = self.cfg
+        log.info("replica starting", name=cfg.name, data_dir=str(cfg.data_dir))
+        ensure_internal_topics(
+            cfg.bootstrap_servers,
+            partitions=cfg.buffer_partitions,
+            replication=cfg.buffer_replication,
+        )
+        if cfg.buffer_topic != BUFFER_TOPIC:
+            ensure_buffer_topic(cfg)
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(cfg.data_dir / "store")
+        self.metrics.pending.set(store.pending)
+        port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
+        self.metrics_url = f"http://{cfg.metrics_host}:{port}/metrics"
+        log.info("metrics served", url=self.metrics_url)
+        session = Session(cfg.zk_connect, cfg.zk_session_timeout)
+        session.wakeup = self._wakeup
+        try:
+            session.start(timeout=max(15.0, cfg.zk_session_timeout))
+        except CoordinationError:
+            store.close()
+            raise
+        self._write_session_file(session)
+        self.metrics.set_zk_state(CONNECTED)
+        registry = Registry(session.client, self.paths, cfg.name)
+        ingest = Ingest(cfg, store, self.metrics)
+        forwarder = Forwarder(
+            cfg,
+            store,
+            ingest,
+            self.metrics,
+            producer_factory=lambda: make_producer(cfg),
+            on_fenced=self._on_fenced,
+        )
+        ingest.on_new = forwarder.notify_new
+        ingest.on_cancelled = forwarder.add_tombstones
+        election = Election(session.client, self.paths, cfg.name, self._on_leader)
+        ingest_stop = threading.Event()
+        threads = [
+            threading.Thread(target=ingest.run, args=(ingest_stop,), name="ingest", daemon=True),
+            threading.Thread(target=forwarder.run, name="forwarder", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            self._control(
+                session=session,
+                store=store,
+                ingest=ingest,
+                forwarder=forwarder,
+                election=election,
+                registry=registry,
+            )
+        finally:
+            log.info("replica stopping")
+            forwarder.shutdown()
+            threads[1].join(timeout=60)
+            election.leave()
+            try:
+                registry.withdraw()
+            except CoordinationError as exc:
+                log.warning("status node not withdrawn", error=str(exc))
+            ingest_stop.set()
+            threads[0].join(timeout=30)
+            store.close()
+            session.stop()
+            log.info("replica stopped")
+
+    def _write_session_file(self, session: Session) -> None:
+        """The ZooKeeper session id and password, for operators' fault drills (mode 0600)."""
+        sid = session.session_id()
+        if sid is None:
+            return
+        path = self.cfg.data_dir / SESSION_FILE
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"session_id": sid[0], "password": sid[1].hex(), "pid": os.getpid()}, fh)
+        Path(tmp).replace(path)
+
+    def _control(
+        self,
+        *,
+        session: Session,
+        store: Store,
+        ingest: Ingest,
+        forwarder: Forwarder,
+        election: Election,
+        registry: Registry,
+    ) -> None:
+        cfg = self.cfg
+        self._joined = False
+        state = CONNECTED
+        next_status = 0.0
+        watching = False
+        while not self._stop.is_set():
+            self._wakeup.wait(timeout=0.2 if not ingest.caught_up.is_set() else 1.0)
+            self._wakeup.clear()
+            for change in session.changes():
+                previous, state = state, change
+                self.metrics.set_zk_state(state)
+                log.info("zookeeper state", state=state, previous=previous)
+                if state == SUSPENDED:
+                    forwarder.pause()
+                elif state == LOST:
+                    forwarder.deactivate("zookeeper session lost")
+                    election.forget()
+                    self._joined = False
+                elif state == CONNECTED:
+                    if previous == LOST:
+                        self._write_session_file(session)
+                        next_status = 0.0
+                    forwarder.resume()
+            if state == CONNECTED and not watching:
+                DataWatch(session.client, self.paths.checkpoint, self._on_checkpoint)
+                watching = True
+            if state == CONNECTED and not self._joined and ingest.caught_up.is_set():
+                try:
+                    election.join()
+                    self._joined = True
+                    log.info("joined the election", node=election.node)
+                except CoordinationError as exc:
+                    log.warning("election join failed; will retry", error=str(exc))
+            self._drain_events(session, store, forwarder, election)
+            self._reconcile(session, forwarder, election)
+            if time.monotonic() >= next_status and state == CONNECTED:
+                next_status = time.monotonic() + cfg.status_interval_ms / 1000
+                self._publish(registry, store, ingest, forwarder, election)
+
+    def _reconcile(self, session: Session, forwarder: Forwarder, election: Election) -> None:
+        """Level-triggered: the forwarder runs exactly while we lead on a live session."""
+        leader = election.is_leader and session.state == CONNECTED
+        if leader and not forwarder.engaged:
+            log.info("won the election; claiming an epoch")
+            forwarder.activate(CheckpointStore(session.client, self.paths, self.cfg.name))
+        elif not election.is_leader and forwarder.engaged:
+            forwarder.deactivate("lost leadership")
+
+    def _drain_events(
+        self, session: Session, store: Store, forwarder: Forwarder, election: Election
+    ) -> None:
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "leader":
+                pass  # _reconcile below looks at the current leadership, not at edges
+            elif kind == "fenced":
+                log.warning("deposed; rejoining the election as a candidate", why=payload)
+                election.leave()
+                self._joined = False  # the control loop joins again, retrying on failure
+                forwarder.clear_fenced()
+            elif kind == "checkpoint":
+                data, version = payload
+                try:
+                    cp = Checkpoint.decode(data, version)
+                except CoordinationError as exc:
+                    log.warning("unreadable checkpoint", error=str(exc))
+                    continue
+                self._last_cp = cp
+                if not forwarder.active.is_set() and version > self._applied_cp_version:
+                    dropped = store.apply_checkpoint(cp.time_ms, cp.offsets)
+                    self._applied_cp_version = version
+                    if dropped:
+                        log.debug("covered entries dropped", count=dropped, epoch=cp.epoch)
+
+    def _publish(
+        self,
+        registry: Registry,
+        store: Store,
+        ingest: Ingest,
+        forwarder: Forwarder,
+        election: Election,
+    ) -> None:
+        pending = store.pending
+        lag = ingest.lag()
+        if forwarder.active.is_set():
+            role = "master"
+        elif ingest.caught_up.is_set():
+            role = "follower"
+        else:
+            role = "catching-up"
+        now = now_ms()
+        m = self.metrics
+        m.pending.set(pending)
+        m.store_bytes.set(store.size_bytes())
+        counts = store.count_due_within(now, list(DUE_WINDOWS.values()), _DUE_CAP)
+        for label, count in zip(DUE_WINDOWS, counts, strict=True):
+            m.due.labels(label).set(count)
+        m.due.labels("inf").set(pending)
+        if forwarder.active.is_set():
+            m.checkpoint_age.set(max(0.0, (now - forwarder.last_checkpoint_ms) / 1000))
+        elif self._last_cp is not None:
+            m.checkpoint_age.set(max(0.0, (now - self._last_cp.written_at_ms) / 1000))
+        status = {
+            "name": self.cfg.name,
+            "role": role,
+            "lag": lag,
+            "pending": pending,
+            "offsets": {str(p): o for p, o in sorted(store.offsets().items())},
+            "metrics": self.metrics_url,
+            "candidate": election.node,
+            "pid": os.getpid(),
+            "updated_ms": now,
+        }
+        try:
+            registry.publish(status)
+        except CoordinationError as exc:
+            log.warning("status not published", error=str(exc))

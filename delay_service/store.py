@@ -1,0 +1,445 @@
+"""A replica's pending set in RocksDB (rocksdict), with the consumed buffer offsets.
+
+Layout (three column families, keys and values raw bytes):
+
+- ``default`` (entries): key = ``deliver_at_ms (8, big-endian) | buffer partition (4) | buffer
+  offset (8)``, so iteration order is due time, then arrival; value = :func:`encode_entry`.
+- ``ids``: message id (UTF-8) -> entry key, for cancel, tombstones and same-id duplicates.
+- ``meta``: ``offset/<partition>`` -> next buffer offset to consume (8, big-endian);
+  ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied.
+
+Every change (entries, ids, offsets, count) is one WriteBatch, so after any crash the store is
+exactly "the first K records of each buffer partition, applied".
+
+Scans stay fast after millions of deletions: entries are deleted in key order, so the store keeps
+a *floor* (no live entry sorts below it) and every scan seeks straight to it, never walking the
+point tombstones in front; an iterator upper bound stops it at the due time. (rocksdict 0.3's
+``set_iterate_lower_bound`` misbehaves, so the floor is a ``seek``, not a lower bound.)
+
+Concurrency: every public method takes one lock; the ingest thread (``apply``), the forwarder
+(``due``, ``remove``, ``apply_checkpoint``) and the control thread (gauges) may call any of them.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+
+from delay_service.errors import StoreError
+from kdelay.buffer import BufferRecord, Cancel, Scheduled
+
+_KEY = struct.Struct(">QIQ")
+KEY_SIZE = _KEY.size  # 20
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_HEAD = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
+_LEN = struct.Struct("<I")
+_NULL = 0xFFFFFFFF
+ENTRY_VERSION = 1
+_META_PENDING = b"pending"
+_META_CHECKPOINT = b"checkpoint"
+_META_OFFSET = b"offset/"
+
+
+def entry_key(deliver_at_ms: int, partition: int, offset: int) -> bytes:
+    """The sort key of a pending entry: due time, then buffer partition and offset."""
+    return _KEY.pack(max(0, deliver_at_ms), partition, offset)
+
+
+def split_key(key: bytes) -> tuple[int, int, int]:
+    """``(deliver_at_ms, partition, offset)`` of an entry key."""
+    deliver_at, partition, offset = _KEY.unpack(key)
+    return int(deliver_at), int(partition), int(offset)
+
+
+def _put_bytes(out: list[bytes], data: bytes | None) -> None:
+    if data is None:
+        out.append(_LEN.pack(_NULL))
+    else:
+        out.append(_LEN.pack(len(data)))
+        out.append(data)
+
+
+def encode_entry(msg: Scheduled) -> bytes:
+    """A compact, versioned serialization of a scheduled message (the entry value)."""
+    out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
+    _put_bytes(out, msg.id.encode())
+    _put_bytes(out, msg.topic.encode())
+    _put_bytes(out, msg.key)
+    _put_bytes(out, msg.value)
+    for name, value in msg.headers:
+        _put_bytes(out, name.encode())
+        _put_bytes(out, value)
+    return b"".join(out)
+
+
+def decode_entry(data: bytes) -> Scheduled:
+    """Inverse of :func:`encode_entry`; raises StoreError on anything else."""
+    if not data or data[0] != ENTRY_VERSION:
+        version = data[0] if data else None
+        raise StoreError(f"store entry has format version {version}; this build reads 1")
+    try:
+        _, deliver_at, partition, count = _HEAD.unpack_from(data, 0)
+        pos = _HEAD.size
+
+        def take() -> bytes | None:
+            nonlocal pos
+            (length,) = _LEN.unpack_from(data, pos)
+            pos += _LEN.size
+            if length == _NULL:
+                return None
+            chunk = data[pos : pos + length]
+            if len(chunk) != length:
+                raise StoreError("store entry is truncated")
+            pos += length
+            return chunk
+
+        msg_id = (take() or b"").decode()
+        topic = (take() or b"").decode()
+        key = take()
+        value = take()
+        headers = tuple(((take() or b"").decode(), take() or b"") for _ in range(count))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise StoreError(f"store entry is corrupt: {exc}") from None
+    return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A pending message and where it came from in the buffer topic."""
+
+    key: bytes
+    message: Scheduled
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """The last checkpoint applied: every record below ``offsets`` due by ``time_ms`` is done."""
+
+    time_ms: int
+    offsets: Mapping[int, int]
+
+    def covers(self, partition: int, offset: int, deliver_at_ms: int) -> bool:
+        return deliver_at_ms <= self.time_ms and offset < self.offsets.get(partition, 0)
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one :meth:`Store.apply` did; counts feed the metrics."""
+
+    scheduled: int = 0
+    duplicates: int = 0
+    covered: int = 0
+    cancelled: list[tuple[str, int, int]] = field(default_factory=list)  # id, partition, offset
+    tombstoned: int = 0
+    invalid: int = 0
+    earliest_new_ms: int | None = None
+
+
+#: One consumed buffer record: partition, offset, and the decoded record (None: undecodable).
+Incoming = tuple[int, int, BufferRecord | None]
+
+
+def _encode_checkpoint(cp: StoredCheckpoint) -> bytes:
+    parts = [_I64.pack(cp.time_ms)]  # -1: "nothing delivered yet"
+    parts += [struct.pack(">IQ", p, o) for p, o in sorted(cp.offsets.items())]
+    return b"".join(parts)
+
+
+def _decode_checkpoint(data: bytes) -> StoredCheckpoint:
+    (time_ms,) = _I64.unpack_from(data, 0)
+    offsets = {}
+    for pos in range(_U64.size, len(data), 12):
+        p, o = struct.unpack_from(">IQ", data, pos)
+        offsets[int(p)] = int(o)
+    return StoredCheckpoint(int(time_ms), offsets)
+
+
+class _Txn:
+    """One WriteBatch being built, with the ids it touched (so a batch sees its own writes)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.batch = WriteBatch(raw_mode=True)
+        self.overlay: dict[str, bytes | None] = {}  # id -> entry key, None: deleted here
+        self.delta = 0
+        self.floor = store._floor
+
+    def lookup(self, msg_id: str) -> bytes | None:
+        if msg_id in self.overlay:
+            return self.overlay[msg_id]
+        found = self.store._ids.get(msg_id.encode())
+        return None if found is None else bytes(found)
+
+    def put(self, record: Scheduled, key: bytes) -> None:
+        self.batch.put(key, encode_entry(record))
+        self.batch.put(record.id.encode(), key, self.store._ids_cf)
+        self.overlay[record.id] = key
+        self.delta += 1
+        self.floor = min(self.floor, key)
+
+    def delete(self, msg_id: str, key: bytes) -> None:
+        self.batch.delete(key)
+        self.batch.delete(msg_id.encode(), self.store._ids_cf)
+        self.overlay[msg_id] = None
+        self.delta -= 1
+
+
+class Store:
+    """The pending set of one replica; open with :meth:`open`, close with :meth:`close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        cfs = {"ids": Options(raw_mode=True), "meta": Options(raw_mode=True)}
+        try:
+            self._db = Rdict(str(path), opts, column_families=cfs)
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StoreError(f"cannot open RocksDB at {path}: {exc}") from exc
+        self._ids = self._db.get_column_family("ids")
+        self._meta = self._db.get_column_family("meta")
+        self._ids_cf = self._db.get_column_family_handle("ids")
+        self._meta_cf = self._db.get_column_family_handle("meta")
+        self._lock = threading.Lock()
+        self._closed = False
+        raw = self._meta.get(_META_PENDING)
+        self._pending = _U64.unpack(raw)[0] if raw else 0
+        self._offsets: dict[int, int] = {}
+        it = self._meta.iter()
+        it.seek(_META_OFFSET)
+        while it.valid():
+            key = bytes(it.key())
+            if not key.startswith(_META_OFFSET):
+                break
+            self._offsets[int(key[len(_META_OFFSET) :])] = _U64.unpack(it.value())[0]
+            it.next()
+        raw_cp = self._meta.get(_META_CHECKPOINT)
+        self._checkpoint = _decode_checkpoint(raw_cp) if raw_cp else StoredCheckpoint(-1, {})
+        self._floor = self._first_key() or entry_key(0, 0, 0)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _first_key(self) -> bytes | None:
+        it = self._db.iter()
+        it.seek_to_first()
+        return bytes(it.key()) if it.valid() else None
+
+    @property
+    def pending(self) -> int:
+        """Number of pending entries (maintained, never counted by scanning)."""
+        with self._lock:
+            return self._pending
+
+    def offsets(self) -> dict[int, int]:
+        """Per buffer partition, the next offset to consume (everything below is applied)."""
+        with self._lock:
+            return dict(self._offsets)
+
+    @property
+    def checkpoint(self) -> StoredCheckpoint:
+        with self._lock:
+            return self._checkpoint
+
+    def _iter_from_floor(self, upper: bytes) -> Iterable[tuple[bytes, bytes]]:
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(upper)
+        it = self._db.iter(ro)
+        it.seek(self._floor)
+        while it.valid():
+            yield bytes(it.key()), bytes(it.value())
+            it.next()
+
+    def due(self, now_ms: int, limit: int) -> list[Entry]:
+        """Entries with deliver-at <= ``now_ms`` in key order, at most ``limit`` of them."""
+        out: list[Entry] = []
+        with self._lock:
+            self._check_open()
+            for key, value in self._iter_from_floor(entry_key(now_ms + 1, 0, 0)):
+                _, partition, offset = split_key(key)
+                out.append(Entry(key, decode_entry(value), partition, offset))
+                if len(out) >= limit:
+                    break
+            if out:
+                self._floor = out[0].key
+        return out
+
+    def next_due_ms(self, after_ms: int | None = None) -> int | None:
+        """The earliest deliver-at in the store (later than ``after_ms``), or None."""
+        with self._lock:
+            self._check_open()
+            it = self._db.iter()
+            start = self._floor if after_ms is None else entry_key(after_ms + 1, 0, 0)
+            it.seek(max(start, self._floor))
+            if not it.valid():
+                return None
+            return split_key(bytes(it.key()))[0]
+
+    def count_due_within(self, now_ms: int, windows_ms: list[int], cap: int) -> list[int]:
+        """Cumulative counts of entries due within each window (counting stops at ``cap``)."""
+        counts = [0] * len(windows_ms)
+        limit = now_ms + max(windows_ms)
+        with self._lock:
+            self._check_open()
+            for seen, (key, _) in enumerate(self._iter_from_floor(entry_key(limit + 1, 0, 0))):
+                if seen >= cap:
+                    break
+                deliver_at = split_key(key)[0]
+                for i, window in enumerate(windows_ms):
+                    if deliver_at <= now_ms + window:
+                        counts[i] += 1
+        return counts
+
+    def get(self, msg_id: str) -> Entry | None:
+        """The pending entry for ``msg_id``, if any."""
+        with self._lock:
+            self._check_open()
+            key = self._ids.get(msg_id.encode())
+            if key is None:
+                return None
+            value = self._db.get(key)
+            if value is None:
+                return None
+            _, partition, offset = split_key(bytes(key))
+            return Entry(bytes(key), decode_entry(bytes(value)), partition, offset)
+
+    def size_bytes(self) -> int:
+        """RocksDB's size on disk: live SST files plus the write-ahead log."""
+        total = 0
+        for path in self.path.iterdir():
+            if path.suffix in (".sst", ".log"):
+                try:
+                    total += path.stat().st_size
+                except FileNotFoundError:  # compaction removed it meanwhile
+                    continue
+        return total
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
+        """Apply consumed buffer records and advance the consumed offsets, atomically.
+
+        Schedule of an id already pending: a duplicate, the first one stays. Cancel: removes
+        the id's entry. Tombstone: removes the id's entry only if it has exactly that offset.
+        A schedule the last checkpoint covers was delivered already and is skipped.
+        """
+        result = ApplyResult()
+        with self._lock:
+            self._check_open()
+            txn = _Txn(self)
+            for partition, offset, record in records:
+                if record is None:
+                    result.invalid += 1
+                elif isinstance(record, Scheduled):
+                    self._apply_schedule(txn, result, partition, offset, record)
+                elif isinstance(record, Cancel):
+                    found = txn.lookup(record.id)
+                    if found is not None:
+                        txn.delete(record.id, found)
+                        _, p, o = split_key(found)
+                        result.cancelled.append((record.id, p, o))
+                else:
+                    found = txn.lookup(record.id)
+                    if found is not None and split_key(found)[2] == record.offset:
+                        txn.delete(record.id, found)
+                        result.tombstoned += 1
+            new_offsets = dict(self._offsets)
+            for partition, next_offset in offsets.items():
+                if next_offset > new_offsets.get(partition, -1):
+                    new_offsets[partition] = next_offset
+                    txn.batch.put(
+                        _META_OFFSET + str(partition).encode(),
+                        _U64.pack(next_offset),
+                        self._meta_cf,
+                    )
+            txn.batch.put(_META_PENDING, _U64.pack(self._pending + txn.delta), self._meta_cf)
+            self._db.write(txn.batch)
+            self._pending += txn.delta
+            self._offsets = new_offsets
+            self._floor = txn.floor
+        return result
+
+    def _apply_schedule(
+        self, txn: _Txn, result: ApplyResult, partition: int, offset: int, record: Scheduled
+    ) -> None:
+        if self._checkpoint.covers(partition, offset, record.deliver_at_ms):
+            result.covered += 1
+        elif txn.lookup(record.id) is not None:
+            result.duplicates += 1
+        else:
+            txn.put(record, entry_key(record.deliver_at_ms, partition, offset))
+            result.scheduled += 1
+            if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
+                result.earliest_new_ms = record.deliver_at_ms
+
+    def remove(self, entries: Iterable[Entry]) -> int:
+        """Delete entries (delivered ones); those already gone (a cancel raced) are skipped."""
+        removed = 0
+        with self._lock:
+            self._check_open()
+            batch = WriteBatch(raw_mode=True)
+            for entry in entries:
+                raw_id = entry.message.id.encode()
+                if self._ids.get(raw_id) != entry.key:
+                    continue
+                batch.delete(entry.key)
+                batch.delete(raw_id, self._ids_cf)
+                removed += 1
+            if removed:
+                batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
+                self._db.write(batch)
+                self._pending -= removed
+        return removed
+
+    def apply_checkpoint(self, time_ms: int, offsets: Mapping[int, int]) -> int:
+        """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
+
+        Later schedules it covers (a replica still catching up) are skipped by :meth:`apply`.
+        """
+        dropped = 0
+        with self._lock:
+            self._check_open()
+            cp = StoredCheckpoint(time_ms, dict(offsets))
+            batch = WriteBatch(raw_mode=True)
+            first_kept: bytes | None = None
+            for key, value in self._iter_from_floor(entry_key(time_ms + 1, 0, 0)):
+                _, partition, offset = split_key(key)
+                if offset < cp.offsets.get(partition, 0):
+                    batch.delete(key)
+                    batch.delete(decode_entry(value).id.encode(), self._ids_cf)
+                    dropped += 1
+                elif first_kept is None:
+                    first_kept = key
+            batch.put(_META_CHECKPOINT, _encode_checkpoint(cp), self._meta_cf)
+            batch.put(_META_PENDING, _U64.pack(self._pending - dropped), self._meta_cf)
+            self._db.write(batch)
+            self._pending -= dropped
+            self._checkpoint = cp
+            self._floor = first_kept or entry_key(time_ms + 1, 0, 0)
+        return dropped
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+
+    def close(self) -> None:
+        """Flush memtables and close RocksDB; further calls raise StoreError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._db.flush()
+            # Column-family views share the DB; all must go for RocksDB to release its LOCK.
+            self._ids.close()
+            self._meta.close()
+            del self._ids, self._meta, self._ids_cf, self._meta_cf
+            self._db.close()

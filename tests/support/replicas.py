@@ -1,0 +1,194 @@
+"""Run delay-service replicas as real subprocesses (``kdelay delay-service``) for failure tests.
+
+Each :class:`ReplicaSet` gets its own ZooKeeper root and its own buffer topic, so tests sharing
+one Kafka never see each other's messages. Replicas are ManagedProcesses: SIGKILL is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from kdelay.local import ManagedProcess, wait_until
+from zk import Paths, cluster_status, read_checkpoint
+from zk.checkpoint import Checkpoint
+
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
+
+
+@dataclass
+class Replica:
+    """One replica's name, state directory and (when running) process."""
+
+    name: str
+    data_dir: Path
+    log_path: Path
+    proc: ManagedProcess | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The replica's JSON log lines, parsed (other lines skipped)."""
+        out = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+
+@dataclass
+class ReplicaSet:
+    """N replicas of one replica set; a context manager that stops them all."""
+
+    base: Path
+    bootstrap: str
+    zk_connect: str
+    count: int = 3
+    partitions: int = 4
+    session_timeout: float = 3.0
+    checkpoint_interval_ms: int = 100
+    extra_args: list[str] = field(default_factory=list)
+    root: str = field(default_factory=lambda: f"/kdelay-test/{uuid.uuid4().hex[:10]}")
+    buffer_topic: str = field(default_factory=lambda: f"buffer-{uuid.uuid4().hex[:10]}")
+    replicas: dict[str, Replica] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.paths = Paths(self.root)
+        for i in range(1, self.count + 1):
+            name = f"replica-{i}"
+            self.replicas[name] = Replica(
+                name, self.base / name / "data", self.base / name / "replica.log"
+            )
+        self._zk = KazooClient(hosts=self.zk_connect, timeout=10.0)
+        self._zk.start(timeout=15)
+
+    def __enter__(self) -> ReplicaSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def argv(self, name: str) -> list[str]:
+        r = self.replicas[name]
+        return [
+            KDELAY,
+            "delay-service",
+            "--name",
+            name,
+            "--bootstrap-servers",
+            self.bootstrap,
+            "--zk-connect",
+            self.zk_connect,
+            "--zk-root",
+            self.root,
+            "--zk-session-timeout",
+            str(self.session_timeout),
+            "--data-dir",
+            str(r.data_dir),
+            "--buffer-topic",
+            self.buffer_topic,
+            "--buffer-partitions",
+            str(self.partitions),
+            "--checkpoint-interval-ms",
+            str(self.checkpoint_interval_ms),
+            "--status-interval-ms",
+            "200",
+            *self.extra_args,
+        ]
+
+    def start(self, name: str) -> Replica:
+        r = self.replicas[name]
+        env = {**os.environ, "KDELAY_MANAGED_ROLE": "replica"}
+        r.proc = ManagedProcess(f"replica {name}", self.argv(name), r.log_path, env=env)
+        r.proc.start()
+        return r
+
+    def start_all(self) -> None:
+        for name in self.replicas:
+            self.start(name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: a crash."""
+        proc = self.replicas[name].proc
+        assert proc is not None
+        proc.kill()
+
+    def stop(self, name: str, grace: float = 30.0) -> None:
+        """SIGTERM, then wait: a graceful shutdown."""
+        proc = self.replicas[name].proc
+        if proc is not None:
+            proc.stop(grace=grace)
+
+    def close(self) -> None:
+        for r in self.replicas.values():
+            if r.proc is not None:
+                r.proc.stop(grace=10)
+        self._zk.stop()
+        self._zk.close()
+
+    # -- observation -------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return cluster_status(self._zk, self.paths)
+
+    def roles(self) -> dict[str, str]:
+        return {r["name"]: r["role"] for r in self.status()["replicas"]}
+
+    def master(self) -> str | None:
+        """The replica whose status says it is forwarding as master."""
+        masters = [n for n, role in self.roles().items() if role == "master"]
+        return masters[0] if len(masters) == 1 else None
+
+    def wait_master(self, timeout: float = 60.0, exclude: str | None = None) -> str:
+        found: list[str] = []
+
+        def ready() -> bool:
+            m = self.master()
+            if m is not None and m != exclude and self.replicas[m].alive():
+                found.append(m)
+                return True
+            return False
+
+        wait_until(ready, timeout=timeout, what=f"a master in {self.root}", interval=0.05)
+        return found[-1]
+
+    def wait_roles(self, names: list[str], roles: set[str], timeout: float = 60.0) -> None:
+        def ok() -> bool:
+            current = self.roles()
+            return all(current.get(n) in roles for n in names)
+
+        wait_until(ok, timeout=timeout, what=f"{names} to be {roles}", interval=0.05)
+
+    def checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self._zk, self.paths)
+
+    def session_file(self, name: str) -> tuple[int, bytes]:
+        data = json.loads((self.replicas[name].data_dir / "zk-session.json").read_text())
+        return int(data["session_id"]), bytes.fromhex(data["password"])
+
+    def expire_session(self, name: str) -> None:
+        """Expire ``name``'s ZooKeeper session from outside (join the session, then close it)."""
+        sid, password = self.session_file(name)
+        intruder = KazooClient(hosts=self.zk_connect, client_id=(sid, password), timeout=10.0)
+        intruder.start(timeout=15)
+        intruder.stop()
+        intruder.close()

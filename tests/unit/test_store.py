@@ -1,0 +1,248 @@
+"""The RocksDB store: key order, atomic offsets, same-id rules, cancel, tombstones, checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delay_service.errors import StoreError
+from delay_service.store import (
+    Store,
+    decode_entry,
+    encode_entry,
+    entry_key,
+    split_key,
+)
+from kdelay.buffer import Cancel, Scheduled, Tombstone
+
+
+def sched(msg_id: str, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
+    return Scheduled(msg_id, topic, partition, msg_id.encode(), b"v-" + msg_id.encode(), at)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "db")
+    yield s
+    s.close()
+
+
+def test_keys_sort_by_due_time_then_partition_then_offset() -> None:
+    keys = [entry_key(2, 0, 0), entry_key(1, 5, 9), entry_key(1, 5, 10), entry_key(1, 6, 0)]
+    assert sorted(keys) == [keys[1], keys[2], keys[3], keys[0]]
+    assert split_key(entry_key(123, 4, 2**40)) == (123, 4, 2**40)
+    assert len(entry_key(0, 0, 0)) == 20
+
+
+@given(
+    st.builds(
+        Scheduled,
+        id=st.text(min_size=1, max_size=20),
+        topic=st.text(min_size=1, max_size=20),
+        partition=st.integers(-1, 2**31 - 1),
+        key=st.none() | st.binary(max_size=20),
+        value=st.none() | st.binary(max_size=100),
+        deliver_at_ms=st.integers(0, 2**62),
+        headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=4).map(
+            tuple
+        ),
+    )
+)
+def test_entry_codec_round_trips(msg: Scheduled) -> None:
+    assert decode_entry(encode_entry(msg)) == msg
+
+
+def test_entry_codec_rejects_unknown_versions_and_garbage() -> None:
+    with pytest.raises(StoreError, match="version"):
+        decode_entry(b"\x07rest")
+    with pytest.raises(StoreError):
+        decode_entry(encode_entry(sched("a", 1))[:-3])
+
+
+def test_due_returns_entries_in_key_order_up_to_now(store: Store) -> None:
+    store.apply(
+        [(0, 0, sched("c", 300)), (1, 0, sched("a", 100)), (0, 1, sched("b", 100))],
+        {0: 2, 1: 1},
+    )
+    due = store.due(200, limit=100)
+    assert [(e.message.id, e.partition, e.offset) for e in due] == [("b", 0, 1), ("a", 1, 0)]
+    assert [e.message.id for e in store.due(300, limit=100)] == ["b", "a", "c"]
+    assert [e.message.id for e in store.due(300, limit=1)] == ["b"]
+    assert store.pending == 3
+    assert store.next_due_ms() == 100
+    assert store.next_due_ms(after_ms=100) == 300
+
+
+def test_offsets_persist_with_entries_across_reopen(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db")
+    s.apply([(0, 0, sched("a", 5)), (3, 7, sched("b", 6))], {0: 1, 3: 8})
+    s.close()
+    s = Store(tmp_path / "db")
+    try:
+        assert s.offsets() == {0: 1, 3: 8}
+        assert s.pending == 2
+        assert [e.message.id for e in s.due(10, 10)] == ["a", "b"]
+    finally:
+        s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.due(10, 10)
+
+
+def test_offsets_never_move_backwards(store: Store) -> None:
+    store.apply([], {0: 10})
+    store.apply([], {0: 4})
+    assert store.offsets() == {0: 10}
+
+
+def test_same_id_keeps_the_first_and_counts_duplicates(store: Store) -> None:
+    r1 = store.apply([(0, 0, sched("x", 100)), (0, 1, sched("x", 50))], {0: 2})
+    r2 = store.apply([(0, 2, sched("x", 10))], {0: 3})
+    assert (r1.scheduled, r1.duplicates, r2.duplicates) == (1, 1, 1)
+    entry = store.get("x")
+    assert entry is not None
+    assert (entry.offset, entry.message.deliver_at_ms) == (0, 100)
+    assert store.pending == 1
+
+
+def test_cancel_removes_the_pending_entry_and_reports_it(store: Store) -> None:
+    store.apply([(2, 5, sched("x", 100))], {2: 6})
+    result = store.apply([(2, 6, Cancel("x")), (2, 7, Cancel("unknown"))], {2: 8})
+    assert result.cancelled == [("x", 2, 5)]
+    assert store.get("x") is None
+    assert store.pending == 0
+    assert store.due(1000, 10) == []
+
+
+def test_cancel_and_reschedule_in_one_batch(store: Store) -> None:
+    result = store.apply([(0, 0, sched("x", 1)), (0, 1, Cancel("x")), (0, 2, sched("x", 2))], {})
+    assert result.cancelled == [("x", 0, 0)]
+    entry = store.get("x")
+    assert entry is not None
+    assert entry.offset == 2
+    assert store.pending == 1
+
+
+def test_tombstone_deletes_only_the_matching_offset(store: Store) -> None:
+    store.apply([(0, 3, sched("x", 1))], {0: 4})
+    store.apply([(0, 4, Tombstone("x", 2))], {0: 5})  # an older use of the id
+    assert store.get("x") is not None
+    result = store.apply([(0, 5, Tombstone("x", 3))], {0: 6})
+    assert result.tombstoned == 1
+    assert store.get("x") is None
+    assert store.pending == 0
+
+
+def test_invalid_records_are_counted_and_offsets_still_advance(store: Store) -> None:
+    result = store.apply([(0, 0, None), (0, 1, None)], {0: 2})
+    assert result.invalid == 2
+    assert store.offsets() == {0: 2}
+
+
+def test_remove_skips_entries_a_cancel_already_removed(store: Store) -> None:
+    store.apply([(0, 0, sched("a", 1)), (0, 1, sched("b", 2))], {0: 2})
+    due = store.due(10, 10)
+    store.apply([(0, 2, Cancel("a"))], {0: 3})
+    assert store.remove(due) == 1
+    assert store.pending == 0
+
+
+def test_checkpoint_drops_covered_entries_and_filters_later_ingest(store: Store) -> None:
+    store.apply(
+        [(0, 0, sched("a", 10)), (0, 1, sched("b", 20)), (0, 5, sched("late", 5))],
+        {0: 6},
+    )
+    # Covers offsets < 2 due by 15: only "a"; "late" (offset 5) is beyond O.
+    assert store.apply_checkpoint(15, {0: 2}) == 1
+    assert [e.message.id for e in store.due(100, 10)] == ["late", "b"]
+    # A replica re-reading the topic skips what the checkpoint covers.
+    result = store.apply([(1, 0, sched("c", 1))], {1: 1})
+    assert result.scheduled == 1
+    store.apply_checkpoint(30, {0: 6, 1: 1})
+    result = store.apply([(0, 0, sched("a", 10)), (0, 7, sched("d", 10))], {0: 8})
+    assert (result.covered, result.scheduled) == (1, 1)
+    assert [e.message.id for e in store.due(100, 10)] == ["d"]
+    assert store.pending == 1
+    assert store.checkpoint.time_ms == 30
+
+
+def test_pending_count_is_maintained_not_scanned(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db")
+    s.apply([(0, i, sched(f"m{i}", i)) for i in range(50)], {0: 50})
+    s.remove(s.due(19, 100))
+    s.close()
+    s = Store(tmp_path / "db")
+    try:
+        assert s.pending == 30
+        assert len(s.due(10_000, 1000)) == 30
+    finally:
+        s.close()
+
+
+def test_late_arrival_lowers_the_floor(store: Store) -> None:
+    store.apply([(0, 0, sched("a", 100))], {0: 1})
+    store.remove(store.due(100, 10))
+    store.apply([(0, 1, sched("b", 200))], {0: 2})
+    assert store.due(150, 10) == []  # floor moved past 100
+    store.apply([(0, 2, sched("early", 50))], {0: 3})
+    assert [e.message.id for e in store.due(150, 10)] == ["early"]
+
+
+def test_scan_after_many_deletions_sees_only_live_entries(store: Store) -> None:
+    n = 20_000
+    store.apply([(0, i, sched(f"m{i}", i)) for i in range(n)], {0: n})
+    for start in range(0, n, 5000):
+        store.remove(store.due(start + 4999, 5000))
+    store.apply([(0, n, sched("last", n + 1))], {0: n + 1})
+    assert [e.message.id for e in store.due(n + 5, 10)] == ["last"]
+    assert store.pending == 1
+
+
+def test_due_window_counts_are_cumulative(store: Store) -> None:
+    store.apply([(0, i, sched(f"m{i}", at)) for i, at in enumerate([5, 50, 500])], {0: 3})
+    assert store.count_due_within(0, [10, 100, 1000], cap=100) == [1, 2, 3]
+    assert store.size_bytes() >= 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["schedule", "cancel", "tomb"]), st.sampled_from("abcde")),
+        max_size=40,
+    )
+)
+def test_store_agrees_with_a_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:  # type: ignore[type-arg]
+    s = Store(tmp_path_factory.mktemp("model"))
+    model: dict[str, int] = {}  # id -> offset of its pending entry
+    try:
+        for offset, (op, msg_id) in enumerate(ops):
+            if op == "schedule":
+                s.apply([(0, offset, sched(msg_id, offset))], {0: offset + 1})
+                model.setdefault(msg_id, offset)
+            elif op == "cancel":
+                s.apply([(0, offset, Cancel(msg_id))], {0: offset + 1})
+                model.pop(msg_id, None)
+            else:
+                target = model.get(msg_id, offset)
+                s.apply([(0, offset, Tombstone(msg_id, target))], {0: offset + 1})
+                model.pop(msg_id, None)
+        assert s.pending == len(model)
+        assert {e.message.id: e.offset for e in s.due(10_000, 1000)} == model
+    finally:
+        s.close()
+
+
+def test_initial_checkpoint_claim_of_nothing_persists(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db")
+    s.apply([(0, 0, sched("a", 1))], {0: 1})
+    assert s.apply_checkpoint(-1, {}) == 0
+    s.close()
+    s = Store(tmp_path / "db")
+    try:
+        assert s.checkpoint.time_ms == -1
+        assert s.pending == 1
+    finally:
+        s.close()
