@@ -91,6 +91,7 @@ class Proxy:
             advertised,
             policy=cfg.policy,
             metadata_ttl_s=cfg.metadata_ttl_s,
+            max_decompressed_bytes=cfg.decompressed_limit,
         )
         self.kafka = KafkaServer(
             broker,

@@ -20,15 +20,17 @@ from typing import Any, Protocol
 import kafka.errors as kerr
 from kafka.protocol.metadata import MetadataResponse
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
 from kdelay import buffer, logs
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
 from proxy import protocol as p
+from proxy.decompress import DecompressError, TooLargeError, decompress
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Incoming, Kind, Outgoing, route_batch
+from proxy.routing import Incoming, Kind, Outgoing, route_record
 from proxy.upstream import TopicInfo, UpstreamError
 
 log = logs.get(__name__)
@@ -90,6 +92,7 @@ class Broker:
         policy: DelayPolicy | None = None,
         producers: ProducerRegistry | None = None,
         metadata_ttl_s: float = 5.0,
+        max_decompressed_bytes: int = 100 * 1024 * 1024,
         clock_ms: Any = None,
     ) -> None:
         self.upstream = upstream
@@ -98,6 +101,7 @@ class Broker:
         self.policy = policy or DelayPolicy()
         self.producers = producers or ProducerRegistry()
         self.metadata_ttl_s = metadata_ttl_s
+        self.max_decompressed_bytes = max_decompressed_bytes
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._topics: dict[str, tuple[TopicInfo, float]] = {}
 
@@ -288,14 +292,15 @@ class Broker:
                 kerr.UnknownTopicOrPartitionError.errno,
                 f"{topic}-{partition} does not exist upstream",
             )
-        batch = _single_batch(raw)
+        data = bytes(raw) if raw else b""
+        batch = _single_batch(data)
         if batch.is_transactional:
             raise _BatchError(
                 kerr.TransactionalIdAuthorizationFailedError.errno,
                 "transactional batches are not supported by the kdelay proxy",
                 batch.last_offset_delta + 1,
             )
-        return batch
+        return _uncompressed(data, batch, self.max_decompressed_bytes)
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
@@ -359,8 +364,12 @@ class Broker:
             self.metrics.upstream_errors.labels(p.error_name(exc.code)).inc()
             result = PartitionResult(exc.code, -1, str(exc))
         else:
+            counts = dict.fromkeys(Kind, 0)
             for r in routed:
-                self.metrics.records.labels(r.kind.value).inc()
+                counts[r.kind] += 1
+            for kind, n in counts.items():
+                if n:
+                    self.metrics.records_by_kind[kind].inc(n)
             base = next(
                 (o for r, o in zip(routed, offsets, strict=True) if r.kind is Kind.IMMEDIATE), -1
             )
@@ -388,12 +397,12 @@ class _BatchError(Exception):
         )
 
 
-def _single_batch(raw: bytes | None) -> Any:
+def _single_batch(raw: bytes) -> Any:
     """The one v2 record batch of a partition (Kafka requires exactly one since Produce v3)."""
     if not raw:
         raise _BatchError(kerr.InvalidRecordError.errno, "no record batch for this partition")
     try:
-        records = MemoryRecords(bytes(raw))
+        records = MemoryRecords(raw)
         batches = []
         while records.has_next():
             batches.append(records.next_batch())
@@ -419,8 +428,34 @@ def _single_batch(raw: bytes | None) -> Any:
     return batch
 
 
+_BATCH_HEADER = DefaultRecordBatch.HEADER_STRUCT.size
+_ATTRIBUTES_LOW_BYTE = DefaultRecordBatch.ATTRIBUTES_OFFSET + 1
+_CODEC_MASK = DefaultRecordBatch.CODEC_MASK
+
+
+def _uncompressed(raw: bytes, batch: Any, limit: int) -> Any:
+    """``batch`` (the first and only one in ``raw``, CRC already checked) with its records
+    decompressed within ``limit`` bytes, as an uncompressed batch for kafka-python to parse.
+
+    kafka-python would decompress without any bound (proxy/decompress.py says why not)."""
+    codec = batch.compression_type
+    if codec == 0:
+        return batch
+    try:
+        records = decompress(codec, memoryview(raw)[_BATCH_HEADER : batch.size_in_bytes], limit)
+    except TooLargeError as exc:
+        raise _BatchError(
+            kerr.RecordListTooLargeError.errno, str(exc), batch.last_offset_delta + 1
+        ) from None
+    except DecompressError as exc:
+        raise _BatchError(kerr.CorruptRecordError.errno, str(exc)) from None
+    header = bytearray(raw[:_BATCH_HEADER])
+    header[_ATTRIBUTES_LOW_BYTE] &= ~_CODEC_MASK & 0xFF
+    return DefaultRecordBatch(bytes(header) + records)
+
+
 def _records(batch: Any) -> list[Incoming]:
-    """The records of a batch (decompressed by kafka-python)."""
+    """The records of an uncompressed batch."""
     try:
         return [
             Incoming(r.key, r.value, r.headers, r.timestamp if r.timestamp >= 0 else None)
@@ -436,15 +471,17 @@ def _route(
     topic: str, partition: int, records: Iterable[Incoming], now_ms: int, policy: DelayPolicy
 ) -> list[Outgoing]:
     out: list[Outgoing] = []
+    to_buffer = topic == buffer.BUFFER_TOPIC
     for i, rec in enumerate(records):
         try:
-            out.extend(route_batch(topic, partition, [rec], now_ms, policy))
+            routed = route_record(topic, partition, rec, now_ms, policy)
         except InvalidHeaderError as exc:
             raise _BatchError(kerr.InvalidRecordError.errno, str(exc), index=i) from None
-        if out[-1].kind is Kind.IMMEDIATE and topic == buffer.BUFFER_TOPIC:
+        if to_buffer and routed.kind is Kind.IMMEDIATE:
             raise _BatchError(
                 kerr.InvalidRecordError.errno,
                 f"{buffer.BUFFER_TOPIC} is written by the proxy only; send kdelay headers",
                 index=i,
             )
+        out.append(routed)
     return out

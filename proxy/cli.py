@@ -22,6 +22,12 @@ from proxy.config import ProxyConfig
 @click.option("--bootstrap-servers", help="upstream Kafka bootstrap servers")
 @click.option("--buffer-partitions", type=int, help="partitions of __kdelay_buffer when created")
 @click.option("--max-request-bytes", type=int, help="largest Kafka request accepted")
+@click.option(
+    "--max-decompressed-bytes",
+    type=int,
+    help="largest size a compressed batch may expand to (default: --max-request-bytes)",
+)
+@click.option("--idle-timeout-s", type=float, help="close connections idle this long")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), help="PEM cert")
 @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), help="PEM key")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR")

@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.errors import KdelayError
+from kdelay.errors import InvalidHeaderError, KdelayError
 
 
 class SendError(KdelayError):
@@ -66,9 +66,13 @@ def send_command(
     value: str,
 ) -> None:
     """Send VALUE to TOPIC through the proxy, delayed unless no timing option is given."""
-    chosen = [x for x in (delay, at, level) if x is not None]
+    chosen = [
+        flag for flag, x in (("--delay", delay), ("--at", at), ("--level", level)) if x is not None
+    ]
     if len(chosen) > 1:
-        raise click.UsageError("give at most one of --delay, --at, --level")
+        raise click.UsageError(
+            f"give at most one of --delay, --at, --level (got {', '.join(chosen)})"
+        )
     headers: list[tuple[str, str | bytes | None]] = []
     for item in extra:
         name, sep, val = item.partition("=")
@@ -78,12 +82,20 @@ def send_command(
     if delay is not None:
         headers.append((h.DELAY_MS, str(parse_duration_ms(delay)).encode()))
     elif at is not None:
+        try:
+            h.parse_deliver_at(h.DELIVER_AT, at.encode())
+        except InvalidHeaderError as exc:
+            raise click.BadParameter(exc.problem, param_hint="--at") from None
         headers.append((h.DELIVER_AT, at.encode()))
     elif level is not None:
         headers.append((h.DELAY_LEVEL, str(level).encode()))
     delayed = bool(chosen)
     if delayed:
         msg_id = msg_id or h.new_id()
+        try:
+            h.validate_id(h.ID, msg_id.encode())
+        except InvalidHeaderError as exc:
+            raise click.BadParameter(exc.problem, param_hint="--id") from None
         headers.append((h.ID, msg_id.encode()))
     elif msg_id is not None:
         raise click.UsageError("--id needs one of --delay, --at, --level")
@@ -109,8 +121,8 @@ def cancel_command(bootstrap_servers: str, message_id: str) -> None:
     """Cancel the pending message MESSAGE_ID (a no-op if it was already delivered)."""
     try:
         h.validate_id(h.CANCEL, message_id.encode())
-    except KdelayError as exc:
-        raise click.BadParameter(str(exc), param_hint="MESSAGE_ID") from None
+    except InvalidHeaderError as exc:
+        raise click.BadParameter(exc.problem, param_hint="MESSAGE_ID") from None
     # The carrier topic is irrelevant: the proxy turns the record into a buffer-topic cancel.
     carrier = buffer.BUFFER_TOPIC
     produce_one(bootstrap_servers, carrier, b"", None, headers=[(h.CANCEL, message_id.encode())])

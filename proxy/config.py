@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.config import component_config
@@ -33,6 +33,8 @@ class ProxyConfig(BaseSettings):
     ensure_topics: bool = True
     node_id: int = Field(default=1, ge=0)
     max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    #: Largest size a compressed record batch may decompress to (default: max_request_bytes).
+    max_decompressed_bytes: int | None = Field(default=None, ge=1024)
     max_inflight_per_connection: int = Field(default=5, ge=1)
     idle_timeout_s: float = Field(default=600.0, gt=0)
     upstream_timeout_ms: int = Field(default=30_000, ge=1_000)
@@ -47,8 +49,8 @@ class ProxyConfig(BaseSettings):
 
     @field_validator("listen", "http_listen")
     @classmethod
-    def _valid_address(cls, value: str) -> str:
-        _host_port(value, "address")
+    def _valid_address(cls, value: str, info: ValidationInfo) -> str:
+        _host_port(value, str(info.field_name))
         return value
 
     @field_validator("delay_levels_ms")
@@ -73,6 +75,11 @@ class ProxyConfig(BaseSettings):
     def http_address(self) -> tuple[str, int]:
         """Host and port of the HTTP API."""
         return _host_port(self.http_listen, "http_listen")
+
+    @property
+    def decompressed_limit(self) -> int:
+        """The bound on a batch's decompressed size."""
+        return self.max_decompressed_bytes or self.max_request_bytes
 
     @property
     def policy(self) -> DelayPolicy:

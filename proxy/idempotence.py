@@ -6,6 +6,22 @@ result and written once. State lives in this process only. A producer id this pr
 allocate (another proxy replica behind the same Service, or before a restart) is adopted at the
 sequence it presents, so clients keep working; dedupe then starts from that batch.
 
+Retriable failures. The proxy hands a batch to upstream before the previous batches of that
+partition are acknowledged (up to five are in flight), so, unlike a broker, it cannot refuse a
+later batch because an earlier one failed: when batch B1 fails with a retriable upstream error,
+the later batches B2.. of that partition are already with librdkafka and may be written. What
+the proxy guarantees then:
+
+- B1's sequence range stays open: the client's retry of exactly B1 is accepted and written
+  again (not answered from the cached failure, which would fail the retry forever).
+- B2.. are answered with their own upstream outcome. One that was written is acknowledged, and
+  its retry is a duplicate answered from that result, so it is never written twice by a retry.
+  Answering it OUT_OF_ORDER_SEQUENCE instead, as a broker would, would make the client resend
+  records that are already upstream.
+- The cost: when B1 fails and B2 succeeds, B1's records land after B2's (reordered, not lost,
+  not duplicated). And an upstream failure is ambiguous (a timed-out batch may have been
+  written), so the retry of a failed batch can duplicate its records: at-least-once there.
+
 Only the asyncio loop thread calls into this module.
 """
 
@@ -41,6 +57,8 @@ class _Entry:
     base_seq: int
     last_seq: int
     result: asyncio.Future[PartitionResult]
+    #: Failed retriably: the client's retry of this exact range is accepted anew.
+    retry_ok: bool = False
 
 
 @dataclass(slots=True)
@@ -123,6 +141,10 @@ class ProducerRegistry:
             self._partitions[key] = state
         for entry in state.recent:
             if entry.base_seq == base_seq and entry.last_seq == last_seq:
+                if entry.retry_ok:
+                    entry.retry_ok = False
+                    entry.result = loop.create_future()
+                    return Check(Verdict.ACCEPT, entry=entry)
                 return Check(Verdict.DUPLICATE, entry=entry)
         expected = _next(state.last_seq)
         if base_seq != expected:
@@ -151,15 +173,19 @@ class ProducerRegistry:
     ) -> None:
         """Record the outcome of an accepted batch.
 
-        A retriable failure un-writes the batch's sequence range (when it is still the newest),
-        so the client's retry of the same batch is accepted rather than reported as a duplicate.
+        A retriable failure un-writes the batch's sequence range when it is still the newest;
+        otherwise (later batches in flight, see the module docstring) the range stays open for
+        the client's retry of exactly that batch.
         """
         if not entry.result.done():
             entry.result.set_result(result)
         if result.error_code == 0 or not kerr.for_code(result.error_code).retriable:
             return
         state = self._partitions.get((producer_id, topic, partition))
-        if state is None or not state.recent or state.recent[-1] is not entry:
+        if state is None or not state.recent:
+            return
+        if state.recent[-1] is not entry:
+            entry.retry_ok = True
             return
         state.recent.pop()
         state.last_seq = (entry.base_seq - 1) % _SEQ_MODULUS

@@ -66,5 +66,8 @@ class ProxyMetrics:
         # Known label values exist from the start, so dashboards and rate() see zeros.
         for path in ("immediate", "delayed"):
             self.produce_latency.labels(path)
-        for kind in ("immediate", "delayed", "cancel", "rejected"):
-            self.records.labels(kind)
+        #: The records counter's children by kind, looked up once (per-batch hot path).
+        self.records_by_kind = {
+            kind: self.records.labels(kind) for kind in ("immediate", "delayed", "cancel")
+        }
+        self.records.labels("rejected")

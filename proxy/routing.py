@@ -12,9 +12,27 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kdelay import buffer
-from kdelay.headers import CancelRequest, Delay, DelayPolicy, classify, new_id, strip_control
+from kdelay.headers import (
+    CONTROL_HEADERS,
+    CancelRequest,
+    Delay,
+    DelayPolicy,
+    classify,
+    new_id,
+    strip_control,
+)
 
 HeaderList = list[tuple[str, bytes | None]]
+
+#: Every control header starts with it: a record without such a header name passes through
+#: without being parsed (the common case, kept cheap).
+CONTROL_PREFIX = "kdelay-"
+assert all(name.startswith(CONTROL_PREFIX) for name in CONTROL_HEADERS)
+
+
+def has_control_header(headers: Iterable[tuple[str, bytes | None]]) -> bool:
+    """Whether any header name could be a control header."""
+    return any(name.startswith(CONTROL_PREFIX) for name, _ in headers)
 
 
 class Kind(StrEnum):
@@ -98,7 +116,7 @@ def route_record(
     topic: str, partition: int, record: Incoming, now_ms: int, policy: DelayPolicy
 ) -> Outgoing:
     """Route one record; raises InvalidHeaderError naming the header."""
-    asked = classify(record.headers, now_ms, policy)
+    asked = classify(record.headers, now_ms, policy) if has_control_header(record.headers) else None
     if asked is None:
         return Outgoing(
             Kind.IMMEDIATE,

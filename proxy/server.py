@@ -14,7 +14,10 @@ Concurrency and ordering contract
   ``max_inflight_per_connection`` requests wait on upstream concurrently.
 - Backpressure: the reader takes an in-flight permit before reading a frame and the writer gives
   it back after the response is written, so a connection with that many requests unanswered is
-  not read from. When librdkafka's queue is full, stage 1 waits, which also stops the reader.
+  not read from (the kernel's socket buffers, then the client's own writes, fill up instead).
+  When librdkafka's queue is full, stage 1 waits, which also stops the reader.
+- Idle timeout: a connection that sends nothing for ``idle_timeout_s`` while owed no response
+  is closed. One waiting for its responses (upstream slow) is not idle.
 - A malformed frame, an oversized length prefix, an unsupported API or an idle timeout closes
   that connection only (with a structured log line), after the responses already owed to it are
   written. Every other connection is untouched: nothing a connection does raises out of its own
@@ -128,6 +131,8 @@ class Connection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.permits = asyncio.Semaphore(self.limits.max_inflight)
+        #: Requests read and not yet answered (or dropped).
+        self.inflight = 0
         self.queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
 
     async def serve(self) -> None:
@@ -135,6 +140,10 @@ class Connection:
         writer_task = asyncio.create_task(self._write_loop())
         try:
             await self._read_loop()
+        except asyncio.CancelledError:
+            # Shutdown: replies still awaited upstream are not waited for.
+            writer_task.cancel()
+            raise
         except _Close as stop:
             log.warning(stop.event, peer=self.peer, **stop.fields)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -144,7 +153,7 @@ class Connection:
             log.exception("connection_failed", peer=self.peer)
         finally:
             self.queue.put_nowait(None)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer_task
             self.writer.close()
             with contextlib.suppress(Exception):
@@ -154,21 +163,29 @@ class Connection:
     async def _read_frame(self) -> bytes | None:
         """The next request frame, or None at a clean end of stream."""
         idle = self.limits.idle_timeout_s
-        try:
-            prefix = await asyncio.wait_for(self.reader.readexactly(4), idle)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise _Close("truncated_frame", got=len(exc.partial), expected=4) from None
-            return None
-        except TimeoutError:
-            raise _Close("idle_timeout", seconds=idle) from None
+        while True:
+            try:
+                # Cancelling readexactly on a timeout loses nothing: it consumes only once all
+                # n bytes are buffered. asyncio.timeout, not wait_for: in Python 3.11 wait_for
+                # can swallow a cancellation (shutdown) when the read completes at that moment.
+                async with asyncio.timeout(idle):
+                    prefix = await self.reader.readexactly(4)
+                break
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise _Close("truncated_frame", got=len(exc.partial), expected=4) from None
+                return None
+            except TimeoutError:
+                if self.inflight == 0:
+                    raise _Close("idle_timeout", seconds=idle) from None
         size = p.frame_size(prefix)
         if size > self.limits.max_request_bytes:
             raise _Close("request_too_large", size=size, limit=self.limits.max_request_bytes)
         if size < 8:
             raise _Close("malformed_frame", reason=f"frame size {size} is below a header's")
         try:
-            frame = await asyncio.wait_for(self.reader.readexactly(size), idle)
+            async with asyncio.timeout(idle):
+                frame = await self.reader.readexactly(size)
         except asyncio.IncompleteReadError as exc:
             raise _Close("truncated_frame", got=len(exc.partial), expected=size) from None
         except TimeoutError:
@@ -182,6 +199,7 @@ class Connection:
             frame = await self._read_frame()
             if frame is None:
                 return
+            self.inflight += 1
             started = time.perf_counter()
             try:
                 request = p.decode_request(frame)
@@ -216,36 +234,41 @@ class Connection:
             if item is None:
                 return
             try:
-                reply = await item.reply
-            except Exception:
-                # A handler bug: this connection cannot answer in order any more; close it.
-                log.exception("reply_failed", peer=self.peer)
-                broken = True
-                self.writer.close()
-                continue
+                broken = await self._answer(item, broken)
             finally:
+                self.inflight -= 1
                 self.permits.release()
-            req = item.request
-            if req is not None:
-                self.metrics.requests.labels(
-                    p.API_NAMES[req.api_key], str(req.api_version), reply.result
-                ).inc()
-            if broken:
-                continue
-            data = reply.frame
-            if data is None and reply.response is not None and req is not None:
-                try:
-                    data = p.encode_response(req, reply.response)
-                except Exception:
-                    log.exception("encode_failed", peer=self.peer, api=req.api_key)
-                    broken = True
-                    self.writer.close()
-                    continue
-            if data is None:
-                continue
+
+    async def _answer(self, item: _Pending, broken: bool) -> bool:
+        """Await one reply and write it (unless ``broken``); whether the connection is broken."""
+        try:
+            reply = await item.reply
+        except Exception:
+            # A handler bug: this connection cannot answer in order any more; close it.
+            log.exception("reply_failed", peer=self.peer)
+            self.writer.close()
+            return True
+        req = item.request
+        if req is not None:
+            self.metrics.requests.labels(
+                p.API_NAMES[req.api_key], str(req.api_version), reply.result
+            ).inc()
+        if broken:
+            return True
+        data = reply.frame
+        if data is None and reply.response is not None and req is not None:
             try:
-                self.writer.write(data)
-                await self.writer.drain()
-                self.metrics.bytes_out.inc(len(data))
-            except ConnectionError:
-                broken = True
+                data = p.encode_response(req, reply.response)
+            except Exception:
+                log.exception("encode_failed", peer=self.peer, api=req.api_key)
+                self.writer.close()
+                return True
+        if data is None:
+            return False
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+            self.metrics.bytes_out.inc(len(data))
+        except ConnectionError:
+            return True
+        return False

@@ -1,13 +1,22 @@
 """The proxy's side of upstream Kafka: one idempotent librdkafka producer, and metadata.
 
-Threads: ``send`` and ``produce`` run on the asyncio loop thread (librdkafka's produce is
-non-blocking and thread-safe); one daemon thread ("kdelay-upstream-poll") serves librdkafka's
-delivery callbacks through ``poll``. A callback only counts down its batch; the batch's asyncio
+Threads: ``submit`` runs on the asyncio loop thread (librdkafka's produce is non-blocking and
+thread-safe); one daemon thread ("kdelay-upstream-poll") serves librdkafka's delivery and error
+callbacks through ``poll``. A delivery callback only counts down its batch; the batch's asyncio
 future is resolved with one ``call_soon_threadsafe`` when its last record is acknowledged, so the
 loop is woken once per batch, not per record. Metadata lookups block and run in worker threads.
 
 Every record is written with acks=all by an idempotent producer, so a future that resolves
 without error means every record of the batch is durable upstream.
+
+Fatal errors: librdkafka's idempotent producer can enter a fatal state (e.g. a sequence gap
+it cannot repair); it then refuses every produce call for good. On the fatal error (reported by
+``error_cb``, a delivery report, or a refused produce call) the proxy fails every batch still
+waiting on that producer with a retriable error (``KAFKA_STORAGE_ERROR``: the client retries,
+nothing of those batches is known durable; records of them may already be upstream, so a retry
+can duplicate them), replaces the producer with a new one, and disposes of the old one on a
+separate thread. ``_lock`` guards the producer generation and the set of waiting batches, which
+both the loop thread and the poll thread touch.
 """
 
 from __future__ import annotations
@@ -45,13 +54,14 @@ def kafka_code(err: KafkaError) -> int:
     Broker errors keep their own code; librdkafka-local ones (timeouts, transport, fatal
     idempotence states) become retriable codes, because nothing of that batch is known durable.
     """
+    if err.fatal():
+        # The producer is replaced (see the module docstring): a retry goes to a new one.
+        return int(kerr.KafkaStorageError.errno)
     code = int(err.code())
     if code > 0:
         return code
     if code in (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
         return int(kerr.UnknownTopicOrPartitionError.errno)
-    if err.fatal():
-        return int(kerr.KafkaStorageError.errno)
     return int(kerr.RequestTimedOutError.errno)
 
 
@@ -67,14 +77,16 @@ class TopicInfo:
 class _Batch:
     """Countdown of one batch's deliveries; touched by the poll thread only after produce."""
 
-    __slots__ = ("error", "future", "lock", "loop", "offsets", "remaining")
+    __slots__ = ("error", "failed", "future", "generation", "lock", "loop", "offsets", "remaining")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, generation: int = 0) -> None:
         self.loop = loop
         self.future: asyncio.Future[list[int]] = loop.create_future()
         self.offsets = [-1] * size
         self.remaining = size
         self.error: KafkaError | None = None
+        self.failed: KafkaError | None = None
+        self.generation = generation
         self.lock = threading.Lock()
 
     def callback(self, index: int) -> Callable[[KafkaError | None, Message], None]:
@@ -93,14 +105,27 @@ class _Batch:
             self.remaining -= n
             last = self.remaining == 0
         if last:
+            self._wake()
+
+    def fail(self, err: KafkaError) -> None:
+        """Resolve now with ``err`` whatever is still outstanding (any thread)."""
+        with self.lock:
+            self.failed = err
+            self.remaining = -(2**31)  # later deliveries no longer reach zero
+        self._wake()
+
+    def _wake(self) -> None:
+        # The loop may be gone when a disposed producer reports late (shutdown).
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
         if self.future.done():
             return
-        if self.error is not None:
+        err = self.failed or self.error
+        if err is not None:
             self.future.set_exception(
-                UpstreamError(kafka_code(self.error), f"upstream Kafka: {self.error.str()}")
+                UpstreamError(kafka_code(err), f"upstream Kafka: {err.str()}")
             )
         else:
             self.future.set_result(self.offsets)
@@ -117,27 +142,33 @@ class Upstream:
         timeout_ms: int = 30_000,
         linger_ms: float = 1.0,
         extra: dict[str, str] | None = None,
+        producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+        lookup_factory: Callable[[dict[str, Any]], Any] = Consumer,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.timeout_ms = timeout_ms
         common = {"bootstrap.servers": bootstrap, **(extra or {})}
-        self._producer = Producer(
-            {
-                **common,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": linger_ms,
-                "message.timeout.ms": timeout_ms,
-                "request.timeout.ms": min(timeout_ms, 30_000),
-                "queue.buffering.max.messages": 1_000_000,
-                # Java's default: the buffer topic is keyed by id and other writers may be JVMs.
-                "partitioner": "murmur2_random",
-                "error_cb": self._on_error,
-            }
-        )
+        self._producer_conf: dict[str, Any] = {
+            **common,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": linger_ms,
+            "message.timeout.ms": timeout_ms,
+            "request.timeout.ms": min(timeout_ms, 30_000),
+            "queue.buffering.max.messages": 1_000_000,
+            # Java's default: the buffer topic is keyed by id and other writers may be JVMs.
+            "partitioner": "murmur2_random",
+        }
+        self._producer_factory = producer_factory
+        self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: set[_Batch] = set()
+        #: Producers created so far (1 + replacements after fatal errors).
+        self.generation = 0
+        self._producer: Any = self._new_producer()
         # Metadata for clients that asked not to auto-create: a consumer never creates topics.
-        self._lookup = Consumer(
+        self._lookup = lookup_factory(
             {
                 **common,
                 "group.id": "kdelay-proxy-metadata",
@@ -151,13 +182,45 @@ class Upstream:
         self._thread.start()
         self.cluster_id: str | None = None
 
-    def _on_error(self, err: KafkaError) -> None:
+    def _new_producer(self) -> Any:
+        """A producer for the next generation; its error callback knows which one it is."""
+        self.generation += 1
+        generation = self.generation
+
+        def on_error(err: KafkaError) -> None:
+            self._on_error(err, generation)
+
+        return self._producer_factory({**self._producer_conf, "error_cb": on_error})
+
+    def _on_error(self, err: KafkaError, generation: int) -> None:
         self.metrics.upstream_errors.labels(err.name()).inc()
         log.warning("upstream_error", error=err.str(), code=err.name(), fatal=err.fatal())
+        if err.fatal():
+            self._replace(err, generation)
+
+    def _replace(self, err: KafkaError, generation: int) -> None:
+        """After a fatal error of producer ``generation``: fail what waits on it, start anew."""
+        with self._lock:
+            if generation != self.generation or self._closed:
+                return  # already replaced (several reports of one fatal error), or stopping
+            old = self._producer
+            self._producer = self._new_producer()
+            waiting, self._waiting = self._waiting, set()
+        log.warning(
+            "upstream_producer_replaced",
+            error=err.str(),
+            failed_batches=len(waiting),
+            generation=self.generation,
+        )
+        for batch in waiting:
+            batch.fail(err)
+        threading.Thread(
+            target=_dispose, args=(old,), name="kdelay-upstream-dispose", daemon=True
+        ).start()
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            self._producer.poll(0.05)  # the current producer: replaced after a fatal error
 
     async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[list[int]]:
         """Hand ``records`` to librdkafka in order; the returned future yields their offsets
@@ -169,10 +232,14 @@ class Upstream:
         queue is full: that wait is the backpressure on the client.
         """
         loop = asyncio.get_running_loop()
-        batch = _Batch(loop, len(records))
+        batch = _Batch(loop, len(records), self.generation)
         if not records:
             batch.future.set_result([])
             return batch.future
+        producer = self._producer
+        with self._lock:
+            self._waiting.add(batch)
+        batch.future.add_done_callback(self._settled(batch))
         deadline = time.monotonic() + self.timeout_ms / 1000
         for i, rec in enumerate(records):
             kwargs: dict[str, Any] = {
@@ -187,7 +254,7 @@ class Upstream:
                 kwargs["timestamp"] = rec.timestamp_ms
             while True:
                 try:
-                    self._producer.produce(rec.topic, **kwargs)
+                    producer.produce(rec.topic, **kwargs)
                     break
                 except BufferError:
                     if time.monotonic() > deadline:
@@ -195,10 +262,23 @@ class Upstream:
                         return batch.future
                     await asyncio.sleep(0.002)
                 except KafkaException as exc:
-                    batch.error = exc.args[0]
-                    self._abandon(batch, len(records) - i, batch.error.str())
+                    err: KafkaError = exc.args[0]
+                    if err.fatal():
+                        # Records of this batch already on that producer never count down.
+                        batch.fail(err)
+                        self._replace(err, batch.generation)
+                        return batch.future
+                    batch.error = err
+                    self._abandon(batch, len(records) - i, err.str())
                     return batch.future
         return batch.future
+
+    def _settled(self, batch: _Batch) -> Callable[[asyncio.Future[list[int]]], None]:
+        def forget(_future: asyncio.Future[list[int]]) -> None:
+            with self._lock:
+                self._waiting.discard(batch)
+
+        return forget
 
     async def send(self, records: Sequence[Outgoing]) -> list[int]:
         """Submit ``records`` and wait until all are acknowledged (see ``submit``)."""
@@ -246,8 +326,22 @@ class Upstream:
         return bool(meta.brokers)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Deliver what is queued (up to ``timeout``), then stop the poll thread."""
+        """Deliver what is queued (up to ``timeout``), then stop the poll thread and close both
+        librdkafka clients, so nothing keeps reconnecting after the proxy stopped."""
         self._producer.flush(timeout)
+        with self._lock:
+            self._closed = True
         self._stop.set()
         self._thread.join(timeout)
+        _dispose(self._producer)
         self._lookup.close()
+
+
+def _dispose(producer: Any) -> None:
+    """Drop what a producer still holds (its batches were answered already) and close it."""
+    try:
+        producer.purge()
+        producer.flush(0)
+        producer.close()
+    except Exception:  # best effort on a producer already given up
+        log.warning("upstream_dispose_failed", exc_info=True)

@@ -52,3 +52,14 @@ def test_one_bad_record_rejects_the_batch() -> None:
     records = [Incoming(None, b"ok", []), Incoming(None, b"bad", [(h.DELAY_MS, b"x")])]
     with pytest.raises(InvalidHeaderError, match=h.DELAY_MS):
         route_batch("t", 0, records, NOW, POLICY)
+
+
+def test_fast_path_only_skips_records_without_kdelay_header_names() -> None:
+    plain = Incoming(None, b"v", [("app", h.DELAY_MS.encode()), ("x-kdelay-delay-ms", b"5")])
+    assert route_record("t", 0, plain, NOW, POLICY).kind is Kind.IMMEDIATE
+    unknown = Incoming(None, b"v", [("kdelay-unknown", b"1")])
+    assert route_record("t", 0, unknown, NOW, POLICY).kind is Kind.IMMEDIATE
+    later = Incoming(None, b"v", [("app", b"1"), (h.DELAY_MS, b"5")])
+    assert route_record("t", 0, later, NOW, POLICY).deliver_at_ms == NOW + 5
+    with pytest.raises(InvalidHeaderError, match=h.DELAY_MS):
+        route_record("t", 0, Incoming(None, b"v", [("a", b""), (h.DELAY_MS, b"x")]), NOW, POLICY)

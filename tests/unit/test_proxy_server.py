@@ -1,0 +1,268 @@
+"""The Kafka listener's connection contract with an in-process upstream the test controls:
+idle timeout, backpressure, response order, and retries around a failed batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kafka.errors as kerr
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.producer import ProduceResponse
+
+from proxy import protocol as p
+from proxy.broker import Advertised, Broker
+from proxy.metrics import ProxyMetrics
+from proxy.routing import Outgoing
+from proxy.server import KafkaServer, Limits
+from proxy.testing import produce_request, record_batch
+from proxy.upstream import TopicInfo, UpstreamError
+
+DEADLINE_S = 10.0
+
+
+class GatedUpstream:
+    """Takes every batch at once (stage 1) but acknowledges only when the test says so."""
+
+    cluster_id: str | None = "fake"
+
+    def __init__(self) -> None:
+        self.submitted: list[list[Outgoing]] = []
+        self.acks: list[asyncio.Future[list[int]]] = []
+        self.changed = asyncio.Event()
+
+    async def submit(self, records: list[Outgoing]) -> asyncio.Future[list[int]]:
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self.submitted.append(list(records))
+        self.acks.append(future)
+        self.changed.set()
+        return future
+
+    def ack(self, index: int, error: int = 0) -> None:
+        if error:
+            self.acks[index].set_exception(UpstreamError(error, "upstream said no"))
+        else:
+            self.acks[index].set_result(list(range(len(self.submitted[index]))))
+
+    async def wait_submitted(self, n: int) -> None:
+        async with asyncio.timeout(DEADLINE_S):
+            while len(self.submitted) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+    def topic(self, name: str, *, create: bool) -> TopicInfo:
+        return TopicInfo(0, 1)
+
+    def all_topics(self) -> dict[str, TopicInfo]:
+        return {"t": TopicInfo(0, 1)}
+
+
+@contextlib.asynccontextmanager
+async def _server(limits: Limits) -> AsyncIterator[tuple[int, GatedUpstream, Broker]]:
+    upstream = GatedUpstream()
+    metrics = ProxyMetrics()
+    broker = Broker(upstream, metrics, Advertised(1, "127.0.0.1", 0))
+    server = KafkaServer(broker, metrics, limits)
+    _, port = await server.start("127.0.0.1", 0)
+    try:
+        yield port, upstream, broker
+    finally:
+        await server.close()
+
+
+def _frame(request: Any, correlation_id: int) -> bytes:
+    request.with_header(correlation_id=correlation_id, client_id="t")
+    return bytes(request.encode(header=True, framed=True))
+
+
+def _api_versions() -> Any:
+    return ApiVersionsRequest(client_software_name="t", client_software_version="1", version=3)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(DEADLINE_S):
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        return await reader.readexactly(size)
+
+
+async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cid: int) -> int:
+    writer.write(_frame(_api_versions(), cid))
+    await writer.drain()
+    resp = ApiVersionsResponse.decode(await _read_frame(reader), version=3, header=True)
+    assert resp.error_code == 0
+    return int(resp.header.correlation_id)
+
+
+async def _closed(reader: asyncio.StreamReader) -> None:
+    """Returns when the proxy closed the connection (EOF or reset)."""
+    with contextlib.suppress(ConnectionError):
+        while await reader.read(65536):
+            pass
+
+
+def test_idle_connection_is_closed_but_busy_ones_are_not() -> None:
+    idle_s = 0.3
+
+    async def run() -> None:
+        async with _server(Limits(idle_timeout_s=idle_s)) as (port, upstream, _):
+            # waiting: a Produce the upstream does not acknowledge yet (owed a response).
+            w_reader, w_writer = await asyncio.open_connection("127.0.0.1", port)
+            w_writer.write(_frame(produce_request("t", 0, record_batch([(b"k", b"v", [])])), 1))
+            await upstream.wait_submitted(1)
+            # active: keeps talking; idle: connects after both and says nothing.
+            a_reader, a_writer = await asyncio.open_connection("127.0.0.1", port)
+            await _round_trip(a_reader, a_writer, 1)
+            i_reader, i_writer = await asyncio.open_connection("127.0.0.1", port)
+            opened = time.monotonic()
+            idle_closed = asyncio.create_task(_closed(i_reader))
+            cid = 1
+            async with asyncio.timeout(DEADLINE_S):
+                while not idle_closed.done():
+                    cid += 1
+                    assert await _round_trip(a_reader, a_writer, cid) == cid
+            assert time.monotonic() - opened >= idle_s
+            # The idle one went after the timeout; the other two have been connected longer.
+            assert await _round_trip(a_reader, a_writer, cid + 1) == cid + 1
+            upstream.ack(0)
+            resp = ProduceResponse.decode(await _read_frame(w_reader), version=9, header=True)
+            assert resp.responses[0].partition_responses[0].error_code == 0
+            assert await _round_trip(w_reader, w_writer, 2) == 2
+            for w in (w_writer, a_writer, i_writer):
+                w.close()
+
+    asyncio.run(run())
+
+
+def test_backpressure_stops_reading_and_resumes_in_order() -> None:
+    inflight, total = 2, 40
+
+    async def run() -> None:
+        async with _server(Limits(max_inflight=inflight)) as (port, upstream, _):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for i in range(total):
+                batch = record_batch([(b"k", f"v{i}".encode(), [])])
+                writer.write(_frame(produce_request("t", 0, batch), i + 1))
+            await writer.drain()  # every request is written: the proxy has them to read
+            await upstream.wait_submitted(inflight)
+            # Another connection is served meanwhile: the loop ran well past the moment the
+            # first one's requests were readable, yet no more of them were read.
+            p_reader, p_writer = await asyncio.open_connection("127.0.0.1", port)
+            for cid in range(1, 4):
+                assert await _round_trip(p_reader, p_writer, cid) == cid
+            assert len(upstream.submitted) == inflight
+            # Upstream recovers, acknowledging out of order: responses still leave in order.
+            acked = 0
+            while acked < total:
+                await upstream.wait_submitted(min(total, acked + inflight))
+                for i in reversed(range(acked, len(upstream.submitted))):
+                    upstream.ack(i)
+                acked = len(upstream.submitted)
+                assert acked <= total
+            cids = []
+            for _ in range(total):
+                resp = ProduceResponse.decode(await _read_frame(reader), version=9, header=True)
+                assert resp.responses[0].partition_responses[0].error_code == 0
+                cids.append(resp.header.correlation_id)
+            assert cids == list(range(1, total + 1))
+            assert [b[0].value for b in upstream.submitted] == [
+                f"v{i}".encode() for i in range(total)
+            ]
+            writer.close()
+            p_writer.close()
+
+    asyncio.run(run())
+
+
+def _produce(broker: Broker, batch: bytes) -> Any:
+    req = produce_request("t", 0, batch)
+    req.with_header(correlation_id=1, client_id="t")
+    return broker.handle(p.decode_request(bytes(req.encode(header=True))))
+
+
+def _error_of(reply: Any) -> int:
+    return int(reply.response.responses[0].partition_responses[0].error_code)
+
+
+def test_retry_of_a_failed_batch_behind_a_later_one_is_written_once() -> None:
+    """B1 fails retriably upstream while B2 (later, same partition) is in flight and succeeds:
+    the retry of B1 is written again (not refused forever), B2's retry is not written twice."""
+
+    async def run() -> None:
+        upstream = GatedUpstream()
+        broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
+        pid, epoch = broker.producers.init_producer()
+
+        def batch(seq: int, value: bytes) -> bytes:
+            return record_batch(
+                [(b"k", value, [])], producer_id=pid, epoch=epoch, base_sequence=seq
+            )
+
+        b1 = await _produce(broker, batch(0, b"one"))
+        b2 = await _produce(broker, batch(1, b"two"))
+        upstream.ack(0, error=kerr.RequestTimedOutError.errno)
+        upstream.ack(1)
+        assert _error_of(await b1) == kerr.RequestTimedOutError.errno
+        assert _error_of(await b2) == 0
+        retry1 = await _produce(broker, batch(0, b"one"))
+        assert len(upstream.submitted) == 3
+        upstream.ack(2)
+        assert _error_of(await retry1) == 0
+        retry2 = await _produce(broker, batch(1, b"two"))
+        assert _error_of(await retry2) == 0
+        again = await _produce(broker, batch(0, b"one"))
+        assert _error_of(await again) == 0
+        assert [b[0].value for b in upstream.submitted] == [b"one", b"two", b"one"]
+        nxt = await _produce(broker, batch(2, b"three"))
+        upstream.ack(3)
+        assert _error_of(await nxt) == 0
+
+    asyncio.run(run())
+
+
+def test_retries_after_two_failures_are_accepted_in_order() -> None:
+    async def run() -> None:
+        upstream = GatedUpstream()
+        broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
+        pid, epoch = broker.producers.init_producer()
+
+        def batch(seq: int, value: bytes) -> bytes:
+            return record_batch(
+                [(b"k", value, [])], producer_id=pid, epoch=epoch, base_sequence=seq
+            )
+
+        b1 = await _produce(broker, batch(0, b"one"))
+        b2 = await _produce(broker, batch(1, b"two"))
+        upstream.ack(0, error=kerr.KafkaStorageError.errno)
+        upstream.ack(1, error=kerr.KafkaStorageError.errno)
+        assert _error_of(await b1) == kerr.KafkaStorageError.errno
+        assert _error_of(await b2) == kerr.KafkaStorageError.errno
+        r1 = await _produce(broker, batch(0, b"one"))
+        r2 = await _produce(broker, batch(1, b"two"))
+        upstream.ack(2)
+        upstream.ack(3)
+        assert (_error_of(await r1), _error_of(await r2)) == (0, 0)
+        assert [b[0].value for b in upstream.submitted] == [b"one", b"two", b"one", b"two"]
+
+    asyncio.run(run())
+
+
+def test_close_does_not_wait_for_unacknowledged_requests() -> None:
+    async def run() -> None:
+        upstream = GatedUpstream()
+        metrics = ProxyMetrics()
+        server = KafkaServer(Broker(upstream, metrics, Advertised(1, "h", 1)), metrics)
+        _, port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_frame(produce_request("t", 0, record_batch([(b"k", b"v", [])])), 1))
+        await upstream.wait_submitted(1)
+        async with asyncio.timeout(DEADLINE_S):
+            await server.close()
+            await _closed(reader)
+        writer.close()
+
+    asyncio.run(run())

@@ -1,0 +1,195 @@
+"""proxy/upstream.py with a fake librdkafka producer: acknowledgements, fatal errors and
+replacement of the producer, and closing.
+
+The fake behaves like confluent_kafka.Producer where it matters: callbacks (delivery reports,
+error_cb) run inside poll() on the upstream poll thread, and a producer in a fatal state refuses
+every produce() with a fatal KafkaException.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kafka.errors as kerr
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from proxy.metrics import ProxyMetrics
+from proxy.routing import Kind, Outgoing
+from proxy.upstream import Upstream, UpstreamError
+
+DEADLINE_S = 10.0
+
+
+class FakeMessage:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FakeProducer:
+    """Queues produced records; the test decides when they are acknowledged."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.error_cb: Callable[[KafkaError], None] = conf["error_cb"]
+        self.pending: list[Callable[[KafkaError | None, Any], None]] = []
+        self.actions: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.fatal = False
+        self.closed = threading.Event()
+        self.purged = False
+        self.offset = 0
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        if self.fatal:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "fatal state", fatal=True))
+        self.pending.append(kwargs["on_delivery"])
+
+    def poll(self, timeout: float) -> int:
+        try:
+            action = self.actions.get(timeout=timeout)
+        except queue.Empty:
+            return 0
+        action()
+        return 1
+
+    def ack_all(self) -> None:
+        def run() -> None:
+            for cb in self.pending:
+                cb(None, FakeMessage(self.offset))
+                self.offset += 1
+            self.pending.clear()
+
+        self.actions.put(run)
+
+    def go_fatal(self) -> None:
+        """librdkafka's fatal idempotence error, reported through error_cb on the poll thread."""
+        self.fatal = True
+        err = KafkaError(KafkaError._FATAL, "Fatal error: sequence desync", fatal=True)
+        self.actions.put(lambda: self.error_cb(err))
+
+    def purge(self) -> None:
+        self.purged = True
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def close(self) -> bool:
+        self.closed.set()
+        return True
+
+
+class FakeLookup:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def made() -> list[FakeProducer]:
+    return []
+
+
+@pytest.fixture
+def upstream(made: list[FakeProducer]) -> Iterator[Upstream]:
+    def factory(conf: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(conf))
+        return made[-1]
+
+    up = Upstream("fake:9092", ProxyMetrics(), producer_factory=factory, lookup_factory=FakeLookup)
+    yield up
+    up.close(timeout=DEADLINE_S)
+
+
+def _records(n: int) -> list[Outgoing]:
+    return [Outgoing(Kind.IMMEDIATE, "t", 0, b"k", f"v{i}".encode(), [], None) for i in range(n)]
+
+
+def test_batch_resolves_when_every_record_is_acknowledged(
+    upstream: Upstream, made: list[FakeProducer]
+) -> None:
+    async def run() -> None:
+        acked = await upstream.submit(_records(3))
+        assert not acked.done()
+        made[0].ack_all()
+        async with asyncio.timeout(DEADLINE_S):
+            assert await acked == [0, 1, 2]
+
+    asyncio.run(run())
+
+
+def test_fatal_error_fails_waiting_batches_retriably_and_replaces_the_producer(
+    upstream: Upstream, made: list[FakeProducer]
+) -> None:
+    async def run() -> None:
+        waiting = await upstream.submit(_records(2))
+        made[0].go_fatal()
+        with pytest.raises(UpstreamError) as failed:
+            async with asyncio.timeout(DEADLINE_S):
+                await waiting
+        assert failed.value.code == kerr.KafkaStorageError.errno
+        assert kerr.for_code(failed.value.code).retriable
+        assert len(made) == 2
+        assert made[0].closed.wait(DEADLINE_S)  # the old one is disposed of
+        assert made[0].purged
+        # New requests go to the new producer and succeed.
+        fresh = await upstream.submit(_records(1))
+        made[1].ack_all()
+        async with asyncio.timeout(DEADLINE_S):
+            assert await fresh == [0]
+        assert upstream.generation == 2
+
+    asyncio.run(run())
+
+
+def test_fatal_refusal_on_produce_also_replaces_the_producer(
+    upstream: Upstream, made: list[FakeProducer]
+) -> None:
+    """The fatal state can be met by produce() before error_cb has been served."""
+
+    async def run() -> None:
+        made[0].fatal = True
+        refused = await upstream.submit(_records(2))
+        with pytest.raises(UpstreamError) as failed:
+            async with asyncio.timeout(DEADLINE_S):
+                await refused
+        assert kerr.for_code(failed.value.code).retriable
+        assert len(made) == 2
+        # A late error_cb of the same fatal error does not replace the producer again.
+        made[0].error_cb(KafkaError(KafkaError._FATAL, "late report", fatal=True))
+        assert len(made) == 2
+        ok = await upstream.submit(_records(1))
+        made[1].ack_all()
+        async with asyncio.timeout(DEADLINE_S):
+            assert await ok == [0]
+
+    asyncio.run(run())
+
+
+def test_close_closes_both_clients() -> None:
+    made: list[Any] = []
+
+    def factory(kind: type[Any]) -> Callable[[dict[str, Any]], Any]:
+        def make(conf: dict[str, Any]) -> Any:
+            made.append(kind(conf))
+            return made[-1]
+
+        return make
+
+    up = Upstream(
+        "fake:9092",
+        ProxyMetrics(),
+        producer_factory=factory(FakeProducer),
+        lookup_factory=factory(FakeLookup),
+    )
+    up.close(timeout=DEADLINE_S)
+    producer, lookup = made
+    assert producer.closed.is_set()
+    assert lookup.closed
