@@ -288,6 +288,7 @@ class Forwarder:
             try:
                 self._serve(checkpoints, generation)
             except FencedError as exc:
+                self._metrics.checkpoint_rejected.inc()
                 log.warning("checkpoint write rejected; stepping down", error=str(exc))
                 self._fence("fenced", str(exc))
             except CoordinationError as exc:

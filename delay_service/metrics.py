@@ -73,6 +73,11 @@ class Metrics:
             registry=r,
         )
         self.is_master = Gauge("kdelay_replica_is_master", "1 on the master, else 0", registry=r)
+        self.checkpoint_rejected = Counter(
+            "kdelay_replica_checkpoint_rejected",
+            "checkpoint writes rejected or unconfirmed by ZooKeeper (the master stepped down)",
+            registry=r,
+        )
         self.zk_state = Gauge(
             "kdelay_replica_zk_state",
             "1 for the current ZooKeeper connection state",

@@ -150,6 +150,13 @@ REPLICAS = [
     ),
     Panel("Role (1 = master)", [q("kdelay_replica_is_master", "{{instance}}")], "none"),
     Panel(
+        "Fenced checkpoint writes",
+        [q(f"increase(kdelay_replica_checkpoint_rejected_total[{RATE}])", "{{instance}}")],
+        "short",
+        description="A master whose checkpoint write was rejected (a newer master exists) "
+        "stepped down; a few around a failover are expected.",
+    ),
+    Panel(
         "ZooKeeper state",
         [q("kdelay_replica_zk_state == 1", "{{instance}} {{state}}")],
         "none",

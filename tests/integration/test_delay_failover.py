@@ -149,6 +149,11 @@ def test_stalled_master_is_fenced_when_it_wakes(
             timeout=30,
             what="the stalled master's late checkpoint write to be rejected",
         )  # fmt: skip
+        wait_until(
+            lambda: (rs.metric(old, "kdelay_replica_checkpoint_rejected_total") or 0) >= 1,
+            timeout=30,
+            what="kdelay_replica_checkpoint_rejected_total >= 1 on the fenced replica",
+        )
         records = consume_until(
             kafka.bootstrap_servers, [topic], all_delivered({m.id for m in messages}), timeout=120
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,20 @@ class ReplicaSet:
 
     def status(self) -> dict[str, Any]:
         return cluster_status(self._zk, self.paths)
+
+    def metric(self, name: str, metric: str) -> float | None:
+        """The value of an unlabelled ``metric`` on replica ``name``'s /metrics; None while the
+        replica is not registered (e.g. rejoining the election) or does not export it."""
+        urls = [str(r["metrics"]) for r in self.status()["replicas"] if r["name"] == name]
+        if not urls:
+            return None
+        url = urls[0]
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+        for line in text.splitlines():
+            if line.startswith(f"{metric} "):
+                return float(line.split()[1])
+        return None
 
     def roles(self) -> dict[str, str]:
         return {r["name"]: r["role"] for r in self.status()["replicas"]}
