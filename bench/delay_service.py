@@ -119,22 +119,37 @@ class Lateness:
         )
 
 
-def consume_lateness(bootstrap: str, topic: str, n: int, timeout: float) -> Lateness:
-    """Read ``n`` records of ``topic``; lateness in ms against kdelay-deliver-at (or sent-at)."""
+def consume_lateness(
+    bootstrap: str, topic: str, n: int, timeout: float, ready: threading.Event | None = None
+) -> Lateness:
+    """Read ``n`` records of ``topic``; lateness in ms against kdelay-deliver-at (or sent-at).
+
+    Receipt times must not include the reader's own batching: ``consume(N, t)`` waits until N
+    records or t have passed, so one record is awaited with ``poll`` and whatever else is
+    already fetched is drained with a zero-timeout ``consume``. ``ready`` is set once the
+    partitions are assigned and a first fetch round has run, so producing starts after that.
+    """
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-{uuid.uuid4().hex[:6]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
         }
     )
     c.assign([TopicPartition(topic, p, -2) for p in range(PARTITIONS)])
+    c.poll(0.5)  # connect, fetch metadata, start fetching (the topic is still empty)
+    if ready is not None:
+        ready.set()
     release: list[float] = []
     receipt: list[float] = []
     deadline = time.monotonic() + timeout
     while len(release) < n and time.monotonic() < deadline:
-        for msg in c.consume(1000, 0.2):
+        first = c.poll(0.1)
+        if first is None:
+            continue
+        for msg in [first, *c.consume(10_000, 0)]:
             if msg.error():
                 continue
             now = time.time() * 1000
@@ -217,13 +232,18 @@ class Reader:
 
     def __init__(self, bootstrap: str, topic: str, n: int, timeout: float) -> None:
         self.result: Lateness | None = None
+        ready = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(bootstrap, topic, n, timeout), daemon=True
+            target=self._run, args=(bootstrap, topic, n, timeout, ready), daemon=True
         )
         self._thread.start()
+        if not ready.wait(60):
+            raise TimeoutError(f"the bench consumer of {topic} did not start within 60 s")
 
-    def _run(self, bootstrap: str, topic: str, n: int, timeout: float) -> None:
-        self.result = consume_lateness(bootstrap, topic, n, timeout)
+    def _run(
+        self, bootstrap: str, topic: str, n: int, timeout: float, ready: threading.Event
+    ) -> None:
+        self.result = consume_lateness(bootstrap, topic, n, timeout, ready)
 
     def wait(self) -> Lateness:
         self._thread.join()
