@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing kdelay with dev extras"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev,verifier]'
 	@touch $@
 
 install: $(STAMP) jvm

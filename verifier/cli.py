@@ -151,7 +151,15 @@ def command(
     logs.configure(cfg.log_level, json=False)
     slo = Slo(max_p99_ms, max_early, max_missing, max_duplicates)
 
-    from verifier import job
+    try:
+        from verifier import job
+    except ModuleNotFoundError as exc:
+        if exc.name != "pyspark":
+            raise
+        raise click.ClickException(
+            "kdelay verify needs PySpark, which is not installed: "
+            "pip install 'kdelay[verifier]' (make install does this)"
+        ) from None
 
     spark = job.spark_session(cfg)
     try:

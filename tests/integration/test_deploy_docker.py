@@ -150,8 +150,9 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 def test_dockerfile_stages_user_and_sources() -> None:
     text = (DOCKER / "Dockerfile").read_text()
     stages = _stages(text)
-    assert list(stages) == ["builder", "jars", "runtime", "verifier"]
+    assert list(stages) == ["builder", "builder-verifier", "jars", "runtime", "verifier"]
     assert stages["verifier"][0].split()[1] == "runtime"
+    assert stages["builder-verifier"][0].split()[1] == "builder"
     for target in ("runtime", "verifier"):
         users = [i.split()[1] for i in stages[target] if i.upper().startswith("USER ")]
         assert users, f"{target} sets no USER"
@@ -159,8 +160,12 @@ def test_dockerfile_stages_user_and_sources() -> None:
     runtime = " ".join(stages["runtime"])
     assert "java" not in runtime.lower()
     assert "jdk" not in runtime.lower()
+    # PySpark is the `verifier` extra: only the verifier image carries it.
+    assert "[verifier]" in " ".join(stages["builder-verifier"])
+    assert "[verifier]" not in " ".join(stages["builder"])
     verifier = " ".join(stages["verifier"])
     assert "openjdk-17" in verifier
+    assert "--from=builder-verifier" in verifier
     assert "/jvm-cache" in verifier
     jars = " ".join(stages["jars"])
     assert "deploy/jvm/settings.xml" in jars

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -118,3 +121,18 @@ def test_report_without_once_is_a_usage_error_before_spark_starts(tmp_path: Path
     result = CliRunner().invoke(command, ["--report", str(tmp_path / "r.json")])
     assert result.exit_code == 2
     assert "--report needs --once" in result.output
+
+
+def test_verify_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_pyspark(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "pyspark" or name.startswith("pyspark."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name="pyspark")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "verifier.job", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_pyspark)
+    result = CliRunner().invoke(command, ["--once", "--bootstrap-servers", "127.0.0.1:1"])
+    assert result.exit_code != 0
+    assert "pip install 'kdelay[verifier]'" in result.output
