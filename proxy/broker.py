@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,10 +27,11 @@ from kdelay import buffer, logs
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
 from proxy import protocol as p
+from proxy import records as rec
 from proxy.decompress import DecompressError, TooLargeError, decompress
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Incoming, Kind, Outgoing, route_record
+from proxy.routing import Incoming, Kind, Outgoing, has_control_header, route_record
 from proxy.upstream import TopicInfo, UpstreamError
 
 log = logs.get(__name__)
@@ -47,7 +48,7 @@ class UpstreamPort(Protocol):
 
     cluster_id: str | None
 
-    async def submit(self, records: list[Outgoing]) -> Awaitable[list[int]]: ...
+    async def submit(self, records: list[Outgoing]) -> Awaitable[int]: ...
 
     def topic(self, name: str, *, create: bool) -> TopicInfo: ...
 
@@ -284,8 +285,11 @@ class Broker:
         )
         return Reply(response, result, path)
 
-    async def _admit(self, topic: str, partition: int, raw: bytes | None) -> Any:
-        """The partition's batch when the topic exists and the batch is well-formed."""
+    async def _admit(
+        self, topic: str, partition: int, raw: bytes | None
+    ) -> tuple[Any, tuple[bytes | memoryview, ...]]:
+        """The partition's batch header (kafka-python's) and the parts of the same batch
+        uncompressed, when the topic exists and the batch is well-formed."""
         info = await self.topic_info(topic)
         if info.error_code or not 0 <= partition < info.partitions:
             raise _BatchError(
@@ -300,14 +304,14 @@ class Broker:
                 "transactional batches are not supported by the kdelay proxy",
                 batch.last_offset_delta + 1,
             )
-        return _uncompressed(data, batch, self.max_decompressed_bytes)
+        return batch, _uncompressed(data, batch, self.max_decompressed_bytes)
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
     ) -> Awaitable[PartitionResult]:
         loop = asyncio.get_running_loop()
         try:
-            batch = await self._admit(topic, partition, raw)
+            batch, parts = await self._admit(topic, partition, raw)
         except _BatchError as exc:
             self.metrics.records.labels("rejected").inc(exc.records)
             log.info("batch_rejected", topic=topic, partition=partition, error=str(exc))
@@ -342,37 +346,32 @@ class Broker:
             return entry.result
 
         try:
-            routed = _route(topic, partition, _records(batch), self.clock_ms(), self.policy)
+            routed, counts = _route(topic, partition, _records(parts), self.clock_ms(), self.policy)
         except _BatchError as exc:
             self.metrics.records.labels("rejected").inc(count)
             log.info("batch_rejected", topic=topic, partition=partition, error=str(exc))
             return settle(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
-        for r in routed:
-            kinds.add(r.kind)
+        kinds.update(k for k, n in counts.items() if n)
         acked = await self.upstream.submit(routed)
-        return loop.create_task(self._finish(routed, acked, settle))
+        return loop.create_task(self._finish(counts, acked, settle))
 
     async def _finish(
         self,
-        routed: list[Outgoing],
-        acked: Awaitable[list[int]],
+        counts: dict[Kind, int],
+        acked: Awaitable[int],
         settle: Callable[[PartitionResult], Awaitable[PartitionResult]],
     ) -> PartitionResult:
         try:
-            offsets = await acked
+            # The offset of the first record written to its own partition: the first
+            # immediate one (delayed records and cancels go to the buffer topic, partition -1).
+            base = await acked
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(p.error_name(exc.code)).inc()
             result = PartitionResult(exc.code, -1, str(exc))
         else:
-            counts = dict.fromkeys(Kind, 0)
-            for r in routed:
-                counts[r.kind] += 1
             for kind, n in counts.items():
                 if n:
                     self.metrics.records_by_kind[kind].inc(n)
-            base = next(
-                (o for r, o in zip(routed, offsets, strict=True) if r.kind is Kind.IMMEDIATE), -1
-            )
             result = PartitionResult(0, base)
         return await settle(result)
 
@@ -428,60 +427,81 @@ def _single_batch(raw: bytes) -> Any:
     return batch
 
 
-_BATCH_HEADER = DefaultRecordBatch.HEADER_STRUCT.size
 _ATTRIBUTES_LOW_BYTE = DefaultRecordBatch.ATTRIBUTES_OFFSET + 1
 _CODEC_MASK = DefaultRecordBatch.CODEC_MASK
 
 
-def _uncompressed(raw: bytes, batch: Any, limit: int) -> Any:
+def _uncompressed(raw: bytes, batch: Any, limit: int) -> tuple[bytes | memoryview, ...]:
     """``batch`` (the first and only one in ``raw``, CRC already checked) with its records
-    decompressed within ``limit`` bytes, as an uncompressed batch for kafka-python to parse.
+    decompressed within ``limit`` bytes: the parts of an uncompressed batch, header first, for
+    proxy/records.py to parse.
 
-    kafka-python would decompress without any bound (proxy/decompress.py says why not)."""
+    The record parsers would decompress without any bound (proxy/decompress.py says why not)."""
     codec = batch.compression_type
     if codec == 0:
-        return batch
+        return (memoryview(raw)[: batch.size_in_bytes],)
     try:
-        records = decompress(codec, memoryview(raw)[_BATCH_HEADER : batch.size_in_bytes], limit)
+        records = decompress(codec, memoryview(raw)[rec.HEADER_SIZE : batch.size_in_bytes], limit)
     except TooLargeError as exc:
         raise _BatchError(
             kerr.RecordListTooLargeError.errno, str(exc), batch.last_offset_delta + 1
         ) from None
     except DecompressError as exc:
         raise _BatchError(kerr.CorruptRecordError.errno, str(exc)) from None
-    header = bytearray(raw[:_BATCH_HEADER])
+    header = bytearray(raw[: rec.HEADER_SIZE])
     header[_ATTRIBUTES_LOW_BYTE] &= ~_CODEC_MASK & 0xFF
-    return DefaultRecordBatch(bytes(header) + records)
+    return (bytes(header), records)
 
 
-def _records(batch: Any) -> list[Incoming]:
-    """The records of an uncompressed batch."""
+def _records(parts: tuple[bytes | memoryview, ...]) -> list[rec.Record]:
+    """The records of an uncompressed batch (aiokafka's compiled parser, proxy/records.py)."""
     try:
-        return [
-            Incoming(r.key, r.value, r.headers, r.timestamp if r.timestamp >= 0 else None)
-            for r in batch
-        ]
-    except Exception as exc:  # noqa: BLE001 - each codec library raises its own error types
+        return list(rec.parse(*parts))
+    except Exception as exc:  # noqa: BLE001 - the parser raises several error types
         raise _BatchError(
             kerr.CorruptRecordError.errno, f"cannot decode the record batch: {exc!r}"
         ) from None
 
 
 def _route(
-    topic: str, partition: int, records: Iterable[Incoming], now_ms: int, policy: DelayPolicy
-) -> list[Outgoing]:
+    topic: str, partition: int, records: list[rec.Record], now_ms: int, policy: DelayPolicy
+) -> tuple[list[Outgoing], dict[Kind, int]]:
+    """The records to write upstream, and how many of each kind."""
     out: list[Outgoing] = []
+    append = out.append
+    immediate = Kind.IMMEDIATE
+    counts = dict.fromkeys(Kind, 0)
     to_buffer = topic == buffer.BUFFER_TOPIC
-    for i, rec in enumerate(records):
+    for i, r in enumerate(records):
+        headers = r.headers  # a new list per record: the parser's, not shared
+        if not (to_buffer or (headers and has_control_header(headers))):
+            # The common case, kept to one tuple per record: no header can be a control one.
+            ts = r.timestamp
+            append(
+                Outgoing(
+                    immediate,
+                    topic,
+                    partition,
+                    r.key,
+                    r.value,
+                    headers,
+                    ts if ts is not None and ts >= 0 else None,
+                )
+            )
+            continue
         try:
-            routed = route_record(topic, partition, rec, now_ms, policy)
+            ts = r.timestamp
+            incoming = Incoming(r.key, r.value, headers, ts if ts is not None and ts >= 0 else None)
+            routed = route_record(topic, partition, incoming, now_ms, policy)
         except InvalidHeaderError as exc:
             raise _BatchError(kerr.InvalidRecordError.errno, str(exc), index=i) from None
-        if to_buffer and routed.kind is Kind.IMMEDIATE:
+        if to_buffer and routed.kind is immediate:
             raise _BatchError(
                 kerr.InvalidRecordError.errno,
                 f"{buffer.BUFFER_TOPIC} is written by the proxy only; send kdelay headers",
                 index=i,
             )
-        out.append(routed)
-    return out
+        counts[routed.kind] += 1
+        append(routed)
+    counts[immediate] = len(out) - counts[Kind.DELAYED] - counts[Kind.CANCEL]
+    return out, counts

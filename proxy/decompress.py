@@ -1,10 +1,11 @@
 """Bounded decompression of record batches: a small compressed batch must not expand without
 limit in the proxy's memory (a "decompression bomb").
 
-kafka-python decompresses a batch's records in one call per codec (``kafka.codec``), with no
-bound on the output. The proxy decompresses here instead, for each of Kafka's four codecs, and
-stops as soon as the output would pass ``limit`` bytes: at most ``limit`` + one chunk is ever
-held. The record parsing is still kafka-python's, over the decompressed bytes.
+kafka-python and aiokafka decompress a batch's records in one call per codec, with no bound on
+the output. The proxy decompresses here instead, for each of Kafka's four codecs, and stops as
+soon as the output would pass ``limit`` bytes: at most ``limit`` + one chunk is ever held. The
+records are then parsed from the decompressed bytes (proxy/records.py), as an uncompressed
+batch.
 
 Pure functions; safe from any thread.
 """

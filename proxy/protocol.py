@@ -3,11 +3,11 @@
 The codec itself is kafka-python 3.x's: its request/response classes are generated from Kafka's
 own JSON message specs (``kafka/protocol/schemas/resources``) and both decode and encode any
 version, so the proxy uses them server-side (decode requests, encode responses). Record batches
-(magic v2) are read with ``kafka.record.MemoryRecords``; their records are decompressed
-within a size bound by proxy/decompress.py, not by kafka-python. What is written here is only
-the glue a client library has no reason to provide: the 4-byte length prefix, peeking at the
-request header's api key / version / correlation id before choosing a class, and the table of
-what the proxy advertises.
+(magic v2) are framed with ``kafka.record.MemoryRecords``, decompressed within a size bound by
+proxy/decompress.py and their records parsed by aiokafka's compiled classes (proxy/records.py).
+What is written here is only the glue a client library has no reason to provide: the 4-byte
+length prefix, peeking at the request header's api key / version / correlation id before
+choosing a class, and the table of what the proxy advertises.
 """
 
 from __future__ import annotations

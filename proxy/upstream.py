@@ -4,7 +4,10 @@ Threads: ``submit`` runs on the asyncio loop thread (librdkafka's produce is non
 thread-safe); one daemon thread ("kdelay-upstream-poll") serves librdkafka's delivery and error
 callbacks through ``poll``. A delivery callback only counts down its batch; the batch's asyncio
 future is resolved with one ``call_soon_threadsafe`` when its last record is acknowledged, so the
-loop is woken once per batch, not per record. Metadata lookups block and run in worker threads.
+loop is woken once per batch, not per record. The records of a batch share one delivery
+callback (bound once per batch, not a closure per record); only the first record written to a
+fixed partition has its own, which keeps its offset. Metadata lookups block and run in worker
+threads.
 
 Every record is written with acks=all by an idempotent producer, so a future that resolves
 without error means every record of the batch is durable upstream.
@@ -77,27 +80,30 @@ class TopicInfo:
 class _Batch:
     """Countdown of one batch's deliveries; touched by the poll thread only after produce."""
 
-    __slots__ = ("error", "failed", "future", "generation", "lock", "loop", "offsets", "remaining")
+    __slots__ = ("base", "error", "failed", "future", "generation", "lock", "loop", "remaining")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, generation: int = 0) -> None:
         self.loop = loop
-        self.future: asyncio.Future[list[int]] = loop.create_future()
-        self.offsets = [-1] * size
+        self.future: asyncio.Future[int] = loop.create_future()
+        #: Offset of the first record written to a fixed partition (-1: none, or not yet).
+        self.base = -1
         self.remaining = size
         self.error: KafkaError | None = None
         self.failed: KafkaError | None = None
         self.generation = generation
         self.lock = threading.Lock()
 
-    def callback(self, index: int) -> Callable[[KafkaError | None, Message], None]:
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self.error = err
-            else:
-                self.offsets[index] = msg.offset() or 0
-            self.countdown(1)
+    def delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        """librdkafka's delivery report of one record (poll thread)."""
+        if err is not None:
+            self.error = err
+        self.countdown(1)
 
-        return on_delivery
+    def delivered_base(self, err: KafkaError | None, msg: Message) -> None:
+        """The delivery report of the record whose offset the batch reports."""
+        if err is None:
+            self.base = msg.offset() or 0
+        self.delivered(err, msg)
 
     def countdown(self, n: int) -> None:
         # The poll thread counts deliveries; the loop thread counts records it never produced.
@@ -128,7 +134,7 @@ class _Batch:
                 UpstreamError(kafka_code(err), f"upstream Kafka: {err.str()}")
             )
         else:
-            self.future.set_result(self.offsets)
+            self.future.set_result(self.base)
 
 
 class Upstream:
@@ -222,10 +228,11 @@ class Upstream:
         while not self._stop.is_set():
             self._producer.poll(0.05)  # the current producer: replaced after a fatal error
 
-    async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[list[int]]:
-        """Hand ``records`` to librdkafka in order; the returned future yields their offsets
-        once every one is acknowledged, or raises UpstreamError (with the Kafka error code for
-        the client) when any failed.
+    async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[int]:
+        """Hand ``records`` to librdkafka in order; once every one is acknowledged the returned
+        future yields the offset of the first record with a fixed partition (``partition`` >=
+        0), or -1 when none has one; it raises UpstreamError (with the Kafka error code for the
+        client) when any failed.
 
         Returns as soon as all are queued, so a caller that awaits it before reading its next
         request keeps upstream order equal to arrival order. It waits only while librdkafka's
@@ -234,27 +241,31 @@ class Upstream:
         loop = asyncio.get_running_loop()
         batch = _Batch(loop, len(records), self.generation)
         if not records:
-            batch.future.set_result([])
+            batch.future.set_result(-1)
             return batch.future
         producer = self._producer
         with self._lock:
             self._waiting.add(batch)
         batch.future.add_done_callback(self._settled(batch))
         deadline = time.monotonic() + self.timeout_ms / 1000
+        produce = producer.produce
+        delivered = batch.delivered
+        base = next((i for i, rec in enumerate(records) if rec.partition >= 0), -1)
         for i, rec in enumerate(records):
-            kwargs: dict[str, Any] = {
-                "key": rec.key,
-                "value": rec.value,
-                "headers": rec.headers,
-                "on_delivery": batch.callback(i),
-            }
-            if rec.partition >= 0:
-                kwargs["partition"] = rec.partition
-            if rec.timestamp_ms is not None and rec.timestamp_ms >= 0:
-                kwargs["timestamp"] = rec.timestamp_ms
+            ts = rec.timestamp_ms
             while True:
                 try:
-                    producer.produce(rec.topic, **kwargs)
+                    # partition -1 is librdkafka's "unassigned" (the partitioner chooses) and
+                    # timestamp 0 its "now": the same as leaving them out.
+                    produce(
+                        rec.topic,
+                        value=rec.value,
+                        key=rec.key,
+                        partition=rec.partition,
+                        on_delivery=batch.delivered_base if i == base else delivered,
+                        timestamp=ts if ts is not None and ts > 0 else 0,
+                        headers=rec.headers or None,
+                    )
                     break
                 except BufferError:
                     if time.monotonic() > deadline:
@@ -273,14 +284,14 @@ class Upstream:
                     return batch.future
         return batch.future
 
-    def _settled(self, batch: _Batch) -> Callable[[asyncio.Future[list[int]]], None]:
-        def forget(_future: asyncio.Future[list[int]]) -> None:
+    def _settled(self, batch: _Batch) -> Callable[[asyncio.Future[int]], None]:
+        def forget(_future: asyncio.Future[int]) -> None:
             with self._lock:
                 self._waiting.discard(batch)
 
         return forget
 
-    async def send(self, records: Sequence[Outgoing]) -> list[int]:
+    async def send(self, records: Sequence[Outgoing]) -> int:
         """Submit ``records`` and wait until all are acknowledged (see ``submit``)."""
         return await (await self.submit(records))
 

@@ -33,11 +33,11 @@ class GatedUpstream:
 
     def __init__(self) -> None:
         self.submitted: list[list[Outgoing]] = []
-        self.acks: list[asyncio.Future[list[int]]] = []
+        self.acks: list[asyncio.Future[int]] = []
         self.changed = asyncio.Event()
 
-    async def submit(self, records: list[Outgoing]) -> asyncio.Future[list[int]]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    async def submit(self, records: list[Outgoing]) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.submitted.append(list(records))
         self.acks.append(future)
         self.changed.set()
@@ -47,7 +47,7 @@ class GatedUpstream:
         if error:
             self.acks[index].set_exception(UpstreamError(error, "upstream said no"))
         else:
-            self.acks[index].set_result(list(range(len(self.submitted[index]))))
+            self.acks[index].set_result(0)
 
     async def wait_submitted(self, n: int) -> None:
         async with asyncio.timeout(DEADLINE_S):

@@ -120,7 +120,25 @@ def test_batch_resolves_when_every_record_is_acknowledged(
         assert not acked.done()
         made[0].ack_all()
         async with asyncio.timeout(DEADLINE_S):
-            assert await acked == [0, 1, 2]
+            assert await acked == 0  # the first record's offset
+
+    asyncio.run(run())
+
+
+def test_batch_reports_the_offset_of_its_first_record_with_a_fixed_partition(
+    upstream: Upstream, made: list[FakeProducer]
+) -> None:
+    """Delayed records (partition -1, the buffer topic) do not count: the proxy answers with
+    the offset of the first immediate record."""
+
+    async def run() -> None:
+        delayed = Outgoing(Kind.DELAYED, "__kdelay_buffer", -1, b"id", b"v", [], None)
+        acked = await upstream.submit([delayed, *_records(2)])
+        only_delayed = await upstream.submit([delayed])
+        made[0].ack_all()
+        async with asyncio.timeout(DEADLINE_S):
+            assert await acked == 1
+            assert await only_delayed == -1
 
     asyncio.run(run())
 
@@ -143,7 +161,7 @@ def test_fatal_error_fails_waiting_batches_retriably_and_replaces_the_producer(
         fresh = await upstream.submit(_records(1))
         made[1].ack_all()
         async with asyncio.timeout(DEADLINE_S):
-            assert await fresh == [0]
+            assert await fresh == 0
         assert upstream.generation == 2
 
     asyncio.run(run())
@@ -168,7 +186,7 @@ def test_fatal_refusal_on_produce_also_replaces_the_producer(
         ok = await upstream.submit(_records(1))
         made[1].ack_all()
         async with asyncio.timeout(DEADLINE_S):
-            assert await ok == [0]
+            assert await ok == 0
 
     asyncio.run(run())
 
