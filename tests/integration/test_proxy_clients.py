@@ -18,23 +18,19 @@ from kafka import KafkaProducer
 
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.local import free_port, jvm
-from proxy import ProxyConfig, running_proxy
+from kdelay.local import jvm
+from proxy import running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.proxies import loopback_config
 
 JAVA_PRODUCER = Path(__file__).parents[1] / "support" / "java" / "ProxyProducer.java"
 
 
 @pytest.fixture(scope="module")
 def proxy(kafka: KafkaInfra) -> Iterator[Proxy]:
-    cfg = ProxyConfig(
-        listen=f"127.0.0.1:{free_port()}",
-        http_listen=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka.bootstrap_servers,
-        buffer_partitions=3,
-    )
+    cfg = loopback_config(kafka.bootstrap_servers)
     with running_proxy(cfg) as px:
         yield px
 
@@ -197,10 +193,8 @@ def test_tls_listener(kafka: KafkaInfra, tmp_path: Path) -> None:
     )  # fmt: skip
     topic = unique_topic("px-tls")
     create_topic(kafka.bootstrap_servers, topic)
-    cfg = ProxyConfig(
-        listen=f"127.0.0.1:{free_port()}",
-        http_listen=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka.bootstrap_servers,
+    cfg = loopback_config(
+        kafka.bootstrap_servers,
         tls_cert=cert,
         tls_key=key,
     )

@@ -21,8 +21,7 @@ import pytest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
 from kdelay import headers as h
-from kdelay.local import free_port
-from proxy import ProxyConfig, running_proxy
+from proxy import running_proxy
 from proxy.app import Proxy
 from proxy.testing import (
     RawClient,
@@ -33,17 +32,15 @@ from proxy.testing import (
 )
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.proxies import loopback_config
 
 MAX_REQUEST = 64 * 1024
 
 
 @pytest.fixture(scope="module")
 def proxy(kafka: KafkaInfra) -> Iterator[Proxy]:
-    cfg = ProxyConfig(
-        listen=f"127.0.0.1:{free_port()}",
-        http_listen=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka.bootstrap_servers,
-        buffer_partitions=3,
+    cfg = loopback_config(
+        kafka.bootstrap_servers,
         max_request_bytes=MAX_REQUEST,
         max_horizon_ms=24 * 3600 * 1000,
     )

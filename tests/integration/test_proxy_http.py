@@ -19,16 +19,12 @@ from proxy import ProxyConfig, running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.proxies import loopback_config
 
 
 @pytest.fixture(scope="module")
 def proxy(kafka: KafkaInfra) -> Iterator[Proxy]:
-    cfg = ProxyConfig(
-        listen=f"127.0.0.1:{free_port()}",
-        http_listen=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka.bootstrap_servers,
-        buffer_partitions=3,
-    )
+    cfg = loopback_config(kafka.bootstrap_servers)
     with running_proxy(cfg) as px:
         yield px
 
