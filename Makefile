@@ -59,10 +59,10 @@ test-e2e: install
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
-# Every JVM and service kdelay starts carries -Dkdelay.managed / KDELAY_MANAGED in its command line.
-check-leftovers:
-	@if pgrep -af 'kdelay[.]managed' ; then echo "FAIL: processes started by kdelay are still running" >&2; exit 1; fi
-	@echo "no kdelay-managed process left running"
+# Every JVM and service kdelay starts carries kdelay.managed=<owner pid> in its command line; one
+# whose owner is gone outlived its run (kdelay/local/leftovers.py).
+check-leftovers: $(STAMP)
+	@$(BIN)/python -m kdelay.local.leftovers
 
 demo: install
 	$(BIN)/python -m kdelay.demo
