@@ -67,8 +67,10 @@ check-leftovers: $(STAMP)
 demo: install
 	$(BIN)/python -m kdelay.demo
 
+# Not part of `make test`: each starts its own servers and prints ratios against plain Kafka.
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench.proxy
+	$(BIN)/python -m bench.delay_service
 
 clean:
 	rm -rf $(VENV) .cache .kdelay .mypy_cache .ruff_cache .pytest_cache
