@@ -2,7 +2,8 @@
 
 Then every dashboard panel query returns data through Prometheus' HTTP API, and
 `promtool check metrics` accepts every component's /metrics. Loopback only; every wait is a
-condition with a deadline. The verifier's panels are left out: `kdelay up` runs no verifier.
+condition with a deadline. `kdelay up` runs no verifier, so a continuous `kdelay verify` is
+started beside it and scraped too: every panel, the verifier's included, must return data.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from tests.support.deploy_tools import (
     Tools,
     dashboard_exprs,
     ensure_tools,
-    metrics_in,
     run,
 )
 
@@ -156,6 +156,52 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert not served or code == 0, "kdelay up did not stop cleanly:\n" + "\n".join(output[-40:])
 
 
+@pytest.fixture(scope="module")
+def verifier_metrics(live_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A continuous `kdelay verify` over the live stack's topics; yields its /metrics host:port."""
+    base = tmp_path_factory.mktemp("verifier")
+    port = _free_port()
+    log = (base / "verify.log").open("w")
+    process = subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "kdelay"),
+            "verify",
+            "--bootstrap-servers",
+            live_stack.state["kafka"],
+            "--topics",
+            "deploy-live",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
+            "--output-topic",
+            "",
+            "--no-console",
+            "--output-dir",
+            str(base / "out"),
+            "--checkpoint-dir",
+            str(base / "checkpoint"),
+            "--trigger",
+            "1s",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(
+            "the verifier's /metrics",
+            lambda: process.poll() is None and _http_ok(f"http://127.0.0.1:{port}/metrics"),
+            timeout=180,
+        )
+        yield f"127.0.0.1:{port}"
+    finally:
+        code = _stop(process, timeout=60)
+        log.close()
+    assert code == 0, (base / "verify.log").read_text()[-3000:]
+
+
 @dataclass
 class Prometheus:
     url: str
@@ -170,7 +216,10 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def prometheus(
-    tools: Tools, live_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+    tools: Tools,
+    live_stack: Stack,
+    verifier_metrics: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Prometheus]:
     base = tmp_path_factory.mktemp("prometheus")
     config = {
@@ -178,7 +227,10 @@ def prometheus(
         "rule_files": [str(ROOT / "deploy" / "prometheus" / "rules.yml")],
         "scrape_configs": [
             {"job_name": job, "static_configs": [{"targets": targets}]}
-            for job, targets in live_stack.targets.items()
+            for job, targets in {
+                **live_stack.targets,
+                "kdelay-verifier": [verifier_metrics],
+            }.items()
         ],
     }
     (base / "prometheus.yml").write_text(json.dumps(config))
@@ -243,14 +295,12 @@ def _produce_load(stack: Stack) -> None:
 
 
 def _panel_queries() -> list[tuple[str, str, str]]:
-    """(dashboard, panel, expr) for every non-verifier panel target."""
+    """(dashboard, panel, expr) for every panel target, the verifier's included."""
     out = []
     for path in sorted((ROOT / "deploy" / "grafana").glob("*.json")):
         for title, expr in dashboard_exprs(path):
-            used = metrics_in(expr)
-            if used and all(m.startswith("kdelay_verifier_") for m in used):
-                continue
             out.append((path.stem, title, expr.replace("$__rate_interval", RATE_WINDOW)))
+    assert any("kdelay_verifier_" in e for _, _, e in out)
     return out
 
 
@@ -277,8 +327,10 @@ def test_every_dashboard_query_returns_data(live_stack: Stack, prometheus: Prome
     assert not empty
 
 
-def test_promtool_accepts_every_metrics_endpoint(tools: Tools, live_stack: Stack) -> None:
-    for url in live_stack.metrics_urls():
+def test_promtool_accepts_every_metrics_endpoint(
+    tools: Tools, live_stack: Stack, verifier_metrics: str
+) -> None:
+    for url in [*live_stack.metrics_urls(), f"http://{verifier_metrics}/metrics"]:
         body = _http_get(url)
         assert "kdelay_" in body, url
         result = run([tools.promtool, "check", "metrics"], stdin=body)
