@@ -115,7 +115,8 @@ def test_expired_session_master_stops_before_a_new_master_starts(
     ]
     assert stopped, "the old master never stopped forwarding"
     assert started
-    assert min(stopped) <= max(started), (stopped, started)
+    # The deposed master stopped before the new one first forwarded (log clocks: one machine).
+    assert min(stopped) <= min(started), (stopped, started)
     assert set(delivered_ids(records)) == {m.id for m in messages}
     assert_not_early(records)
 
