@@ -62,6 +62,10 @@ def java_executable() -> str:
     """``$JAVA_HOME/bin/java`` or ``java`` on PATH, checked to be Java 17 or newer."""
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if home and not Path(str(java)).exists():
+        raise InfrastructureError(
+            f"JAVA_HOME={home} has no bin/java; point it at a Java {MIN_JAVA}+ JDK or unset it"
+        )
     if not java or not Path(java).exists():
         raise InfrastructureError(
             f"Java {MIN_JAVA}+ is required but no java was found (install a JDK, e.g. "

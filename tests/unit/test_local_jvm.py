@@ -39,3 +39,44 @@ def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     with pytest.raises(InfrastructureError, match=r"Maven is required.*'mvn' is not on PATH"):
         jvm.jars("kafka")
+
+
+def _fake_java(tmp_path: Path, version_line: str) -> Path:
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    java.chmod(0o755)
+    return home
+
+
+def test_an_old_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "JAVA_HOME", str(_fake_java(tmp_path, 'openjdk version "11.0.22" 2024-01-16'))
+    )
+    jvm.java_executable.cache_clear()
+    try:
+        with pytest.raises(InfrastructureError, match=r"Java 17\+ is required, .* is Java 11"):
+            jvm.java_executable()
+    finally:
+        jvm.java_executable.cache_clear()
+
+
+def test_java_8_version_strings_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(_fake_java(tmp_path, 'java version "1.8.0_392"')))
+    jvm.java_executable.cache_clear()
+    try:
+        with pytest.raises(InfrastructureError, match="is Java 8 "):
+            jvm.java_executable()
+    finally:
+        jvm.java_executable.cache_clear()
+
+
+def test_missing_java_names_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
+    jvm.java_executable.cache_clear()
+    try:
+        with pytest.raises(InfrastructureError, match=r"JAVA_HOME=.*no-such-jdk has no bin/java"):
+            jvm.java_executable()
+    finally:
+        jvm.java_executable.cache_clear()
