@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import infra
+from tests.support.deploy_tools import Tools, ensure_tools
 
 _TIERS = ("unit", "integration", "e2e")
 
@@ -48,6 +49,13 @@ def zookeeper(infra_dir: Path) -> Iterator[infra.ZooKeeperInfra]:
     """A standalone ZooKeeper (tickTime 500 ms: session timeouts from 1 s)."""
     with infra.zookeeper(infra_dir) as z:
         yield z
+
+
+@pytest.fixture(scope="session")
+def tools(pytestconfig: pytest.Config) -> Tools:
+    """helm, kubeconform, promtool, prometheus, hadolint: installed once per session by
+    deploy/tools/install.sh (pinned, cached in .cache/tools); skips, naming why, if impossible."""
+    return ensure_tools(pytestconfig)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -17,15 +17,8 @@ import yaml
 from tests.support.deploy_tools import (
     ROOT,
     Tools,
-    ensure_tools,
     run,
 )
-
-
-@pytest.fixture(scope="module")
-def tools(pytestconfig: pytest.Config) -> Tools:
-    return ensure_tools(pytestconfig)
-
 
 DOCKER = ROOT / "deploy" / "docker"
 COMPOSE = DOCKER / "compose.yaml"

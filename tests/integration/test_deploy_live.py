@@ -27,15 +27,8 @@ from tests.support.deploy_tools import (
     ROOT,
     Tools,
     dashboard_exprs,
-    ensure_tools,
     run,
 )
-
-
-@pytest.fixture(scope="module")
-def tools(pytestconfig: pytest.Config) -> Tools:
-    return ensure_tools(pytestconfig)
-
 
 MESSAGES = 300
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval

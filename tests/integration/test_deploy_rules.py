@@ -5,20 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from tests.support.deploy_tools import (
     ROOT,
     Tools,
-    ensure_tools,
     run,
 )
-
-
-@pytest.fixture(scope="module")
-def tools(pytestconfig: pytest.Config) -> Tools:
-    return ensure_tools(pytestconfig)
-
 
 PROM = ROOT / "deploy" / "prometheus"
 

@@ -87,12 +87,6 @@ def ensure_tools(config: pytest.Config) -> Tools:
     return _tools()
 
 
-@pytest.fixture(scope="session")
-def deploy_tools_session(pytestconfig: pytest.Config) -> Tools:
-    """Session fixture for a conftest that registers this module as a plugin."""
-    return ensure_tools(pytestconfig)
-
-
 # ---- helm ---------------------------------------------------------------------------------------
 
 

@@ -16,17 +16,10 @@ from tests.support.deploy_tools import (
     CHART,
     K8S_VERSIONS,
     Tools,
-    ensure_tools,
     helm_template_text,
     kubeconform,
     run,
 )
-
-
-@pytest.fixture(scope="module")
-def tools(pytestconfig: pytest.Config) -> Tools:
-    return ensure_tools(pytestconfig)
-
 
 SCENARIOS = [None, *sorted((CHART / "ci").glob("*.yaml"))]
 

@@ -14,18 +14,11 @@ import pytest
 from tests.support.deploy_tools import (
     CHART,
     Tools,
-    ensure_tools,
     find,
     helm_template,
     helm_template_text,
     one,
 )
-
-
-@pytest.fixture(scope="module")
-def tools(pytestconfig: pytest.Config) -> Tools:
-    return ensure_tools(pytestconfig)
-
 
 CI = CHART / "ci"
 
