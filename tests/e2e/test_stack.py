@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import time
 import urllib.request
@@ -28,6 +27,7 @@ from kdelay import headers as h
 from kdelay.local.process import MARKER, ManagedProcess, python_argv, wait_until
 from tests.support import oracle
 from tests.support.kafka_helpers import HeaderList, create_topic, produce_all, unique_topic
+from tests.support.up import kdelay_up
 
 GRACE_MS = 3000
 
@@ -63,40 +63,12 @@ def _pids_with_marker(owner: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    work = tmp_path_factory.mktemp("up")
-    state_file = work / "up.json"
-    proc = ManagedProcess(
-        "kdelay-up",
-        python_argv(
-            "up",
-            "--replicas",
-            "3",
-            "--data-dir",
-            str(work / "data"),
-            "--state-file",
-            str(state_file),
-        ),
-        work / "up.log",
-    )
-    proc.start()
-    try:
-        wait_until(
-            lambda: state_file.exists() and "kdelay ready" in proc.log_path.read_text(),
-            timeout=300,
-            what="`kdelay up` to print 'kdelay ready'",
-            proc=proc,
-            interval=0.2,
-        )
-        yield Up(json.loads(state_file.read_text()), proc, work)
-    finally:
-        proc.signal(signal.SIGTERM)
-        wait_until(lambda: not proc.alive(), timeout=120, what="`kdelay up` to exit on SIGTERM")
-        rc = proc.returncode()
-        proc.stop()
+    with kdelay_up(tmp_path_factory.mktemp("up"), "--replicas", "3") as running:
+        yield Up(running.state, running.process, running.workdir)
     # CONTRACT.md: SIGTERM stops every child; nothing is left running; the state file goes.
-    assert rc == 0, proc.log_tail()
-    assert _pids_with_marker(proc.pid) == []
-    assert not state_file.exists()
+    assert running.exit_code == 0, running.process.log_tail()
+    assert _pids_with_marker(running.process.pid) == []
+    assert not running.state_file.exists()
 
 
 def test_state_file_follows_the_contract(up: Up) -> None:

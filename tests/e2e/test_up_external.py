@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import signal
 import time
 
 import pytest
@@ -12,46 +10,28 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from kdelay import headers as h
-from kdelay.local.process import ManagedProcess, python_argv, wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.up import kdelay_up
 
 
 def test_up_with_external_servers_delivers_and_leaves_them_running(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    work = tmp_path_factory.mktemp("up-external")
-    state_file = work / "up.json"
-    up = ManagedProcess(
-        "kdelay-up-external",
-        python_argv(
-            "up",
-            "--replicas",
-            "1",
-            "--bootstrap-servers",
-            kafka.bootstrap_servers,
-            "--zk-connect",
-            zookeeper.connect,
-            "--data-dir",
-            str(work / "data"),
-            "--state-file",
-            str(state_file),
-        ),
-        work / "up.log",
-    )
-    up.start()
-    try:
-        wait_until(
-            lambda: state_file.exists() and "kdelay ready" in up.log_path.read_text(),
-            timeout=180,
-            what="`kdelay up` (external servers) to be ready",
-            proc=up,
-        )
-        state = json.loads(state_file.read_text())
+    with kdelay_up(
+        tmp_path_factory.mktemp("up-external"),
+        "--replicas",
+        "1",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--zk-connect",
+        zookeeper.connect,
+    ) as up:
+        state = up.state
         assert state["kafka"] == kafka.bootstrap_servers
         assert state["zookeeper"] == zookeeper.connect
-        assert "starting Kafka" not in up.log_path.read_text()
-        assert "starting ZooKeeper" not in up.log_path.read_text()
+        assert "starting Kafka" not in up.log
+        assert "starting ZooKeeper" not in up.log
 
         topic = unique_topic("up-ext")
         create_topic(kafka.bootstrap_servers, topic, partitions=2)
@@ -65,12 +45,7 @@ def test_up_with_external_servers_delivers_and_leaves_them_running(
         assert (record.partition, record.key, record.value) == (1, b"k", b"later")
         assert record.header(h.ID) == b"ext-1"
         assert record.timestamp_ms >= sent_ms + 300
-    finally:
-        up.signal(signal.SIGTERM)
-        wait_until(lambda: not up.alive(), timeout=120, what="`kdelay up` to exit")
-        code = up.returncode()
-        up.stop()
-    assert code == 0, up.log_tail()
+    assert up.exit_code == 0, up.process.log_tail()
     # The servers kdelay up did not start are still there.
     assert AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
     zk = KazooClient(hosts=zookeeper.connect)
