@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
-from kdelay import headers as h
+from tests.support import oracle
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
 from verifier.cli import verify_once
@@ -147,44 +146,14 @@ class Scenario:
 
 
 def independent_report(sc: Scenario, end_ms: int) -> dict[str, Any]:
-    """The report, computed here from what the topics hold (not from what the test wrote)."""
-    buf = consume_until(sc.bootstrap, [sc.buffer_topic], lambda r: len(r) >= sc.buffer_records)
-    out = consume_until(sc.bootstrap, sc.targets, lambda r: len(r) >= sc.delivered_records)
-    due: dict[str, int] = {}
-    cancelled: set[str] = set()
-    for rec in buf:
-        parsed = buffer.decode(rec.key, rec.value, list(rec.headers))
-        if isinstance(parsed, buffer.Scheduled):
-            due[parsed.id] = parsed.deliver_at_ms
-        elif isinstance(parsed, buffer.Cancel):
-            cancelled.add(parsed.id)
-    times: dict[str, list[int]] = {}
-    for rec in out:
-        raw_id = rec.header(h.ID)
-        assert raw_id is not None
-        times.setdefault(raw_id.decode(), []).append(rec.timestamp_ms)
-    delivered = [i for i in due if i in times]
-    missing = [
-        i for i in due if i not in times and i not in cancelled and due[i] + GRACE_MS < end_ms
-    ]
-    lateness = [min(times[i]) - due[i] for i in delivered]
-
-    def pct(q: float) -> float:
-        return float(np.percentile(lateness, q)) if lateness else 0.0
-
-    return {
-        "scheduled": len(delivered) + len(missing),
-        "delivered": len(delivered),
-        "missing": len(missing),
-        "duplicates": sum(len(times[i]) - 1 for i in delivered),
-        "early": sum(1 for i in delivered for t in times[i] if t < due[i]),
-        "lateness_ms": {
-            "p50": pct(50),
-            "p95": pct(95),
-            "p99": pct(99),
-            "max": float(max(lateness)) if lateness else 0.0,
-        },
-    }
+    """The report, computed from what the topics hold (not from what the test wrote) by the
+    project's independent oracle, which shares no code with verifier/."""
+    truth = oracle.compute(
+        sc.bootstrap, sc.targets, end_ms=end_ms, grace_ms=GRACE_MS, buffer_topic=sc.buffer_topic
+    )
+    # Every record the scenario delivered was read back and matched to a scheduled message.
+    assert sum(len(t) for t in truth.deliveries.values()) == sc.delivered_records
+    return truth.report
 
 
 def assert_same_report(got: dict[str, Any], want: dict[str, Any]) -> None:
