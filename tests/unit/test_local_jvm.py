@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,33 +51,33 @@ def _fake_java(tmp_path: Path, version_line: str) -> Path:
     return home
 
 
+@pytest.fixture
+def fresh_java_lookup() -> Iterator[None]:
+    """java_executable() is cached per process; these tests need it to look again, and the
+    tests after them need it to forget the fake."""
+    jvm.java_executable.cache_clear()
+    yield
+    jvm.java_executable.cache_clear()
+
+
+@pytest.mark.usefixtures("fresh_java_lookup")
 def test_an_old_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(
         "JAVA_HOME", str(_fake_java(tmp_path, 'openjdk version "11.0.22" 2024-01-16'))
     )
-    jvm.java_executable.cache_clear()
-    try:
-        with pytest.raises(InfrastructureError, match=r"Java 17\+ is required, .* is Java 11"):
-            jvm.java_executable()
-    finally:
-        jvm.java_executable.cache_clear()
+    with pytest.raises(InfrastructureError, match=r"Java 17\+ is required, .* is Java 11"):
+        jvm.java_executable()
 
 
+@pytest.mark.usefixtures("fresh_java_lookup")
 def test_java_8_version_strings_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(_fake_java(tmp_path, 'java version "1.8.0_392"')))
-    jvm.java_executable.cache_clear()
-    try:
-        with pytest.raises(InfrastructureError, match="is Java 8 "):
-            jvm.java_executable()
-    finally:
-        jvm.java_executable.cache_clear()
+    with pytest.raises(InfrastructureError, match="is Java 8 "):
+        jvm.java_executable()
 
 
+@pytest.mark.usefixtures("fresh_java_lookup")
 def test_missing_java_names_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
-    jvm.java_executable.cache_clear()
-    try:
-        with pytest.raises(InfrastructureError, match=r"JAVA_HOME=.*no-such-jdk has no bin/java"):
-            jvm.java_executable()
-    finally:
-        jvm.java_executable.cache_clear()
+    with pytest.raises(InfrastructureError, match=r"JAVA_HOME=.*no-such-jdk has no bin/java"):
+        jvm.java_executable()
