@@ -36,6 +36,8 @@ from kdelay.errors import BufferFormatError
 log = logs.get(__name__)
 
 _BATCH = 2000
+#: Seconds before a metadata check that left partitions unassigned is retried.
+_RETRY_S = 0.5
 
 
 def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
@@ -64,6 +66,7 @@ class Ingest:
         self._lag = 0
         self._targets: dict[int, int] = {}  # catch-up target per partition
         self._partitions: set[int] = set()
+        self._unassigned = 0  # partitions in the metadata not assigned yet (retried)
         self._positions: dict[int, int] = {}
 
     def lag(self) -> int:
@@ -103,29 +106,49 @@ class Ingest:
             }
         )
 
-    def _assign_new(self, consumer: Consumer) -> None:
+    def _assign_new(self, consumer: Consumer) -> bool:
+        """Assign buffer partitions not assigned yet; False when some must be retried."""
         meta = consumer.list_topics(self._cfg.buffer_topic, timeout=10)
         topic = meta.topics.get(self._cfg.buffer_topic)
         if topic is None or topic.error is not None:
             log.warning("buffer topic metadata unavailable", error=str(topic and topic.error))
-            return
+            return False
         new = sorted(set(topic.partitions) - self._partitions)
         if not new:
-            return
-        stored = self._store.offsets()
-        tps = [
-            TopicPartition(self._cfg.buffer_topic, p, stored.get(p, OFFSET_BEGINNING)) for p in new
-        ]
-        consumer.incremental_assign(tps)
+            return True
+        # The catch-up target of a partition is read *before* it is assigned: a partition
+        # whose leader is not known yet (a topic created a moment ago) is simply left for
+        # the next check. Assigning first would make that retry a _CONFLICT, forever.
+        ready: list[int] = []
         for p in new:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(self._cfg.buffer_topic, p), timeout=10, cached=False
-            )
             if not self.caught_up.is_set():
+                try:
+                    _, high = consumer.get_watermark_offsets(
+                        TopicPartition(self._cfg.buffer_topic, p), timeout=10, cached=False
+                    )
+                except KafkaException as exc:
+                    log.info("buffer partition not ready; retrying", partition=p, error=str(exc))
+                    continue
                 self._targets[p] = high
-        self._partitions.update(new)
+            ready.append(p)
+        if ready:
+            self._assign(consumer, ready)
+        self._unassigned = len(new) - len(ready)
+        return self._unassigned == 0
+
+    def _assign(self, consumer: Consumer, ready: list[int]) -> None:
+        stored = self._store.offsets()
+        consumer.incremental_assign(
+            [
+                TopicPartition(self._cfg.buffer_topic, p, stored.get(p, OFFSET_BEGINNING))
+                for p in ready
+            ]
+        )
+        self._partitions.update(ready)
         log.info(
-            "buffer partitions assigned", partitions=new, resume={p: stored.get(p) for p in new}
+            "buffer partitions assigned",
+            partitions=ready,
+            resume={p: stored.get(p) for p in ready},
         )
 
     def _refresh_lag(self, consumer: Consumer) -> None:
@@ -142,7 +165,7 @@ class Ingest:
         self._metrics.buffer_lag.set(total)
 
     def _check_caught_up(self, consumer: Consumer) -> None:
-        if self.caught_up.is_set() or not self._partitions:
+        if self.caught_up.is_set() or not self._partitions or self._unassigned:
             return
         stored = self._store.offsets()
         for tp in consumer.position(
@@ -169,10 +192,12 @@ class Ingest:
                 now = time.monotonic()
                 if now >= next_meta:
                     try:
-                        self._assign_new(consumer)
+                        complete = self._assign_new(consumer)
                     except KafkaException as exc:
                         log.warning("buffer metadata check failed", error=str(exc))
-                    next_meta = now + self._cfg.metadata_interval_ms / 1000
+                        complete = False
+                    interval = self._cfg.metadata_interval_ms / 1000
+                    next_meta = now + (interval if complete else min(interval, _RETRY_S))
                 messages = consumer.consume(_BATCH, timeout=0.1)
                 if messages:
                     self._apply(messages)

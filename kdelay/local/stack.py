@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kdelay.errors import InfrastructureError
 from kdelay.local import jvm
 from kdelay.local.kafka import KafkaSettings, LocalKafka
 from kdelay.local.process import ManagedProcess, free_port, python_argv, wait_until
@@ -165,12 +166,19 @@ class LocalStack:
                 interval=0.2,
                 proc=replica.process,
             )
-        wait_until(
-            lambda: self.master() is not None,
-            timeout=timeout,
-            what="a delay-service master",
-            interval=0.2,
-        )
+        try:
+            wait_until(
+                lambda: self.master() is not None,
+                timeout=timeout,
+                what="a delay-service master",
+                interval=0.2,
+            )
+        except InfrastructureError as exc:
+            tails = "\n".join(
+                f"--- {r.name} ({r.process.log_path}):\n{r.process.log_tail(15)}"
+                for r in self.replicas
+            )
+            raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
 
     def master(self) -> str | None:
         """The replica whose metrics say it is master, if any."""
