@@ -6,6 +6,7 @@ tests/e2e -> e2e. When a test fails, the servers' log tails are printed with its
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -25,6 +26,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, tier))
 
 
+def _collect_dropped_clients() -> None:
+    """Let clients that tests dropped inside reference cycles close while Kafka still runs;
+    otherwise librdkafka logs 'Connection refused' from them after the broker has stopped."""
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def infra_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("infra")
@@ -35,6 +42,7 @@ def kafka(infra_dir: Path) -> Iterator[infra.KafkaInfra]:
     """A single-broker Kafka (KRaft), auto-create on, 1 partition by default."""
     with infra.kafka(infra_dir, nodes=1) as k:
         yield k
+        _collect_dropped_clients()
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +50,7 @@ def kafka_cluster(infra_dir: Path) -> Iterator[infra.KafkaInfra]:
     """A 3-broker Kafka on loopback, for failure tests."""
     with infra.kafka(infra_dir, nodes=3) as k:
         yield k
+        _collect_dropped_clients()
 
 
 @pytest.fixture(scope="session")
