@@ -14,7 +14,9 @@ def configure(level: str = "INFO", *, json: bool = True) -> None:
     if numeric is None:
         raise ValueError(f"log level {level!r} is not one of DEBUG, INFO, WARNING, ERROR")
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
