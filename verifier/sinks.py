@@ -91,5 +91,9 @@ class Sinks:
             self._errors.clear()
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(10)
+        """Deliver what is queued (up to 10 s) and close the Kafka client: Spark may keep this
+        object alive after the query stops, and an open client would keep reconnecting."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(10)
+            producer.close()
