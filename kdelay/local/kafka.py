@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay.errors import InfrastructureError
 from kdelay.local import jvm
-from kdelay.local.process import ManagedProcess, free_port, java_argv, wait_until
+from kdelay.local.process import ManagedProcess, free_port, java_argv, log_tails, wait_until
 
 HOST = "127.0.0.1"
 
@@ -213,11 +213,7 @@ class LocalKafka:
             self.stop_node(i)
 
     def log_tails(self) -> str:
-        return "\n".join(
-            f"--- {n.process.name} ({n.process.log_path})\n{n.process.log_tail()}"
-            for n in self.nodes
-            if n.process is not None
-        )
+        return log_tails(n.process for n in self.nodes if n.process is not None)
 
     def __enter__(self) -> LocalKafka:
         return self.start()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -145,6 +145,11 @@ class ManagedProcess:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def log_tails(procs: Iterable[ManagedProcess], lines: int = 60) -> str:
+    """The last ``lines`` of each process's log, each under a ``--- name (path)`` line."""
+    return "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(lines)}" for p in procs)
 
 
 def wait_until(

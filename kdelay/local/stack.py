@@ -20,7 +20,13 @@ from pathlib import Path
 from kdelay.errors import InfrastructureError
 from kdelay.local import jvm
 from kdelay.local.kafka import KafkaSettings, LocalKafka
-from kdelay.local.process import ManagedProcess, free_port, python_argv, wait_until
+from kdelay.local.process import (
+    ManagedProcess,
+    free_port,
+    log_tails,
+    python_argv,
+    wait_until,
+)
 from kdelay.local.zookeeper import LocalZooKeeper
 
 HOST = "127.0.0.1"
@@ -174,10 +180,7 @@ class LocalStack:
                 interval=0.2,
             )
         except InfrastructureError as exc:
-            tails = "\n".join(
-                f"--- {r.name} ({r.process.log_path}):\n{r.process.log_tail(15)}"
-                for r in self.replicas
-            )
+            tails = log_tails((r.process for r in self.replicas), lines=15)
             raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
 
     def master(self) -> str | None:
