@@ -94,20 +94,14 @@ class Scenario:
 
     def schedule(self, msg_id: str, due_ms: int, topic: str, written_ms: int) -> buffer.Scheduled:
         s = buffer.Scheduled(msg_id, topic, -1, None, b"v", due_ms)
-        enc = buffer.encode(s)
-        self.producer.produce(
-            self.buffer_topic,
-            enc.value,
-            enc.key,
-            headers=_headers(enc.headers),
-            timestamp=written_ms,
-            on_delivery=self._on_delivery,
-        )
-        self.buffer_records += 1
+        self._write_buffer(s, written_ms)
         return s
 
     def cancel(self, msg_id: str, written_ms: int) -> None:
-        enc = buffer.encode(buffer.Cancel(msg_id))
+        self._write_buffer(buffer.Cancel(msg_id), written_ms)
+
+    def _write_buffer(self, record: buffer.Scheduled | buffer.Cancel, written_ms: int) -> None:
+        enc = buffer.encode(record)
         self.producer.produce(
             self.buffer_topic,
             enc.value,

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import kafka.errors as kerr
@@ -184,6 +184,19 @@ def _produce(broker: Broker, batch: bytes) -> Any:
     return broker.handle(p.decode_request(bytes(req.encode(header=True))))
 
 
+def _idempotent_producer() -> tuple[GatedUpstream, Broker, Callable[[int, bytes], bytes]]:
+    """A broker over a gated upstream, and a one-record batch maker for one idempotent
+    producer of it: ``batch(base_sequence, value)``."""
+    upstream = GatedUpstream()
+    broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
+    pid, epoch = broker.producers.init_producer()
+
+    def batch(seq: int, value: bytes) -> bytes:
+        return record_batch([(b"k", value, [])], producer_id=pid, epoch=epoch, base_sequence=seq)
+
+    return upstream, broker, batch
+
+
 def _error_of(reply: Any) -> int:
     return int(reply.response.responses[0].partition_responses[0].error_code)
 
@@ -193,15 +206,7 @@ def test_retry_of_a_failed_batch_behind_a_later_one_is_written_once() -> None:
     the retry of B1 is written again (not refused forever), B2's retry is not written twice."""
 
     async def run() -> None:
-        upstream = GatedUpstream()
-        broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
-        pid, epoch = broker.producers.init_producer()
-
-        def batch(seq: int, value: bytes) -> bytes:
-            return record_batch(
-                [(b"k", value, [])], producer_id=pid, epoch=epoch, base_sequence=seq
-            )
-
+        upstream, broker, batch = _idempotent_producer()
         b1 = await _produce(broker, batch(0, b"one"))
         b2 = await _produce(broker, batch(1, b"two"))
         upstream.ack(0, error=kerr.RequestTimedOutError.errno)
@@ -226,15 +231,7 @@ def test_retry_of_a_failed_batch_behind_a_later_one_is_written_once() -> None:
 
 def test_retries_after_two_failures_are_accepted_in_order() -> None:
     async def run() -> None:
-        upstream = GatedUpstream()
-        broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
-        pid, epoch = broker.producers.init_producer()
-
-        def batch(seq: int, value: bytes) -> bytes:
-            return record_batch(
-                [(b"k", value, [])], producer_id=pid, epoch=epoch, base_sequence=seq
-            )
-
+        upstream, broker, batch = _idempotent_producer()
         b1 = await _produce(broker, batch(0, b"one"))
         b2 = await _produce(broker, batch(1, b"two"))
         upstream.ack(0, error=kerr.KafkaStorageError.errno)
