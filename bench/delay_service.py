@@ -16,7 +16,9 @@ Figures depend on the machine; the baseline shows what the same machine does wit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -29,28 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from kazoo.client import KazooClient
 
 from kdelay.buffer import Scheduled, encode
 from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
+from kdelay.local.kafka_tools import create_topic
+from kdelay.local.replica import ReplicaSpec
+from kdelay.stats import percentile
 from zk import Paths, cluster_status
 
 KDELAY = str(Path(sys.executable).with_name("kdelay"))
 PARTITIONS = 4
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def create(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+#: Percentiles of the kdelay-wide definition; nan (not 0) when a run delivered nothing.
+pct = functools.partial(percentile, empty=math.nan)
 
 
 def producer(bootstrap: str) -> Producer:
@@ -174,13 +169,19 @@ class Replicas:
         self.client.start(15)
 
     def start(self, name: str) -> ManagedProcess:
-        argv = [
-            KDELAY, "delay-service", "--name", name, "--bootstrap-servers", self.bootstrap,
-            "--zk-connect", self.zk, "--zk-root", self.root, "--buffer-topic", self.buffer,
-            "--buffer-partitions", str(PARTITIONS), "--data-dir", str(self.base / name),
-            "--zk-session-timeout", "4", "--status-interval-ms", "200", "--log-level", "WARNING",
-        ]  # fmt: skip
-        proc = ManagedProcess(f"bench {name}", argv, self.base / f"{name}.log")
+        spec = ReplicaSpec(
+            name,
+            self.bootstrap,
+            self.zk,
+            self.base / name,
+            zk_root=self.root,
+            zk_session_timeout=4,
+            buffer_topic=self.buffer,
+            buffer_partitions=PARTITIONS,
+            status_interval_ms=200,
+            log_level="WARNING",
+        )
+        proc = ManagedProcess(f"bench {name}", [KDELAY, *spec.args()], self.base / f"{name}.log")
         proc.start()
         self.procs[name] = proc
         return proc
@@ -253,7 +254,7 @@ class Reader:
 
 def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
     topic = f"bench-base-{uuid.uuid4().hex[:8]}"
-    create(bootstrap, topic)
+    create_topic(bootstrap, topic, PARTITIONS)
     p = producer(bootstrap)
     reader = Reader(bootstrap, topic, int(rate * seconds), timeout=seconds + 60)
     paced(
@@ -267,7 +268,7 @@ def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
 
 def delayed(rs: Replicas, rate: int, seconds: float, delay_ms: int = 1000) -> Lateness:
     topic = f"bench-target-{uuid.uuid4().hex[:8]}"
-    create(rs.bootstrap, topic)
+    create_topic(rs.bootstrap, topic, PARTITIONS)
     p = producer(rs.bootstrap)
 
     def make(i: int) -> None:
@@ -335,10 +336,10 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
     rs = Replicas(base / "big", bs, zk, 1)
     try:
         # Ingest rate: a fresh replica reads a pre-filled buffer topic.
-        create(bs, rs.buffer)
+        create_topic(bs, rs.buffer, PARTITIONS)
         far = int(time.time() * 1000) + 30 * 24 * 3600 * 1000
         target = f"bench-big-{uuid.uuid4().hex[:8]}"
-        create(bs, target)
+        create_topic(bs, target, PARTITIONS)
         t0 = time.monotonic()
         produce_buffer(bs, rs.buffer, (
             Scheduled(f"p{i}", target, i % PARTITIONS, None, b"x" * 100, far + i)
@@ -372,7 +373,7 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
         # Forward rate: a burst all due at the same moment.
         due = int(time.time() * 1000) + 5_000
         burst_topic = f"bench-burst-{uuid.uuid4().hex[:8]}"
-        create(bs, burst_topic)
+        create_topic(bs, burst_topic, PARTITIONS)
         produce_buffer(bs, rs.buffer, (
             Scheduled(f"b{i}", burst_topic, i % PARTITIONS, None, b"v", due)
             for i in range(args.burst)
@@ -383,7 +384,7 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
         # Restart with the big pending set: time from process start to the first delivery.
         rs.procs["r1"].stop(grace=60)
         first = f"bench-first-{uuid.uuid4().hex[:8]}"
-        create(bs, first)
+        create_topic(bs, first, PARTITIONS)
         produce_buffer(bs, rs.buffer, [Scheduled("first", first, 0, None, b"v", 0)])
         t0 = time.monotonic()
         rs.start("r1")

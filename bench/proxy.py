@@ -11,9 +11,9 @@ and 1 KB values; and the p99 added at a fixed 10k msg/s. Prints a Markdown table
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,8 +26,10 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import headers as h
-from kdelay.local import LocalKafka, free_port, jvm
-from tests.support.kafka_helpers import create_topic, unique_topic
+from kdelay import jars
+from kdelay.local import LocalKafka, free_port
+from kdelay.local.kafka_tools import create_topic, unique_topic
+from kdelay.stats import percentile
 
 
 @dataclass
@@ -43,13 +45,6 @@ class Result:
 
 def _result(client: str, path: str, kind: str, size: int, r: tuple[float, float, float]) -> Result:
     return Result(client, path, kind, size, r[0], r[1], r[2])
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def confluent_run(
@@ -99,7 +94,8 @@ def confluent_run(
     elapsed = time.perf_counter() - began
     if errors:
         raise RuntimeError(f"{len(errors)} delivery errors, first: {errors[0]}")
-    return n / elapsed, statistics.median(latencies), _pct(latencies, 0.99)
+    p50, p99 = (percentile(latencies, q, empty=math.nan) for q in (0.5, 0.99))
+    return n / elapsed, p50, p99
 
 
 _PERF = re.compile(
@@ -111,13 +107,12 @@ def java_run(
     bootstrap: str, topic: str, n: int, size: int, rate: int = -1
 ) -> tuple[float, float, float]:
     """kafka-tools' ProducerPerformance (idempotent by default): msg/s, p50 and p99 (ms)."""
-    jars = jvm.jars("kafka")
     out = subprocess.run(
         [
-            str(jvm.java_executable()),
+            str(jars.java_executable()),
             "-Xmx512m",
             "-cp",
-            f"{jars}/*",
+            jars.classpath("kafka"),
             "org.apache.kafka.tools.ProducerPerformance",
             "--topic",
             topic,

@@ -42,8 +42,11 @@ class LazyGroup(click.Group):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
+            # Only the component's own module (or its package) missing means "not installed";
+            # a dependency missing inside it is a real error and keeps its traceback.
             if exc.name and module_name.startswith(exc.name):
-                return _unavailable(cmd_name, f"{module_name} is not part of this build yet")
+                why = f"this installation has no module {exc.name} (needed for {target})"
+                return _unavailable(cmd_name, why)
             raise
         command = getattr(module, attr, None)
         if not isinstance(command, click.Command):
@@ -76,11 +79,9 @@ def jvm() -> None:
 @click.argument("components", nargs=-1)
 def jvm_fetch(components: tuple[str, ...]) -> None:
     """Resolve the pinned jars into the cache (all components unless named)."""
-    from kdelay.local import jvm as jvm_mod
+    from kdelay import jars
 
-    for name in components or jvm_mod.COMPONENTS:
-        path = jvm_mod.jars(name, progress=True)
-        click.echo(f"{name} {jvm_mod.pinned_version(name)}: {path}")
+    jars.main(components)
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
-"""The embedded local stack: pinned jars, process supervision, Kafka and ZooKeeper launchers.
+"""The embedded local stack: process supervision, Kafka and ZooKeeper launchers, a replica's
+command line, and the small Kafka helpers tests and benchmarks share.
 
-``kdelay up`` and the test fixtures use the same launchers.
+``kdelay up``, the test fixtures and the benchmarks use the same launchers. The pinned jars
+they run are resolved by :mod:`kdelay.jars` (runtime code, which the verifier uses too).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
+from kdelay import jars
 from kdelay.errors import InfrastructureError
-from kdelay.local import jvm
 from kdelay.local.process import ManagedProcess, free_port, java_argv, log_tails, wait_until
 
 HOST = "127.0.0.1"
@@ -141,7 +141,7 @@ class LocalKafka:
             fmt = ManagedProcess(
                 f"kafka-format-{node.node_id}",
                 java_argv(
-                    jvm.classpath("kafka"),
+                    jars.classpath("kafka"),
                     "kafka.tools.StorageTool",
                     256,
                     "format",
@@ -165,7 +165,7 @@ class LocalKafka:
     def start_node(self, index: int) -> None:
         node = self.nodes[index]
         config = self._prepare(node)
-        argv = java_argv(jvm.classpath("kafka"), "kafka.Kafka", self.settings.heap_mb, str(config))
+        argv = java_argv(jars.classpath("kafka"), "kafka.Kafka", self.settings.heap_mb, str(config))
         argv.insert(1, f"-Dlog4j2.configurationFile={node.data_dir / 'log4j2.properties'}")
         argv.insert(1, f"-Dkafka.logs.dir={node.data_dir}")
         node.process = ManagedProcess(f"kafka-{node.node_id}", argv, node.data_dir / "kafka.log")

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from kdelay.errors import InfrastructureError
-from kdelay.local.jvm import java_executable
+from kdelay.jars import java_executable
 
 MARKER = "kdelay.managed"
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kdelay import jars
 from kdelay.errors import InfrastructureError
-from kdelay.local import jvm
 from kdelay.local.kafka import KafkaSettings, LocalKafka
 from kdelay.local.process import (
     ManagedProcess,
@@ -27,6 +27,7 @@ from kdelay.local.process import (
     python_argv,
     wait_until,
 )
+from kdelay.local.replica import ReplicaSpec
 from kdelay.local.zookeeper import LocalZooKeeper
 
 HOST = "127.0.0.1"
@@ -82,8 +83,8 @@ class LocalStack:
         data.mkdir(parents=True, exist_ok=True)
         if not (opts.bootstrap_servers and opts.zk_connect):
             self.progress("==> checking the pinned Kafka and ZooKeeper jars (first run: Maven)")
-            jvm.jars("kafka", progress=True)
-            jvm.jars("zookeeper", progress=True)
+            jars.jar_dir("kafka", progress=True)
+            jars.jar_dir("zookeeper", progress=True)
         if opts.zk_connect:
             self.zk_connect = opts.zk_connect
         else:
@@ -132,25 +133,15 @@ class LocalStack:
             name = f"replica-{i}"
             self.progress(f"==> starting {name}")
             port = free_port()
-            proc = ManagedProcess(
+            spec = ReplicaSpec(
                 name,
-                python_argv(
-                    "delay-service",
-                    "--name",
-                    name,
-                    "--bootstrap-servers",
-                    self.bootstrap,
-                    "--zk-connect",
-                    self.zk_connect,
-                    "--data-dir",
-                    str(data / name),
-                    "--metrics-port",
-                    str(port),
-                    "--buffer-partitions",
-                    str(self.options.buffer_partitions),
-                ),
-                data / f"{name}.log",
+                self.bootstrap,
+                self.zk_connect,
+                data / name,
+                metrics_port=port,
+                buffer_partitions=self.options.buffer_partitions,
             )
+            proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
             proc.start()
             self.replicas.append(Replica(name, port, proc))
 

@@ -8,7 +8,7 @@ from types import TracebackType
 
 from kazoo.client import KazooClient
 
-from kdelay.local import jvm
+from kdelay import jars
 from kdelay.local.process import ManagedProcess, free_port, java_argv, wait_until
 
 HOST = "127.0.0.1"
@@ -69,7 +69,7 @@ class LocalZooKeeper:
     def start(self) -> LocalZooKeeper:
         cfg = self._config()
         argv = java_argv(
-            jvm.classpath("zookeeper"),
+            jars.classpath("zookeeper"),
             "org.apache.zookeeper.server.ZooKeeperServerMain",
             self.heap_mb,
             str(cfg),

@@ -34,13 +34,6 @@ MESSAGES = 300
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval
 
 
-def _require_kdelay_up() -> None:
-    try:
-        import kdelay.up  # noqa: F401
-    except ImportError:
-        pytest.skip("kdelay up not available yet")
-
-
 def wait_for(what: str, condition: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -101,7 +94,6 @@ def _stop(process: subprocess.Popen[str], timeout: float = 120) -> int:
 
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    _require_kdelay_up()
     base = tmp_path_factory.mktemp("deploy-live")
     state_file = base / "up.json"
     process = subprocess.Popen(

@@ -16,9 +16,8 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from kafka import KafkaProducer
 
-from kdelay import buffer
+from kdelay import buffer, jars
 from kdelay import headers as h
-from kdelay.local import jvm
 from proxy import running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra
@@ -170,9 +169,8 @@ def test_java_producer(kafka: KafkaInfra, proxy: Proxy, idempotence: str, compre
         f"1\tk-{v.decode()}\t{v.decode()}\tapp=yes\t{h.DELIVER_AT}={at}\t{h.ID}={i}"
         for i, v in delayed.items()
     ]
-    jars = jvm.jars("kafka")
     result = subprocess.run(
-        [str(jvm.java_executable()), "-cp", f"{jars}/*", str(JAVA_PRODUCER),
+        [str(jars.java_executable()), "-cp", jars.classpath("kafka"), str(JAVA_PRODUCER),
          _addr(proxy), topic, idempotence, compression],
         input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

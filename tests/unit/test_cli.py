@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from kdelay import __version__
-from kdelay.cli import cli
+from kdelay.cli import SUBCOMMANDS, cli
 
 
 def test_version_is_the_package_version() -> None:
@@ -17,3 +18,13 @@ def test_unknown_subcommand_names_itself() -> None:
     result = CliRunner().invoke(cli, ["frobnicate"])
     assert result.exit_code == 2
     assert "frobnicate" in result.output
+
+
+def test_a_component_missing_from_the_installation_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(SUBCOMMANDS, "ghost", "no_such_component.cli:command")
+    result = CliRunner().invoke(cli, ["ghost"])
+    assert result.exit_code == 2
+    assert "no module no_such_component" in result.output
+    assert "no_such_component.cli:command" in result.output

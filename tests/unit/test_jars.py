@@ -1,45 +1,49 @@
-"""Pinned versions and the jar cache: a second run resolves nothing."""
+"""Pinned versions and the jar cache (kdelay/jars.py): a second run resolves nothing."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kdelay import jars
 from kdelay.errors import InfrastructureError
-from kdelay.local import jvm
 
 
 def test_pinned_versions_come_from_the_committed_poms() -> None:
-    assert jvm.pinned_version("kafka").startswith("4.")
-    assert jvm.pinned_version("zookeeper").startswith("3.9.")
-    assert jvm.pinned_version("spark-kafka") == "4.0.0"
+    assert jars.pinned_version("kafka").startswith("4.")
+    assert jars.pinned_version("zookeeper").startswith("3.9.")
+    assert jars.pinned_version("spark-kafka") == "4.0.0"
 
 
 def test_unknown_component_is_named() -> None:
     with pytest.raises(InfrastructureError, match="'flink'"):
-        jvm.pinned_version("flink")
+        jars.pinned_version("flink")
 
 
 def test_a_completed_cache_is_reused_without_maven(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KDELAY_CACHE_DIR", str(tmp_path))
-    first = jvm.jars("zookeeper")  # resolves into tmp_path (or fails loudly without Maven)
+    first = jars.jar_dir("zookeeper")  # resolves into tmp_path (or fails loudly without Maven)
     assert (first / ".complete").exists()
     assert any(first.glob("zookeeper-*.jar"))
     # With neither Maven nor Java on PATH, a second call must still succeed from the cache.
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    assert jvm.jars("zookeeper") == first
+    assert jars.jar_dir("zookeeper") == first
 
 
 def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KDELAY_CACHE_DIR", str(tmp_path))
-    jvm.java_executable()  # cached while java is still on PATH
+    jars.java_executable()  # cached while java is still on PATH
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     with pytest.raises(InfrastructureError, match=r"Maven is required.*'mvn' is not on PATH"):
-        jvm.jars("kafka")
+        jars.jar_dir("kafka")
 
 
 def _fake_java(tmp_path: Path, version_line: str) -> Path:
@@ -55,9 +59,9 @@ def _fake_java(tmp_path: Path, version_line: str) -> Path:
 def fresh_java_lookup() -> Iterator[None]:
     """java_executable() is cached per process; these tests need it to look again, and the
     tests after them need it to forget the fake."""
-    jvm.java_executable.cache_clear()
+    jars.java_executable.cache_clear()
     yield
-    jvm.java_executable.cache_clear()
+    jars.java_executable.cache_clear()
 
 
 @pytest.mark.usefixtures("fresh_java_lookup")
@@ -66,18 +70,46 @@ def test_an_old_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monkey
         "JAVA_HOME", str(_fake_java(tmp_path, 'openjdk version "11.0.22" 2024-01-16'))
     )
     with pytest.raises(InfrastructureError, match=r"Java 17\+ is required, .* is Java 11"):
-        jvm.java_executable()
+        jars.java_executable()
 
 
 @pytest.mark.usefixtures("fresh_java_lookup")
 def test_java_8_version_strings_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(_fake_java(tmp_path, 'java version "1.8.0_392"')))
     with pytest.raises(InfrastructureError, match="is Java 8 "):
-        jvm.java_executable()
+        jars.java_executable()
 
 
 @pytest.mark.usefixtures("fresh_java_lookup")
 def test_missing_java_names_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
     with pytest.raises(InfrastructureError, match=r"JAVA_HOME=.*no-such-jdk has no bin/java"):
-        jvm.java_executable()
+        jars.java_executable()
+
+
+def test_the_image_jar_stage_runs_the_resolver_from_the_files_it_copies(tmp_path: Path) -> None:
+    """deploy/docker/Dockerfile's jar stage copies a few kdelay files and the pom, then runs
+    ``python -m kdelay.jars`` without kdelay's dependencies: those files must suffice."""
+    root = Path(__file__).resolve().parents[2]
+    dockerfile = (root / "deploy/docker/Dockerfile").read_text()
+    copied = re.search(r"^COPY ((?:kdelay/\S+ )+)\./kdelay/$", dockerfile, re.M)
+    assert copied, "the jar stage no longer copies kdelay's resolver"
+    (tmp_path / "kdelay").mkdir()
+    for name in copied.group(1).split():
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+    (tmp_path / "deploy/jvm/spark-kafka").mkdir(parents=True)
+    for name in ("deploy/jvm/settings.xml", "deploy/jvm/spark-kafka/pom.xml"):
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+    probe = "from kdelay import jars; print(jars.pinned_version('spark-kafka'))"
+    # -S: no site-packages, so any third-party import fails as it would in that stage.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "KDELAY_HOME": str(tmp_path), "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == jars.pinned_version("spark-kafka")

@@ -1,9 +1,19 @@
-"""Pinned JVM dependencies: Kafka, ZooKeeper and Spark's Kafka connector from Maven Central.
+"""The pinned JVM jars (Kafka, ZooKeeper, Spark's Kafka connector): where they are, fetching them.
 
-Versions live in ``deploy/jvm/<component>/pom.xml``; Maven copies each component's runtime
-jars into ``<cache>/<component>-<version>-<pom digest>/``, so editing a pom re-resolves. A
-finished copy is marked with ``.complete`` and is never resolved again. The cache is
-``.cache/jvm`` in the source tree, or ``$KDELAY_CACHE_DIR``.
+This is runtime code: ``kdelay jvm fetch``, the verifier (Spark's Kafka connector), the
+container image's build and the local stack (:mod:`kdelay.local`) all resolve jars here, so the
+cache layout has one definition.
+
+Versions live in ``deploy/jvm/<component>/pom.xml`` under ``$KDELAY_HOME`` (default: the source
+tree this module lives in, i.e. an editable install; the image sets ``KDELAY_HOME`` and copies
+``deploy/jvm`` there, because a wheel does not carry the poms). Maven copies each component's
+runtime jars into ``<cache>/<component>-<version>-<pom digest>/``, so editing a pom
+re-resolves. A finished copy is marked with ``.complete`` and is never resolved again: a
+directory that is complete needs neither Maven nor the network (the verifier image ships one).
+The cache is ``.cache/jvm`` under ``$KDELAY_HOME``, or ``$KDELAY_CACHE_DIR``.
+
+Standard library only (and :mod:`kdelay.errors`): the image's jar stage runs
+``python -m kdelay.jars`` from these files alone, without installing kdelay's dependencies.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -28,19 +39,35 @@ _POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 def source_root() -> Path:
     """The kdelay source tree (``$KDELAY_HOME`` or the checkout this module lives in)."""
     env = os.environ.get("KDELAY_HOME")
-    return Path(env) if env else Path(__file__).resolve().parents[2]
+    return Path(env) if env else Path(__file__).resolve().parents[1]
 
 
 def jvm_dir() -> Path:
+    """``deploy/jvm`` under :func:`source_root`: the Maven settings and one pom per component."""
     path = source_root() / "deploy" / "jvm"
-    if not (path / "kafka" / "pom.xml").is_file():
+    if not (path / "settings.xml").is_file():
         raise InfrastructureError(
             f"{path} holds no pinned JVM build files; set KDELAY_HOME to the kdelay source tree"
         )
     return path
 
 
+def pom(component: str) -> Path:
+    """``deploy/jvm/<component>/pom.xml``.
+
+    Only the named component's pom must exist: the image's jar stage copies just the one it
+    resolves, so editing another pom does not invalidate that layer.
+    """
+    if component not in COMPONENTS:
+        raise InfrastructureError(f"unknown JVM component {component!r}; known: {COMPONENTS}")
+    path = jvm_dir() / component / "pom.xml"
+    if not path.is_file():
+        raise InfrastructureError(f"{path} is missing; set KDELAY_HOME to the kdelay source tree")
+    return path
+
+
 def cache_dir() -> Path:
+    """Where resolved jars live: ``$KDELAY_CACHE_DIR`` or ``.cache/jvm`` in the source tree."""
     env = os.environ.get("KDELAY_CACHE_DIR")
     return Path(env) if env else source_root() / ".cache" / "jvm"
 
@@ -48,9 +75,7 @@ def cache_dir() -> Path:
 @cache
 def pinned_version(component: str) -> str:
     """The version pinned in ``deploy/jvm/<component>/pom.xml``."""
-    if component not in COMPONENTS:
-        raise InfrastructureError(f"unknown JVM component {component!r}; known: {COMPONENTS}")
-    root = ET.parse(jvm_dir() / component / "pom.xml").getroot()  # noqa: S314 - our own file
+    root = ET.parse(pom(component)).getroot()  # noqa: S314 - our own file
     node = root.find("m:version", _POM_NS)
     if node is None or not node.text:
         raise InfrastructureError(f"deploy/jvm/{component}/pom.xml has no <version>")
@@ -97,10 +122,10 @@ def _maven() -> str:
     return mvn
 
 
-def jars(component: str, *, progress: bool = False) -> Path:
+def jar_dir(component: str, *, progress: bool = False) -> Path:
     """The directory of ``component``'s jars, resolving them on first use."""
     version = pinned_version(component)
-    digest = hashlib.sha256((jvm_dir() / component / "pom.xml").read_bytes()).hexdigest()[:10]
+    digest = hashlib.sha256(pom(component).read_bytes()).hexdigest()[:10]
     target = cache_dir() / f"{component}-{version}-{digest}"
     if (target / ".complete").exists():
         return target
@@ -114,7 +139,7 @@ def jars(component: str, *, progress: bool = False) -> Path:
         "-s",
         str(base / "settings.xml"),
         "-f",
-        str(base / component / "pom.xml"),
+        str(pom(component)),
         "package",
         f"-Djars.dir={staging}",
         f"-Dproject.build.directory={staging}.build",
@@ -146,13 +171,17 @@ def jars(component: str, *, progress: bool = False) -> Path:
 
 def classpath(component: str) -> str:
     """A ``-cp`` value covering every jar of ``component``."""
-    return str(jars(component) / "*")
+    return str(jar_dir(component) / "*")
 
 
-def main() -> None:  # pragma: no cover - thin wrapper for `python -m kdelay.local.jvm`
-    for name in sys.argv[1:] or COMPONENTS:
-        print(jars(name, progress=True))  # noqa: T201
+def main(argv: Sequence[str] | None = None) -> None:
+    """``kdelay jvm fetch`` and ``python -m kdelay.jars``: resolve the named components (all
+    when none is named) and print where each one's jars are."""
+    names = list(sys.argv[1:] if argv is None else argv) or list(COMPONENTS)
+    for name in names:
+        path = jar_dir(name, progress=True)
+        print(f"{name} {pinned_version(name)}: {path}")  # noqa: T201 - this is the output
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover - the container image's jar stage runs this
     main()
