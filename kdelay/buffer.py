@@ -11,7 +11,7 @@ always the *last* header and is named ``kdelay-route``; its value is compact JSO
 - schedule: value = the original value (``b""`` when it was null, flagged by ``"n": true``, so
   that a null-valued message is never mistaken for a compaction tombstone); headers = the
   producer's own headers minus the control headers, then ``kdelay-route`` =
-  ``{"v": 1, "op": "schedule", "t": topic, "p": partition (-1: by key), "k": base64 key or
+  ``{"v": 1, "op": OP_SCHEDULE, "t": topic, "p": partition (-1: by key), "k": base64 key or
   null, "d": deliver-at epoch ms, "n": value was null}``.
 - cancel: value ``b""``; ``kdelay-route`` = ``{"v": 1, "op": "cancel"}``.
 - tombstone: value null (compaction removes the id); ``kdelay-route`` =
@@ -34,6 +34,30 @@ BUFFER_TOPIC = "__kdelay_buffer"
 DEAD_LETTER_TOPIC = "__kdelay_dead_letter"
 ROUTE_HEADER = "kdelay-route"
 FORMAT_VERSION = 1
+#: The ``op`` of each kind of record in ``kdelay-route``.
+OP_SCHEDULE = "schedule"
+OP_CANCEL = "cancel"
+OP_DONE = "done"
+#: Every ``kdelay-route`` field of format version 1 and its type in Spark SQL DDL, for readers
+#: that parse the header without :func:`decode` (the verifier's Spark job).
+ROUTE_FIELDS: dict[str, str] = {
+    "v": "INT",
+    "op": "STRING",
+    "t": "STRING",
+    "p": "INT",
+    "k": "STRING",
+    "d": "BIGINT",
+    "n": "BOOLEAN",
+    "o": "BIGINT",
+}
+
+
+def route_schema(*fields: str) -> str:
+    """Spark SQL DDL (``"v INT, op STRING, ..."``) of the named route fields; all when none."""
+    unknown = [f for f in fields if f not in ROUTE_FIELDS]
+    if unknown:
+        raise ValueError(f"not {ROUTE_HEADER} fields: {unknown}; known: {list(ROUTE_FIELDS)}")
+    return ", ".join(f"{name} {ROUTE_FIELDS[name]}" for name in fields or ROUTE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +118,7 @@ def encode(record: BufferRecord) -> Encoded:
     if isinstance(record, Scheduled):
         route = _route(
             {
-                "op": "schedule",
+                "op": OP_SCHEDULE,
                 "t": record.topic,
                 "p": record.partition,
                 "k": None if record.key is None else base64.b64encode(record.key).decode(),
@@ -105,8 +129,8 @@ def encode(record: BufferRecord) -> Encoded:
         value = b"" if record.value is None else record.value
         return Encoded(key, value, [*record.headers, route])
     if isinstance(record, Cancel):
-        return Encoded(key, b"", [_route({"op": "cancel"})])
-    return Encoded(key, None, [_route({"op": "done", "o": record.offset})])
+        return Encoded(key, b"", [_route({"op": OP_CANCEL})])
+    return Encoded(key, None, [_route({"op": OP_DONE, "o": record.offset})])
 
 
 def decode(
@@ -144,7 +168,7 @@ def _decode_route(
     msg_id: str, value: bytes | None, own: list[tuple[str, bytes | None]], route: dict[str, Any]
 ) -> BufferRecord:
     op = route["op"]
-    if op == "schedule":
+    if op == OP_SCHEDULE:
         key_b64 = route["k"]
         return Scheduled(
             id=msg_id,
@@ -155,8 +179,8 @@ def _decode_route(
             deliver_at_ms=int(route["d"]),
             headers=tuple((n, v if v is not None else b"") for n, v in own),
         )
-    if op == "cancel":
+    if op == OP_CANCEL:
         return Cancel(msg_id)
-    if op == "done":
+    if op == OP_DONE:
         return Tombstone(msg_id, int(route["o"]))
     raise ValueError(f"unknown op {op!r}")

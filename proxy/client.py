@@ -7,7 +7,7 @@ import json
 import click
 from confluent_kafka import KafkaError, Message, Producer
 
-from kdelay import buffer
+from kdelay import buffer, durations
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError, KdelayError
 
@@ -129,17 +129,9 @@ def cancel_command(bootstrap_servers: str, message_id: str) -> None:
     click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))
 
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
 def parse_duration_ms(text: str) -> int:
-    """``1500`` / ``1500ms`` / ``30s`` / ``5m`` / ``2h`` / ``1d`` to milliseconds."""
-    t = text.strip().lower()
-    for unit in ("ms", "s", "m", "h", "d"):
-        if t.endswith(unit) and t[: -len(unit)].isdigit():
-            return int(t[: -len(unit)]) * _UNITS_MS[unit]
-    if t.isdigit():
-        return int(t)
-    raise click.BadParameter(
-        f"{text!r} is not a duration like 1500ms, 30s, 5m, 2h", param_hint="--delay"
-    )
+    """``--delay``: :func:`kdelay.durations.duration_ms`, its error as a click usage error."""
+    try:
+        return durations.duration_ms(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--delay") from None

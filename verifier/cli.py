@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kdelay import logs
+from kdelay import logs, stats
 from kdelay.config import load
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
@@ -32,7 +32,8 @@ from verifier.sinks import Sinks, write_json
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy default, type 7)"
+#: Reported in the details file, so a reader knows how the percentiles were computed.
+PERCENTILE_METHOD = stats.METHOD_DESCRIPTION
 
 
 @dataclass

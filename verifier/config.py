@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -10,18 +9,9 @@ from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.config import component_config
+from kdelay.durations import duration_ms
 
 OUTPUT_TOPIC = "__kdelay_verifier"
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-
-
-def duration_ms(text: str) -> int:
-    """``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a bare number of milliseconds, in ms."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration like 500ms, 10s, 2m or 1h")
-    return int(match.group(1)) * _UNIT_MS[match.group(2) or "ms"]
 
 
 class VerifierConfig(BaseSettings):

@@ -55,16 +55,16 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kdelay import headers as h
-from kdelay import logs
-from kdelay.buffer import FORMAT_VERSION, ROUTE_HEADER
+from kdelay import jars, logs
+from kdelay.buffer import FORMAT_VERSION, OP_CANCEL, OP_SCHEDULE, ROUTE_HEADER, route_schema
 from kdelay.errors import KdelayError
-from kdelay.local import jvm
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
 
 log = logs.get(__name__)
 
-_ROUTE_SCHEMA = "v INT, op STRING, t STRING, p INT, d BIGINT"
+#: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
+_ROUTE_SCHEMA = route_schema("v", "op", "t", "p", "d")
 #: Topics the streaming job reads when none are named or known: all but internal ones.
 ALL_USER_TOPICS = "^(?!__).+"
 #: At most this many lateness values are collected for the histogram chart.
@@ -95,14 +95,14 @@ class VerifierError(KdelayError):
 
 def spark_session(cfg: VerifierConfig) -> SparkSession:
     """The (one) local SparkSession, with Spark's Kafka connector and small settings."""
-    jar_dir = jvm.jars("spark-kafka")
-    jars = ",".join(sorted(str(p) for p in jar_dir.glob("*.jar")))
+    jar_dir = jars.jar_dir("spark-kafka")
+    spark_jars = ",".join(sorted(str(p) for p in jar_dir.glob("*.jar")))
     log4j = Path(tempfile.gettempdir()) / "kdelay-verifier-log4j2.properties"
     log4j.write_text(_LOG4J2)
     spark = (
         SparkSession.builder.master(cfg.spark_master)
         .appName("kdelay-verifier")
-        .config("spark.jars", jars)
+        .config("spark.jars", spark_jars)
         .config("spark.driver.memory", cfg.driver_memory)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -172,14 +172,14 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
         F.col("timestamp").alias("ts"),
     ).where(F.col("id").isNotNull() & (F.col("r.v") == FORMAT_VERSION))
     schedules = parsed.where(
-        (F.col("r.op") == "schedule") & F.col("r.d").isNotNull() & F.col("r.t").isNotNull()
+        (F.col("r.op") == OP_SCHEDULE) & F.col("r.d").isNotNull() & F.col("r.t").isNotNull()
     ).select(
         "id",
         F.timestamp_millis(F.col("r.d")).alias("due"),
         F.col("r.d").alias("due_ms"),
         F.col("r.t").alias("topic"),
     )
-    cancels = parsed.where(F.col("r.op") == "cancel").select("id", "ts")
+    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select("id", "ts")
     return BufferRows(schedules, cancels)
 
 

@@ -19,32 +19,21 @@ the executable specification the unit tests pin down):
   ``scheduled == delivered + missing``.
 - *lateness* of a delivered message: its first delivery's timestamp - due time, in ms (early
   deliveries give negative lateness). Percentiles are over delivered messages, exact, by
-  linear interpolation between closest ranks (numpy's default, Hyndman & Fan type 7; also
-  Spark's exact ``percentile``); with no delivered message every percentile is 0.0.
+  :func:`kdelay.stats.percentile` (linear interpolation between closest ranks: numpy's
+  default, Hyndman & Fan type 7; also Spark's exact ``percentile``); with no delivered message
+  every percentile is 0.0.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdelay.stats import percentile
+
 #: The quantiles of the report, in the order of ``Lateness``'s fields.
 QUANTILES = (0.5, 0.95, 0.99)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0 <= q <= 1) of ``values`` by linear interpolation (type 7)."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return float(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from kdelay.config import load
+from kdelay.durations import duration_ms
 from kdelay.errors import ConfigError
 from verifier import chart
 from verifier.cli import command
-from verifier.config import VerifierConfig, duration_ms
+from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
 from verifier.report import Lateness, Summary, WindowResult
 from verifier.sinks import Sinks

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kdelay.stats import percentile
 from verifier.report import (
     Lateness,
     Outcome,
     Slo,
     Summary,
     breaches,
-    percentile,
     summarise,
 )
 

@@ -1,0 +1,36 @@
+"""The route-header schema readers without kdelay.buffer (the Spark verifier) parse with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kdelay.buffer import (
+    OP_CANCEL,
+    OP_DONE,
+    OP_SCHEDULE,
+    ROUTE_FIELDS,
+    Cancel,
+    Scheduled,
+    Tombstone,
+    encode,
+    route_schema,
+)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [Scheduled("a", "t", 0, b"k", None, 1), Cancel("a"), Tombstone("a", 7)],
+)
+def test_every_field_written_is_in_the_schema(record: Scheduled | Cancel | Tombstone) -> None:
+    route = json.loads(encode(record).headers[-1][1])
+    assert set(route) <= set(ROUTE_FIELDS)
+    assert route["op"] in (OP_SCHEDULE, OP_CANCEL, OP_DONE)
+
+
+def test_schema_ddl() -> None:
+    assert route_schema("v", "op", "d") == "v INT, op STRING, d BIGINT"
+    assert route_schema().count(",") == len(ROUTE_FIELDS) - 1
+    with pytest.raises(ValueError, match="'x'"):
+        route_schema("x")
