@@ -7,7 +7,3 @@ from kdelay.errors import KdelayError
 
 class StoreError(KdelayError):
     """The RocksDB store is unusable or holds data this version cannot read."""
-
-
-class ForwarderStopped(KdelayError):  # noqa: N818 - a signal, not a failure
-    """The forwarder was told to stop (step-down, pause or shutdown) in the middle of a round."""

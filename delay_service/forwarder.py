@@ -1,32 +1,25 @@
 """The master loop: release due entries to their targets, then checkpoint (DESIGN.md).
 
-One round, per the delivery invariant:
+One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
 
-1. note the ingested offsets O (everything below O is in the store);
-2. scan the store for entries due by now = T, in key order (due time, then arrival), and
-   produce each to its exact topic and partition (-1: the partitioner picks from the key)
-   through an idempotent producer (acks=all), with the record timestamp = release time;
-3. when every record is acknowledged, delete the entries, write the checkpoint (T, O) -- at
-   most every ``checkpoint_interval_ms`` -- and write tombstones for delivered and cancelled
-   ids to the buffer topic.
+1. *plan*: note the ingested offsets O (everything below is in the store), scan the entries due
+   by now = T in key order (due time, then arrival), hold those behind a retry (``round.py``);
+2. *send* the rest to their exact topic and partition and wait for every acknowledgement
+   (``sender.py``: one idempotent acks=all producer, record timestamp = release time);
+3. *settle*: delete acknowledged entries and queue tombstones for their ids; a failed entry
+   waits out a backoff and later entries for its target wait behind it; a permanent error on
+   the ``dead_letter_after``-th attempt dead-letters it instead (``retry.py``);
+4. *checkpoint*: claim (T, O) with T below the due time of every entry still pending, never
+   moving backwards; write it at most every ``checkpoint_interval_ms``, apply it to the store,
+   then produce the queued tombstones.
 
 Between rounds the thread sleeps until the next due time, the next retry, or the next pending
 checkpoint write, unless ingest signals an earlier new entry: no busy loop, no fixed tick.
-
-Failures: an entry that fails is held with exponential backoff, and every later entry for the
-same target waits behind it, so per-target order is kept. A permanent error (unknown topic or
-partition, authorisation, record too large, invalid record) is retried too; after
-``dead_letter_after`` attempts the entry goes to ``__kdelay_dead_letter`` with a
-``kdelay-error`` header and its target is unblocked. Held entries hold the checkpoint time below
-their due time; a claim never moves backwards. Within one round a transient failure cannot be
-recalled from the records already sent after it; librdkafka's idempotent producer fails the
-rest of that partition's queue with it, which keeps the order in practice.
-
 A checkpoint write rejected by ZooKeeper (a newer epoch exists) deactivates the forwarder at
 once and calls ``on_fenced``.
 
-Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the producer and
-the checkpoint store while active. The control thread calls :meth:`activate`,
+Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
+retry policy and the checkpoint store while active. The control thread calls :meth:`activate`,
 :meth:`deactivate`, :meth:`pause`, :meth:`resume`, :meth:`shutdown`; the ingest thread calls
 :meth:`notify_new` and :meth:`add_tombstones`. All of those only flip state under one
 Condition and never block on I/O.
@@ -35,129 +28,41 @@ Condition and never block on I/O.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError
 
+from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
+from delay_service.entry import Entry
 from delay_service.metrics import Metrics
-from delay_service.store import Entry, Store
+from delay_service.retry import RetryPolicy
+from delay_service.round import RoundResult, claim_ms, plan_round
+from delay_service.sender import Outcome, Sender, error_name, is_permanent
+from delay_service.store import Store
 from kdelay import logs
-from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
+from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from zk.errors import CoordinationError, FencedError
 
 log = logs.get(__name__)
-
-ERROR_HEADER = "kdelay-error"
-TARGET_HEADER = "kdelay-target"
-
-#: Errors retrying cannot fix: after ``dead_letter_after`` attempts the record is dead-lettered.
-PERMANENT_ERRORS = frozenset(
-    {
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.POLICY_VIOLATION,
-        KafkaError.INVALID_TIMESTAMP,
-        KafkaError._INVALID_ARG,
-    }
-)
-
-
-class ProducerLike(Protocol):
-    """The part of confluent_kafka.Producer the forwarder uses (tests pass a fake)."""
-
-    def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
-        self,
-        topic: str,
-        value: str | bytes | None = None,
-        key: str | bytes | None = None,
-        partition: int = -1,
-        callback: Callable[[KafkaError | None, Message], None] | None = None,
-        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
-        timestamp: int = 0,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-    ) -> None: ...
-
-    def poll(self, timeout: float = -1) -> int: ...
-
-    def flush(self, timeout: float = -1) -> int: ...
 
 
 class CheckpointWriter(Protocol):
     """The part of zk.CheckpointStore the forwarder uses (tests pass a fake)."""
 
-    epoch: int | None
-
     def claim_epoch(self) -> int: ...
 
-    def load(self) -> CheckpointLike | None: ...
+    def load(self) -> bytes | None: ...
 
-    def write(self, time_ms: int, offsets: Mapping[int, int]) -> object: ...
-
-
-class CheckpointLike(Protocol):
-    @property
-    def time_ms(self) -> int: ...
-
-    @property
-    def offsets(self) -> Mapping[int, int]: ...
+    def write(self, data: bytes) -> object: ...
 
 
 class IngestLike(Protocol):
     def wait_ingested(
         self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
     ) -> bool: ...
-
-
-@dataclass(slots=True)
-class _Retry:
-    attempts: int
-    next_at: float  # monotonic seconds
-    error: KafkaError
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """What one round did (for tests and logs)."""
-
-    delivered: int
-    dead_lettered: int
-    held: int
-    claim_ms: int
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def make_producer(cfg: ReplicaConfig) -> Producer:
-    """An idempotent, acks=all producer for targets, dead letters and tombstones."""
-    return Producer(
-        {
-            "bootstrap.servers": cfg.bootstrap_servers,
-            "client.id": f"kdelay-replica-{cfg.name}",
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 2,
-            "message.timeout.ms": cfg.produce_timeout_ms,
-            # Java clients' default, so partition -1 lands where a Java producer would put it.
-            "partitioner": "murmur2_random",
-        }
-    )
-
-
-def _error_name(err: KafkaError) -> str:
-    return str(err.name())
 
 
 class Forwarder:
@@ -170,16 +75,17 @@ class Forwarder:
         ingest: IngestLike,
         metrics: Metrics,
         *,
-        producer_factory: Callable[[], ProducerLike],
+        sender: Sender,
         on_fenced: Callable[[str], None],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._cfg = cfg
         self._store = store
         self._ingest = ingest
         self._metrics = metrics
-        self._producer_factory = producer_factory
-        self._producer: ProducerLike | None = None
+        self._sender = sender
         self._on_fenced = on_fenced
+        self._clock = clock
         self._cond = threading.Condition()
         self._stop = threading.Event()
         # State flipped by other threads, guarded by _cond.
@@ -190,8 +96,9 @@ class Forwarder:
         self._wake_at_ms: int | None = None
         self._tombstones: deque[tuple[str, int, int]] = deque(maxlen=1_000_000)
         # Forwarder-thread state.
-        self._retries: dict[bytes, _Retry] = {}
-        self._claim: tuple[int, dict[int, int]] = (-1, {})
+        self._retries = RetryPolicy.for_replica(cfg, clock)
+        self._epoch = -1
+        self._claim = NOTHING
         self._unwritten = False
         self._last_cp_mono = 0.0
         self._truncated = False
@@ -211,13 +118,17 @@ class Forwarder:
         with self._cond:
             self._fenced = False
 
-    def activate(self, checkpoints: CheckpointWriter) -> None:
-        """Become master: claim an epoch, load the checkpoint, catch up, then forward."""
+    def activate(self, checkpoints: CheckpointWriter) -> int:
+        """Become master: claim an epoch, load the checkpoint, catch up, then forward.
+
+        Returns the generation the forwarder thread serves from now on (see forward_once).
+        """
         with self._cond:
             self._checkpoints = checkpoints
             self._generation += 1
             self._paused = False
             self._cond.notify_all()
+            return self._generation
 
     def deactivate(self, reason: str) -> None:
         """Stop forwarding at once (step-down, lost session, fenced)."""
@@ -239,6 +150,7 @@ class Forwarder:
             self._cond.notify_all()
 
     def resume(self) -> None:
+        """Forward again after :meth:`pause` (ZooKeeper CONNECTED)."""
         with self._cond:
             if self._paused and self._checkpoints is not None:
                 log.info("forwarding resumed")
@@ -246,6 +158,7 @@ class Forwarder:
             self._cond.notify_all()
 
     def shutdown(self) -> None:
+        """Make :meth:`run` return after the current round and a last checkpoint."""
         with self._cond:
             self._stop.set()
             self._cond.notify_all()
@@ -291,10 +204,10 @@ class Forwarder:
                 self._metrics.checkpoint_rejected.inc()
                 log.warning("checkpoint write rejected; stepping down", error=str(exc))
                 self._fence("fenced", str(exc))
-            except CoordinationError as exc:
+            except (CoordinationError, CheckpointFormatError) as exc:
                 log.warning("cannot become master", error=str(exc))
                 self._fence("coordination error", str(exc))
-        self._close_producer()
+        self._sender.close()
 
     def _fence(self, reason: str, why: str) -> None:
         with self._cond:
@@ -302,36 +215,29 @@ class Forwarder:
         self.deactivate(reason)
         self._on_fenced(why)
 
-    def _close_producer(self) -> None:
-        if self._producer is not None:
-            remaining = self._producer.flush(10)
-            if remaining:
-                log.warning("records unacknowledged at shutdown", count=remaining)
-            self._producer = None
-
     def _serve(self, checkpoints: CheckpointWriter, generation: int) -> None:
-        epoch = checkpoints.claim_epoch()
-        cp = checkpoints.load()
-        if cp is not None:
-            dropped = self._store.apply_checkpoint(cp.time_ms, cp.offsets)
-            self._claim = (cp.time_ms, dict(cp.offsets))
+        self._epoch = checkpoints.claim_epoch()
+        data = checkpoints.load()
+        if data is not None:
+            cp = CheckpointRecord.decode(data).checkpoint
+            dropped = self._store.apply_checkpoint(cp)
+            self._claim = cp
             log.info("checkpoint loaded", time_ms=cp.time_ms, offsets=cp.offsets, dropped=dropped)
             while not self._ingest.wait_ingested(cp.offsets, 1.0, self._stop):
                 with self._cond:
                     if generation != self._generation or self._stop.is_set():
                         return
         else:
-            self._claim = (-1, {})
+            self._claim = NOTHING
         self._retries.clear()
-        checkpoints.write(*self._claim)  # confirms the epoch before the first record leaves
-        self._last_cp_mono = time.monotonic()
+        checkpoints.write(self._record())  # confirms the epoch before the first record leaves
+        self._last_cp_mono = self._clock.monotonic()
         self._unwritten = False
         self._metrics.is_master.set(1)
         self._metrics.checkpoint_age.set(0)
         self.active.set()
-        log.info("master: forwarding", epoch=epoch)
-        if self._producer is None:
-            self._producer = self._producer_factory()
+        log.info("master: forwarding", epoch=self._epoch)
+        self._sender.start()
         while True:
             with self._cond:
                 if generation != self._generation or self._stop.is_set():
@@ -355,14 +261,14 @@ class Forwarder:
                 if generation != self._generation or self._stop.is_set():
                     return False
                 target = self._wake_at_ms
-                now = now_ms()
+                now = self._clock.wall_ms()
                 if not self._paused and target is not None and target <= now:
                     return True
                 timeout = None if target is None or self._paused else (target - now) / 1000
                 self._cond.wait(timeout if timeout is None else max(timeout, 0.0005))
 
     def _next_wake_ms(self) -> int:
-        now_wall = now_ms()
+        now_wall = self._clock.wall_ms()
         if self._truncated:
             return now_wall
         # Everything due by now was handled (or is held for a retry): look past now.
@@ -370,12 +276,11 @@ class Forwarder:
         nxt = self._store.next_due_ms(after_ms=now_wall)
         if nxt is not None:
             candidates.append(nxt)
-        if self._retries:
-            mono = time.monotonic()
-            soonest = min(r.next_at for r in self._retries.values())
-            candidates.append(now_wall + max(0, int((soonest - mono) * 1000)) + 1)
+        retry_in = self._retries.next_retry_in_ms()
+        if retry_in is not None:
+            candidates.append(now_wall + retry_in + 1)
         interval = self._cfg.checkpoint_interval_ms
-        since = int((time.monotonic() - self._last_cp_mono) * 1000)
+        since = int((self._clock.monotonic() - self._last_cp_mono) * 1000)
         if self._unwritten:
             candidates.append(now_wall + max(0, interval - since))
         else:
@@ -386,267 +291,106 @@ class Forwarder:
     # -- one round -------------------------------------------------------------------------
 
     def forward_once(self, checkpoints: CheckpointWriter, generation: int) -> RoundResult:
-        """Release everything due now; delete it; checkpoint when the interval has passed."""
+        """One round: plan what is due, send it, settle the outcomes, advance the checkpoint.
+
+        ``generation`` is the one :meth:`activate` returned: nothing is sent once it is stale.
+        """
         with self._cond:
             self._wake_at_ms = None  # consumed: later announcements wake the next sleep
-        offsets = self._store.offsets()
-        t_ms = now_ms()
-        entries = self._store.due(t_ms, self._cfg.scan_batch)
-        truncated = self._truncated = len(entries) >= self._cfg.scan_batch
-        mono = time.monotonic()
-        blocked: set[tuple[str, int]] = set()
-        held_min: int | None = None
-        sendable: list[Entry] = []
-        for entry in entries:
-            target = (entry.message.topic, entry.message.partition)
-            retry = self._retries.get(entry.key)
-            if target in blocked or (retry is not None and retry.next_at > mono):
-                blocked.add(target)
-                held_min = _min(held_min, entry.message.deliver_at_ms)
-                continue
-            sendable.append(entry)
-        done: list[Entry] = []
-        dead: list[tuple[Entry, KafkaError]] = []
-        if sendable and self._may_forward(generation):
-            held_min = _min_opt(held_min, self._settle(sendable, done, dead))
-        elif sendable:
-            held_min = _min(held_min, sendable[0].message.deliver_at_ms)
-        dead_done = self._dead_letter(dead) if dead else []
-        for entry, _ in dead:
-            if entry not in dead_done:
-                held_min = _min(held_min, entry.message.deliver_at_ms)
-        done.extend(dead_done)
-        delivered = len(done) - len(dead_done)
-        if done:
-            self._store.remove(done)
-            self._metrics.forwarded.inc(delivered)
-            self._metrics.pending.set(self._store.pending)
-            with self._cond:
-                self._tombstones.extend((e.message.id, e.partition, e.offset) for e in done)
-        claim = t_ms if held_min is None else min(t_ms, held_min - 1)
-        if truncated:
-            claim = min(claim, entries[-1].message.deliver_at_ms - 1)
-        if claim >= self._claim[0]:
-            self._claim = (claim, offsets)
-        self._unwritten = True
-        if time.monotonic() - self._last_cp_mono >= self._cfg.checkpoint_interval_ms / 1000:
-            self._write_checkpoint(checkpoints)
-        return RoundResult(delivered, len(dead_done), len(entries) - len(done), claim)
+        # 1. plan
+        offsets = self._store.offsets()  # noted before the scan: all below is in the store
+        now = self._clock.wall_ms()
+        due = self._store.due(now, self._cfg.scan_batch)
+        plan = plan_round(due, limit=self._cfg.scan_batch, waiting=self._retries.waiting)
+        self._truncated = plan.truncated
+        if not plan.truncated:
+            # A retried entry is due, so a full scan sees it unless it was removed (cancelled).
+            self._retries.retain({e.key for e in plan.entries})
+        # 2. send
+        sent = plan.sendable if self._may_forward(generation) else []
+        outcomes = self._sender.send(sent)
+        # 3. settle
+        delivered, dead_lettered = self._settle(sent, outcomes)
+        removed = {e.key for e in (*delivered, *dead_lettered)}
+        # 4. checkpoint
+        claim = claim_ms(plan, now, removed)
+        self._checkpoint(checkpoints, Checkpoint(claim, offsets))
+        held = len(plan.entries) - len(removed)
+        return RoundResult(len(delivered), len(dead_lettered), held, claim)
 
     def _settle(
-        self, sendable: list[Entry], done: list[Entry], dead: list[tuple[Entry, KafkaError]]
-    ) -> int | None:
-        """Produce ``sendable``; sort the outcomes into done, dead and held (returned: the
-        earliest due time held back for a retry)."""
-        held_min: int | None = None
-        outcomes = self._produce(sendable)
-        mono = time.monotonic()
-        for entry, (err, ts) in zip(sendable, outcomes, strict=True):
+        self, sent: Sequence[Entry], outcomes: Sequence[Outcome]
+    ) -> tuple[list[Entry], list[Entry]]:
+        """Delete what was delivered or dead-lettered (returned), schedule retries for the rest."""
+        delivered: list[Entry] = []
+        dead: list[tuple[Entry, KafkaError]] = []
+        for entry, outcome in zip(sent, outcomes, strict=True):
+            err = outcome.error
             if err is None:
-                self._retries.pop(entry.key, None)
-                done.append(entry)
-                self._metrics.lateness.observe(max(0, ts - entry.message.deliver_at_ms) / 1000)
+                delivered.append(entry)
+                lateness_ms = max(0, outcome.timestamp_ms - entry.message.deliver_at_ms)
+                self._metrics.lateness.observe(lateness_ms / 1000)
                 continue
-            self._metrics.forward_errors.labels(_error_name(err)).inc()
-            previous = self._retries.get(entry.key)
-            attempts = previous.attempts + 1 if previous is not None else 1
-            permanent = err.code() in PERMANENT_ERRORS
-            if permanent and attempts >= self._cfg.dead_letter_after:
+            self._metrics.forward_errors.labels(error_name(err)).inc()
+            permanent = is_permanent(err)
+            verdict = self._retries.failed(entry.key, permanent=permanent)
+            if verdict.dead_letter:
                 dead.append((entry, err))
                 continue
-            backoff = min(
-                self._cfg.retry_backoff_ms * 2 ** (attempts - 1), self._cfg.retry_backoff_max_ms
-            )
-            self._retries[entry.key] = _Retry(attempts, mono + backoff / 1000, err)
-            held_min = _min(held_min, entry.message.deliver_at_ms)
             log.warning(
                 "forward failed; will retry",
                 id=entry.message.id,
                 topic=entry.message.topic,
                 partition=entry.message.partition,
-                attempt=attempts,
+                attempt=verdict.attempts,
                 error=str(err),
                 permanent=permanent,
             )
-        return held_min
+        dead_lettered: list[Entry] = []
+        for (entry, err), acked in zip(dead, self._sender.dead_letter(dead), strict=True):
+            if acked:  # else it stays, and is tried (and dead-lettered) again next round
+                dead_lettered.append(entry)
+                self._metrics.dead_lettered.labels(error_name(err)).inc()
+        done = [*delivered, *dead_lettered]
+        self._retries.forget(e.key for e in done)
+        if done:
+            self._store.remove(done)
+            self._metrics.forwarded.inc(len(delivered))
+            self._metrics.pending.set(self._store.pending)
+            with self._cond:
+                self._tombstones.extend((e.message.id, e.partition, e.offset) for e in done)
+        return delivered, dead_lettered
+
+    def _checkpoint(self, checkpoints: CheckpointWriter, claim: Checkpoint) -> None:
+        """Take the round's claim unless it is older, and write it once the interval passed."""
+        if claim.time_ms >= self._claim.time_ms:
+            self._claim = claim
+        self._unwritten = True
+        elapsed_s = self._clock.monotonic() - self._last_cp_mono
+        if elapsed_s >= self._cfg.checkpoint_interval_ms / 1000:
+            self._write_checkpoint(checkpoints)
+
+    def _record(self) -> bytes:
+        """The current claim as this master's checkpoint document."""
+        cp = self._claim
+        writer, written_at = self._cfg.name, self._clock.wall_ms()
+        return CheckpointRecord(cp.time_ms, cp.offsets, self._epoch, writer, written_at).encode()
 
     def _write_checkpoint(self, checkpoints: CheckpointWriter) -> None:
-        time_ms, offsets = self._claim
         try:
-            checkpoints.write(time_ms, offsets)
+            checkpoints.write(self._record())
         except FencedError:
             raise  # a newer master exists: stop at once
         except CoordinationError as exc:
             # The claim cannot be confirmed: stop as if deposed; the election sorts it out.
             raise FencedError(f"checkpoint write unconfirmed: {exc}") from None
-        self._last_cp_mono = time.monotonic()
-        self.last_checkpoint_ms = now_ms()
+        self._last_cp_mono = self._clock.monotonic()
+        self.last_checkpoint_ms = self._clock.wall_ms()
         self._unwritten = False
         self._metrics.checkpoint_age.set(0)
-        self._store.apply_checkpoint(time_ms, offsets)
-        self._write_tombstones()
-
-    def _write_tombstones(self) -> None:
+        self._store.apply_checkpoint(self._claim)
         with self._cond:
-            batch = list(self._tombstones)
+            retired = list(self._tombstones)
             self._tombstones.clear()
-        if not batch:
-            return
-        producer = self._producer
-        if producer is None:
-            producer = self._producer = self._producer_factory()
-        for msg_id, partition, offset in batch:
-            enc = encode(Tombstone(msg_id, offset))
-            self._produce_retrying(
-                producer,
-                self._cfg.buffer_topic,
-                key=enc.key,
-                value=enc.value,
-                partition=partition,
-                headers=list(enc.headers),
-                timestamp=0,
-                on_delivery=None,
-            )
-        producer.poll(0)
-
-    def _produce_retrying(
-        self,
-        producer: ProducerLike,
-        topic: str,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        partition: int,
-        headers: list[tuple[str, str | bytes | None]],
-        timestamp: int,
-        on_delivery: Callable[[KafkaError | None, Message], None] | None,
-    ) -> KafkaError | None:
-        """produce(), waiting out a full local queue; a synchronous error is returned."""
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    value=value,
-                    key=key,
-                    partition=partition,
-                    on_delivery=on_delivery,
-                    timestamp=timestamp,
-                    headers=headers,
-                )
-            except BufferError:
-                producer.poll(0.05)
-                continue
-            except KafkaException as exc:
-                err = exc.args[0]
-                return err if isinstance(err, KafkaError) else KafkaError(KafkaError._FAIL)
-            return None
-
-    def _produce(self, entries: list[Entry]) -> list[tuple[KafkaError | None, int]]:
-        """Produce ``entries`` in order and wait for every acknowledgement."""
-        producer = self._producer
-        if producer is None:
-            producer = self._producer = self._producer_factory()
-        results: list[tuple[KafkaError | None, int] | None] = [None] * len(entries)
-        waiting = 0
-        fatal = False
-
-        def on_delivery_for(i: int, ts: int) -> Callable[[KafkaError | None, Message], None]:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                nonlocal waiting, fatal
-                results[i] = (err, ts)
-                waiting -= 1
-                if err is not None and err.fatal():
-                    fatal = True
-
-            return on_delivery
-
-        for i, entry in enumerate(entries):
-            msg = entry.message
-            ts = now_ms()
-            waiting += 1
-            err = self._produce_retrying(
-                producer,
-                msg.topic,
-                key=msg.key,
-                value=msg.value,
-                partition=msg.partition,
-                headers=list(msg.delivered_headers()),
-                timestamp=ts,
-                on_delivery=on_delivery_for(i, ts),
-            )
-            if err is not None:
-                waiting -= 1
-                results[i] = (err, ts)
-            producer.poll(0)
-        deadline = time.monotonic() + self._cfg.produce_timeout_ms / 1000 + 30
-        while waiting > 0 and time.monotonic() < deadline:
-            producer.poll(0.05)
-        if fatal or waiting > 0:
-            log.error("producer failed fatally; recreating it", unacknowledged=waiting)
-            self._producer = None
-        timeout_err = KafkaError(KafkaError._MSG_TIMED_OUT)
-        return [r if r is not None else (timeout_err, 0) for r in results]
-
-    def _dead_letter(self, dead: list[tuple[Entry, KafkaError]]) -> list[Entry]:
-        """Send permanently failing entries to the dead-letter topic; returns those acked."""
-        producer = self._producer or self._producer_factory()
-        self._producer = producer
-        acked: list[Entry] = []
-        pending = 0
-
-        def on_delivery_for(
-            entry: Entry, reason: str
-        ) -> Callable[[KafkaError | None, Message], None]:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                nonlocal pending
-                pending -= 1
-                if err is None:
-                    acked.append(entry)
-                    self._metrics.dead_lettered.labels(reason).inc()
-                else:
-                    log.error("dead-letter write failed", id=entry.message.id, error=str(err))
-
-            return on_delivery
-
-        for entry, err in dead:
-            msg = entry.message
-            reason = _error_name(err)
-            headers: list[tuple[str, str | bytes | None]] = [
-                *msg.delivered_headers(),
-                (ERROR_HEADER, f"{reason}: {err.str()}".encode()),
-                (TARGET_HEADER, f"{msg.topic}/{msg.partition}".encode()),
-            ]
-            log.warning(
-                "dead-lettering",
-                id=msg.id,
-                topic=msg.topic,
-                partition=msg.partition,
-                error=f"{reason}: {err.str()}",
-            )
-            pending += 1
-            sync = self._produce_retrying(
-                producer,
-                DEAD_LETTER_TOPIC,
-                key=msg.key,
-                value=msg.value,
-                partition=-1,
-                headers=headers,
-                timestamp=now_ms(),
-                on_delivery=on_delivery_for(entry, reason),
-            )
-            if sync is not None:
-                pending -= 1
-        deadline = time.monotonic() + self._cfg.produce_timeout_ms / 1000 + 30
-        while pending > 0 and time.monotonic() < deadline:
-            producer.poll(0.05)
-        for entry in acked:
-            self._retries.pop(entry.key, None)
-        return acked
-
-
-def _min(a: int | None, b: int) -> int:
-    return b if a is None else min(a, b)
-
-
-def _min_opt(a: int | None, b: int | None) -> int | None:
-    return a if b is None else _min(a, b)
+        if retired:
+            self._sender.tombstones(retired)

@@ -34,20 +34,22 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kazoo.recipe.watchers import DataWatch
 
+from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
-from delay_service.forwarder import Forwarder, make_producer, now_ms
+from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
+from delay_service.sender import Sender
 from delay_service.store import Store
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
+from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
 from kdelay.errors import InfrastructureError
 from kdelay.topics import BUFFER_TOPIC_CONFIG, ensure_internal_topics
 from zk import (
     CONNECTED,
     LOST,
     SUSPENDED,
-    Checkpoint,
     CheckpointStore,
     CoordinationError,
     Election,
@@ -88,7 +90,7 @@ class Replica:
         self._stop = threading.Event()
         self._wakeup = threading.Event()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._last_cp: Checkpoint | None = None
+        self._last_cp: CheckpointRecord | None = None
         self._applied_cp_version = -1
         self._joined = False
 
@@ -147,7 +149,7 @@ class Replica:
             store,
             ingest,
             self.metrics,
-            producer_factory=lambda: make_producer(cfg),
+            sender=Sender.for_replica(cfg),
             on_fenced=self._on_fenced,
         )
         ingest.on_new = forwarder.notify_new
@@ -272,13 +274,13 @@ class Replica:
             elif kind == "checkpoint":
                 data, version = payload
                 try:
-                    cp = Checkpoint.decode(data, version)
-                except CoordinationError as exc:
+                    cp = CheckpointRecord.decode(data)
+                except CheckpointFormatError as exc:
                     log.warning("unreadable checkpoint", error=str(exc))
                     continue
                 self._last_cp = cp
                 if not forwarder.active.is_set() and version > self._applied_cp_version:
-                    dropped = store.apply_checkpoint(cp.time_ms, cp.offsets)
+                    dropped = store.apply_checkpoint(cp.checkpoint)
                     self._applied_cp_version = version
                     if dropped:
                         log.debug("covered entries dropped", count=dropped, epoch=cp.epoch)

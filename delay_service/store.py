@@ -2,11 +2,13 @@
 
 Layout (three column families, keys and values raw bytes):
 
-- ``default`` (entries): key = ``deliver_at_ms (8, big-endian) | buffer partition (4) | buffer
-  offset (8)``, so iteration order is due time, then arrival; value = :func:`encode_entry`.
+- ``default`` (entries): key and value of ``entry.py`` (key = due time | buffer partition |
+  buffer offset, so iteration order is due time, then arrival).
 - ``ids``: message id (UTF-8) -> entry key, for cancel, tombstones and same-id duplicates.
 - ``meta``: ``offset/<partition>`` -> next buffer offset to consume (8, big-endian);
-  ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied.
+  ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied
+  (``time_ms`` (8, signed), then ``partition (4) | offset (8)`` per partition). What a
+  checkpoint covers is ``kdelay.checkpoint``'s rule.
 
 Every change (entries, ids, offsets, count) is one WriteBatch, so after any crash the store is
 exactly "the first K records of each buffer partition, applied".
@@ -30,104 +32,16 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
+from delay_service.entry import Entry, decode_entry, encode_entry, entry_key, split_key
 from delay_service.errors import StoreError
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
+from kdelay.checkpoint import NOTHING, Checkpoint
 
-_KEY = struct.Struct(">QIQ")
-KEY_SIZE = _KEY.size  # 20
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
-_HEAD = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
-_LEN = struct.Struct("<I")
-_NULL = 0xFFFFFFFF
-ENTRY_VERSION = 1
 _META_PENDING = b"pending"
 _META_CHECKPOINT = b"checkpoint"
 _META_OFFSET = b"offset/"
-
-
-def entry_key(deliver_at_ms: int, partition: int, offset: int) -> bytes:
-    """The sort key of a pending entry: due time, then buffer partition and offset."""
-    return _KEY.pack(max(0, deliver_at_ms), partition, offset)
-
-
-def split_key(key: bytes) -> tuple[int, int, int]:
-    """``(deliver_at_ms, partition, offset)`` of an entry key."""
-    deliver_at, partition, offset = _KEY.unpack(key)
-    return int(deliver_at), int(partition), int(offset)
-
-
-def _put_bytes(out: list[bytes], data: bytes | None) -> None:
-    if data is None:
-        out.append(_LEN.pack(_NULL))
-    else:
-        out.append(_LEN.pack(len(data)))
-        out.append(data)
-
-
-def encode_entry(msg: Scheduled) -> bytes:
-    """A compact, versioned serialization of a scheduled message (the entry value)."""
-    out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
-    _put_bytes(out, msg.id.encode())
-    _put_bytes(out, msg.topic.encode())
-    _put_bytes(out, msg.key)
-    _put_bytes(out, msg.value)
-    for name, value in msg.headers:
-        _put_bytes(out, name.encode())
-        _put_bytes(out, value)
-    return b"".join(out)
-
-
-def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry`; raises StoreError on anything else."""
-    if not data or data[0] != ENTRY_VERSION:
-        version = data[0] if data else None
-        raise StoreError(f"store entry has format version {version}; this build reads 1")
-    try:
-        _, deliver_at, partition, count = _HEAD.unpack_from(data, 0)
-        pos = _HEAD.size
-
-        def take() -> bytes | None:
-            nonlocal pos
-            (length,) = _LEN.unpack_from(data, pos)
-            pos += _LEN.size
-            if length == _NULL:
-                return None
-            chunk = data[pos : pos + length]
-            if len(chunk) != length:
-                raise StoreError("store entry is truncated")
-            pos += length
-            return chunk
-
-        msg_id = (take() or b"").decode()
-        topic = (take() or b"").decode()
-        key = take()
-        value = take()
-        headers = tuple(((take() or b"").decode(), take() or b"") for _ in range(count))
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise StoreError(f"store entry is corrupt: {exc}") from None
-    return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers)
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A pending message and where it came from in the buffer topic."""
-
-    key: bytes
-    message: Scheduled
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCheckpoint:
-    """The last checkpoint applied: every record below ``offsets`` due by ``time_ms`` is done."""
-
-    time_ms: int
-    offsets: Mapping[int, int]
-
-    def covers(self, partition: int, offset: int, deliver_at_ms: int) -> bool:
-        return deliver_at_ms <= self.time_ms and offset < self.offsets.get(partition, 0)
 
 
 @dataclass(slots=True)
@@ -147,19 +61,19 @@ class ApplyResult:
 Incoming = tuple[int, int, BufferRecord | None]
 
 
-def _encode_checkpoint(cp: StoredCheckpoint) -> bytes:
+def _encode_checkpoint(cp: Checkpoint) -> bytes:
     parts = [_I64.pack(cp.time_ms)]  # -1: "nothing delivered yet"
     parts += [struct.pack(">IQ", p, o) for p, o in sorted(cp.offsets.items())]
     return b"".join(parts)
 
 
-def _decode_checkpoint(data: bytes) -> StoredCheckpoint:
+def _decode_checkpoint(data: bytes) -> Checkpoint:
     (time_ms,) = _I64.unpack_from(data, 0)
     offsets = {}
     for pos in range(_U64.size, len(data), 12):
         p, o = struct.unpack_from(">IQ", data, pos)
         offsets[int(p)] = int(o)
-    return StoredCheckpoint(int(time_ms), offsets)
+    return Checkpoint(int(time_ms), offsets)
 
 
 class _Txn:
@@ -224,7 +138,7 @@ class Store:
             self._offsets[int(key[len(_META_OFFSET) :])] = _U64.unpack(it.value())[0]
             it.next()
         raw_cp = self._meta.get(_META_CHECKPOINT)
-        self._checkpoint = _decode_checkpoint(raw_cp) if raw_cp else StoredCheckpoint(-1, {})
+        self._checkpoint = _decode_checkpoint(raw_cp) if raw_cp else NOTHING
         self._floor = self._first_key() or entry_key(0, 0, 0)
 
     # -- reading ---------------------------------------------------------------------------
@@ -246,7 +160,8 @@ class Store:
             return dict(self._offsets)
 
     @property
-    def checkpoint(self) -> StoredCheckpoint:
+    def checkpoint(self) -> Checkpoint:
+        """The last checkpoint applied (``kdelay.checkpoint.NOTHING`` before the first)."""
         with self._lock:
             return self._checkpoint
 
@@ -400,20 +315,20 @@ class Store:
                 self._pending -= removed
         return removed
 
-    def apply_checkpoint(self, time_ms: int, offsets: Mapping[int, int]) -> int:
+    def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
         """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
 
         Later schedules it covers (a replica still catching up) are skipped by :meth:`apply`.
         """
         dropped = 0
+        cp = Checkpoint(checkpoint.time_ms, dict(checkpoint.offsets))  # a copy nobody mutates
         with self._lock:
             self._check_open()
-            cp = StoredCheckpoint(time_ms, dict(offsets))
             batch = WriteBatch(raw_mode=True)
             first_kept: bytes | None = None
-            for key, value in self._iter_from_floor(entry_key(time_ms + 1, 0, 0)):
-                _, partition, offset = split_key(key)
-                if offset < cp.offsets.get(partition, 0):
+            for key, value in self._iter_from_floor(entry_key(cp.time_ms + 1, 0, 0)):
+                deliver_at, partition, offset = split_key(key)
+                if cp.covers(partition, offset, deliver_at):
                     batch.delete(key)
                     batch.delete(decode_entry(value).id.encode(), self._ids_cf)
                     dropped += 1
@@ -424,7 +339,7 @@ class Store:
             self._db.write(batch)
             self._pending -= dropped
             self._checkpoint = cp
-            self._floor = first_kept or entry_key(time_ms + 1, 0, 0)
+            self._floor = first_kept or entry_key(cp.time_ms + 1, 0, 0)
         return dropped
 
     def _check_open(self) -> None:

@@ -1,11 +1,12 @@
 """ZooKeeper coordination: election, membership registry and the fenced checkpoint store.
 
-It knows nothing of Kafka: offsets are plain ``{partition: offset}`` maps.
+It knows nothing of Kafka or of delivery: the checkpoint is opaque bytes it keeps fenced, and
+status documents are JSON it passes on without reading.
 """
 
 from __future__ import annotations
 
-from zk.checkpoint import Checkpoint, CheckpointStore, read_checkpoint
+from zk.checkpoint import CheckpointStore, read_checkpoint
 from zk.connection import CONNECTED, LOST, SUSPENDED, Session
 from zk.election import Election, current_leader
 from zk.errors import CoordinationError, FencedError
@@ -17,7 +18,6 @@ __all__ = [
     "DEFAULT_ROOT",
     "LOST",
     "SUSPENDED",
-    "Checkpoint",
     "CheckpointStore",
     "CoordinationError",
     "Election",

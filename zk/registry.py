@@ -2,6 +2,8 @@
 
 A replica publishes ``<root>/replicas/<name>`` (ephemeral JSON: name, role, ingested offsets,
 lag, pending count, metrics URL ...) and refreshes it periodically from its control thread.
+The cluster view passes those documents, and the checkpoint document, on as JSON objects
+without interpreting their fields.
 """
 
 from __future__ import annotations
@@ -86,12 +88,24 @@ def cluster_status(client: KazooClient, paths: Paths) -> dict[str, Any]:
                 "pending": status.get("pending"),
             }
         )
-    cp = read_checkpoint(client, paths)
     return {
         "master": master,
         "replicas": replicas,
-        "checkpoint": cp.to_json() if cp is not None else {},
+        "checkpoint": _checkpoint_document(read_checkpoint(client, paths)),
     }
+
+
+def _checkpoint_document(data: bytes | None) -> dict[str, Any]:
+    """The checkpoint znode as a JSON object, ``{}`` when none was written yet."""
+    if data is None:
+        return {}
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise CoordinationError(f"checkpoint znode holds no JSON document: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CoordinationError("checkpoint znode holds no JSON object")
+    return doc
 
 
 __all__ = ["CoordinationError", "Registry", "cluster_status", "members"]

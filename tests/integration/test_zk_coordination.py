@@ -12,7 +12,15 @@ from kazoo.client import KazooClient
 from kdelay.local import wait_until
 from tests.support.infra import ZooKeeperInfra
 from tests.support.zk_helpers import expire_session
-from zk import CheckpointStore, Election, FencedError, Paths, Registry, cluster_status
+from zk import (
+    CheckpointStore,
+    Election,
+    FencedError,
+    Paths,
+    Registry,
+    cluster_status,
+    read_checkpoint,
+)
 
 
 @pytest.fixture
@@ -36,18 +44,18 @@ def test_deposed_master_checkpoint_write_fails(clients: list[KazooClient]) -> No
     b = CheckpointStore(clients[1], p, "b")
     ea = a.claim_epoch()
     assert a.load() is None
-    a.write(100, {0: 5})
+    assert read_checkpoint(clients[2], p) is None
+    a.write(b'{"claim":"a1"}')
     eb = b.claim_epoch()
     assert eb > ea
-    cp = b.load()
-    assert cp is not None
-    assert (cp.time_ms, dict(cp.offsets), cp.writer, cp.epoch) == (100, {0: 5}, "a", ea)
+    assert b.load() == b'{"claim":"a1"}'  # opaque bytes, as written
     with pytest.raises(FencedError, match="rejected"):
-        a.write(200, {0: 9})
-    b.write(150, {0: 6})
-    final = b.load()
-    assert final is not None
-    assert (final.time_ms, final.writer, final.epoch) == (150, "b", eb)
+        a.write(b'{"claim":"a2"}')
+    b.write(b'{"claim":"b1"}')
+    assert b.load() == b'{"claim":"b1"}'
+    assert read_checkpoint(clients[2], p) == b'{"claim":"b1"}'
+    # The status view passes the document on as JSON.
+    assert cluster_status(clients[2], p)["checkpoint"] == {"claim": "b1"}
 
 
 def test_lowest_candidate_leads_and_leadership_passes_on(clients: list[KazooClient]) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from kdelay.checkpoint import CheckpointRecord
 from kdelay.local import ManagedProcess, wait_until
+from kdelay.local.replica import ReplicaSpec
 from zk import Paths, cluster_status, read_checkpoint
-from zk.checkpoint import Checkpoint
 
 KDELAY = str(Path(sys.executable).with_name("kdelay"))
 
@@ -89,32 +90,20 @@ class ReplicaSet:
     # -- processes ---------------------------------------------------------------------------
 
     def argv(self, name: str) -> list[str]:
-        r = self.replicas[name]
-        return [
-            KDELAY,
-            "delay-service",
-            "--name",
+        spec = ReplicaSpec(
             name,
-            "--bootstrap-servers",
             self.bootstrap,
-            "--zk-connect",
             self.zk_connect,
-            "--zk-root",
-            self.root,
-            "--zk-session-timeout",
-            str(self.session_timeout),
-            "--data-dir",
-            str(r.data_dir),
-            "--buffer-topic",
-            self.buffer_topic,
-            "--buffer-partitions",
-            str(self.partitions),
-            "--checkpoint-interval-ms",
-            str(self.checkpoint_interval_ms),
-            "--status-interval-ms",
-            "200",
-            *self.extra_args,
-        ]
+            self.replicas[name].data_dir,
+            zk_root=self.root,
+            zk_session_timeout=self.session_timeout,
+            buffer_topic=self.buffer_topic,
+            buffer_partitions=self.partitions,
+            checkpoint_interval_ms=self.checkpoint_interval_ms,
+            status_interval_ms=200,
+            extra_args=tuple(self.extra_args),
+        )
+        return [KDELAY, *spec.args()]
 
     def start(self, name: str) -> Replica:
         r = self.replicas[name]
@@ -193,8 +182,10 @@ class ReplicaSet:
 
         wait_until(ok, timeout=timeout, what=f"{names} to be {roles}", interval=0.05)
 
-    def checkpoint(self) -> Checkpoint | None:
-        return read_checkpoint(self._zk, self.paths)
+    def checkpoint(self) -> CheckpointRecord | None:
+        """The checkpoint the master last wrote, or None before the first."""
+        data = read_checkpoint(self._zk, self.paths)
+        return None if data is None else CheckpointRecord.decode(data)
 
     def session_file(self, name: str) -> tuple[int, bytes]:
         data = json.loads((self.replicas[name].data_dir / "zk-session.json").read_text())

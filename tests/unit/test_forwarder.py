@@ -1,4 +1,5 @@
-"""The forwarder's round logic with in-process fakes: order, retry, dead letter, checkpoint."""
+"""The forwarder's round logic with in-process fakes and a fake clock: order, retry, dead letter,
+checkpoint. Time moves only when a test advances the clock."""
 
 from __future__ import annotations
 
@@ -9,16 +10,35 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
-from prometheus_client import Counter
 
 from delay_service.config import ReplicaConfig
-from delay_service.forwarder import ERROR_HEADER, Forwarder
+from delay_service.forwarder import Forwarder
 from delay_service.metrics import Metrics
+from delay_service.sender import ERROR_HEADER, Sender
 from delay_service.store import Store
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled, decode
+from kdelay.checkpoint import CheckpointRecord
 from zk.errors import FencedError
 
 Callback = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass
+class FakeClock:
+    """Wall and monotonic time that move only with :meth:`advance`."""
+
+    now_ms: int = 1_000_000
+    mono: float = 50.0
+
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+        self.mono += ms / 1000
 
 
 @dataclass
@@ -79,21 +99,24 @@ class FakeProducer:
 
 @dataclass
 class FakeCheckpoints:
-    epoch: int | None = None
+    """Records each written checkpoint as (time_ms, offsets)."""
+
     writes: list[tuple[int, dict[int, int]]] = field(default_factory=list)
+    records: list[CheckpointRecord] = field(default_factory=list)
     fenced: bool = False
 
     def claim_epoch(self) -> int:
-        self.epoch = 1
         return 1
 
-    def load(self) -> None:
+    def load(self) -> bytes | None:
         return None
 
-    def write(self, time_ms: int, offsets: Mapping[int, int]) -> object:
+    def write(self, data: bytes) -> object:
         if self.fenced:
             raise FencedError("newer epoch")
-        self.writes.append((time_ms, dict(offsets)))
+        record = CheckpointRecord.decode(data)
+        self.records.append(record)
+        self.writes.append((record.time_ms, dict(record.offsets)))
         return None
 
 
@@ -111,9 +134,23 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def make(
-    store: Store, producer: FakeProducer, **settings: object
-) -> tuple[Forwarder, Metrics, list[str]]:
+@dataclass
+class Rig:
+    """A forwarder wired to fakes."""
+
+    fwd: Forwarder
+    metrics: Metrics
+    clock: FakeClock
+    fenced: list[str]
+    on_fenced: threading.Event
+
+    def value(self, name: str, **labels: str) -> float:
+        """A metric's current value, read through the registry's public API."""
+        found = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+
+def make(store: Store, producer: FakeProducer, **settings: object) -> Rig:
     cfg = ReplicaConfig(
         name="r1",
         checkpoint_interval_ms=settings.pop("checkpoint_interval_ms", 1),  # type: ignore[arg-type]
@@ -122,17 +159,23 @@ def make(
         retry_backoff_max_ms=1,
         **settings,  # type: ignore[arg-type]
     )
+    clock = FakeClock()
     metrics = Metrics()
     fenced: list[str] = []
-    fwd = Forwarder(
-        cfg,
-        store,
-        FakeIngest(),
-        metrics,
-        producer_factory=lambda: producer,
-        on_fenced=fenced.append,
+    on_fenced = threading.Event()
+
+    def fence(why: str) -> None:
+        fenced.append(why)
+        on_fenced.set()
+
+    sender = Sender(
+        lambda: producer,
+        buffer_topic=cfg.buffer_topic,
+        produce_timeout_ms=cfg.produce_timeout_ms,
+        clock=clock,
     )
-    return fwd, metrics, fenced
+    fwd = Forwarder(cfg, store, FakeIngest(), metrics, sender=sender, on_fenced=fence, clock=clock)
+    return Rig(fwd, metrics, clock, fenced, on_fenced)
 
 
 def msg(i: int, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
@@ -141,38 +184,25 @@ def msg(i: int, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
     )
 
 
-def activate(fwd: Forwarder, cps: FakeCheckpoints) -> int:
-    """Activate and return the generation (what run() would do before its loop)."""
-    fwd.activate(cps)
-    cps.claim_epoch()
-    return fwd._generation
-
-
-def value(metric: Counter, *labels: str) -> float:
-    m = metric.labels(*labels) if labels else metric
-    return float(m._value.get())
-
-
 def test_releases_due_entries_in_key_order_with_delivered_format(store: Store) -> None:
     store.apply([(0, 0, msg(2, 200)), (1, 0, msg(1, 100)), (0, 1, msg(3, 10**15))], {0: 2, 1: 1})
     producer = FakeProducer()
-    fwd, metrics, _ = make(store, producer)
+    rig = make(store, producer)
     cps = FakeCheckpoints()
-    result = fwd.forward_once(cps, activate(fwd, cps))
+    result = rig.fwd.forward_once(cps, rig.fwd.activate(cps))
     assert result.delivered == 2
     assert [s.value for s in producer.to("t")] == [b"v1", b"v2"]
     first = producer.to("t")[0]
     assert first.key == b"k1"
     assert first.partition == 0
     assert first.headers == [("h", b"x"), ("kdelay-id", b"m1"), ("kdelay-deliver-at", b"100")]
-    assert first.timestamp >= 100
+    assert first.timestamp == rig.clock.now_ms  # the release time
     assert store.pending == 1
-    assert value(metrics.forwarded) == 2
-    # The checkpoint claims "now" and the offsets noted before the scan.
+    assert rig.value("kdelay_replica_forwarded_total") == 2
+    # The checkpoint claims "now" (not the future m3) and the offsets noted before the scan.
     assert len(cps.writes) == 1
-    claim_time, claim_offsets = cps.writes[0]
-    assert claim_offsets == {0: 2, 1: 1}
-    assert 200 <= claim_time < 10**15
+    assert cps.writes[0] == (rig.clock.now_ms, {0: 2, 1: 1})
+    assert (cps.records[0].writer, cps.records[0].written_at_ms) == ("r1", rig.clock.now_ms)
     # Tombstones for both delivered ids go to their own buffer partitions.
     tombs = producer.to("__kdelay_buffer")
     assert sorted((s.key, s.partition) for s in tombs) == [(b"m1", 1), (b"m2", 0)]
@@ -195,26 +225,27 @@ def test_transient_failure_holds_later_entries_of_the_same_target(store: Store) 
         return None
 
     producer = FakeProducer(fail=fail)
-    fwd, metrics, _ = make(store, producer)
+    rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = activate(fwd, cps)
-    fwd.forward_once(cps, gen)
+    gen = rig.fwd.activate(cps)
+    rig.fwd.forward_once(cps, gen)
     # m1, m2 (same target as m0) were sent in the same round (cannot be recalled) ...
     assert [dict(s.headers)["kdelay-id"] for s in producer.to("t")] == [b"m1", b"m2", b"m3", b"m4"]
     # ... m0 is held, and the claim stays below its due time.
     assert store.get("m0") is not None
     assert cps.writes[-1][0] == 99
-    assert value(metrics.forward_errors, "_MSG_TIMED_OUT") == 1
+    assert rig.value("kdelay_replica_forward_errors_total", error="_MSG_TIMED_OUT") == 1
     failing.clear()
     store.apply([(0, 5, msg(5, 101, partition=0))], {0: 6})
     store.apply([(0, 6, msg(6, 102, partition=1))], {0: 7})
-    # While m0 waits out its backoff, m5 (same target) waits behind it; m6 flows.
-    fwd._retries[next(iter(fwd._retries))].next_at = float("inf")
-    fwd.forward_once(cps, gen)
+    # While m0 waits out its backoff (the clock has not moved), m5 (same target) waits behind
+    # it; m6 flows.
+    result = rig.fwd.forward_once(cps, gen)
+    assert (result.delivered, result.held) == (1, 2)
     assert store.get("m5") is not None
     assert store.get("m6") is None
-    fwd._retries[next(iter(fwd._retries))].next_at = 0.0
-    fwd.forward_once(cps, gen)
+    rig.clock.advance(1)  # the backoff (1 ms) is over
+    rig.fwd.forward_once(cps, gen)
     ids = [dict(s.headers)["kdelay-id"] for s in producer.to("t")]
     assert ids[-3:] == [b"m6", b"m0", b"m5"]
     assert store.pending == 0
@@ -227,17 +258,17 @@ def test_permanent_failure_goes_to_dead_letter_after_n_attempts(store: Store) ->
         return KafkaError(KafkaError._UNKNOWN_PARTITION) if s.topic == "gone" else None
 
     producer = FakeProducer(sync_fail=sync_fail)
-    fwd, metrics, _ = make(store, producer, dead_letter_after=3)
+    rig = make(store, producer, dead_letter_after=3)
     cps = FakeCheckpoints()
-    gen = activate(fwd, cps)
+    gen = rig.fwd.activate(cps)
     for _ in range(2):
-        fwd.forward_once(cps, gen)
-        for r in fwd._retries.values():
-            r.next_at = 0.0
+        rig.fwd.forward_once(cps, gen)
+        rig.clock.advance(1_000)  # past the backoff
         assert store.get("m0") is not None
     assert [s.value for s in producer.to("ok")] == [b"v1"]  # the good target kept flowing
     assert producer.to(DEAD_LETTER_TOPIC) == []
-    fwd.forward_once(cps, gen)
+    result = rig.fwd.forward_once(cps, gen)
+    assert (result.delivered, result.dead_lettered, result.held) == (0, 1, 0)
     dead = producer.to(DEAD_LETTER_TOPIC)
     assert len(dead) == 1
     headers = dict(dead[0].headers)
@@ -246,68 +277,105 @@ def test_permanent_failure_goes_to_dead_letter_after_n_attempts(store: Store) ->
     assert bytes(headers[ERROR_HEADER]).startswith(b"_UNKNOWN_PARTITION")  # type: ignore[arg-type]
     assert headers["kdelay-target"] == b"gone/0"
     assert store.pending == 0
-    assert value(metrics.dead_lettered, "_UNKNOWN_PARTITION") == 1
-    assert value(metrics.forward_errors, "_UNKNOWN_PARTITION") == 3
+    assert rig.value("kdelay_replica_dead_lettered_total", reason="_UNKNOWN_PARTITION") == 1
+    assert rig.value("kdelay_replica_forward_errors_total", error="_UNKNOWN_PARTITION") == 3
+    assert rig.value("kdelay_replica_forwarded_total") == 1  # dead letters are not deliveries
+
+
+def test_an_unacknowledged_dead_letter_is_tried_again(store: Store) -> None:
+    store.apply([(0, 0, msg(0, 100, topic="gone"))], {0: 1})
+    dead_letter_down = True
+
+    def fail(s: Sent) -> KafkaError | None:
+        if s.topic == "gone":
+            return KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+        if s.topic == DEAD_LETTER_TOPIC and dead_letter_down:
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return None
+
+    producer = FakeProducer(fail=fail)
+    rig = make(store, producer, dead_letter_after=1)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    result = rig.fwd.forward_once(cps, gen)
+    assert (result.dead_lettered, result.held, result.claim_ms) == (0, 1, 99)
+    assert store.get("m0") is not None
+    dead_letter_down = False
+    result = rig.fwd.forward_once(cps, gen)  # at once: a dead-letter verdict sets no backoff
+    assert (result.dead_lettered, result.held) == (1, 0)
+    assert store.pending == 0
 
 
 def test_transient_errors_are_never_dead_lettered(store: Store) -> None:
     store.apply([(0, 0, msg(0, 100))], {0: 1})
     producer = FakeProducer(fail=lambda _s: KafkaError(KafkaError._TRANSPORT))
-    fwd, _, _ = make(store, producer, dead_letter_after=1)
+    rig = make(store, producer, dead_letter_after=1)
     cps = FakeCheckpoints()
-    gen = activate(fwd, cps)
+    gen = rig.fwd.activate(cps)
     for _ in range(4):
-        fwd.forward_once(cps, gen)
-        for r in fwd._retries.values():
-            r.next_at = 0.0
+        rig.fwd.forward_once(cps, gen)
+        rig.clock.advance(1_000)  # past the backoff
     assert producer.to(DEAD_LETTER_TOPIC) == []
+    assert rig.value("kdelay_replica_forward_errors_total", error="_TRANSPORT") == 4
     assert store.get("m0") is not None
 
 
 def test_claim_never_moves_backwards(store: Store) -> None:
     producer = FakeProducer()
-    fwd, _, _ = make(store, producer)
+    rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = activate(fwd, cps)
-    fwd.forward_once(cps, gen)
+    gen = rig.fwd.activate(cps)
+    rig.fwd.forward_once(cps, gen)
     first = cps.writes[-1][0]
+    assert first == rig.clock.now_ms
     store.apply([(0, 0, msg(0, 5, topic="gone"))], {0: 1})  # a failing late arrival
     producer.sync_fail = lambda _s: KafkaError(KafkaError._TRANSPORT)
-    fwd.forward_once(cps, gen)
-    assert cps.writes[-1][0] >= first
+    rig.clock.advance(1_000)
+    result = rig.fwd.forward_once(cps, gen)
+    assert result.claim_ms == 4  # this round alone could claim only below the late arrival
+    assert len(cps.writes) == 2
+    assert cps.writes[-1][0] == first  # but the written claim stays where it was
+
+
+def test_a_stale_generation_sends_nothing(store: Store) -> None:
+    store.apply([(0, 0, msg(0, 100))], {0: 1})
+    producer = FakeProducer()
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    rig.fwd.deactivate("lost leadership")
+    result = rig.fwd.forward_once(cps, gen)
+    assert producer.sent == []
+    assert (result.delivered, result.held, result.claim_ms) == (0, 1, 99)
 
 
 def test_fenced_write_deactivates_and_reports(store: Store) -> None:
     store.apply([(0, 0, msg(0, 100))], {0: 1})
     producer = FakeProducer()
-    fwd, _, fenced = make(store, producer)
+    rig = make(store, producer)
     cps = FakeCheckpoints(fenced=True)
-    fwd.activate(cps)
-    thread = threading.Thread(target=fwd.run)
+    rig.fwd.activate(cps)
+    thread = threading.Thread(target=rig.fwd.run)
     thread.start()
     try:
-        deadline = threading.Event()
-        for _ in range(100):
-            if fenced:
-                break
-            deadline.wait(0.05)
-        assert fenced, "a rejected checkpoint write must call on_fenced"
-        assert not fwd.active.is_set()
+        assert rig.on_fenced.wait(10), "a rejected checkpoint write must call on_fenced"
+        assert rig.fenced == ["newer epoch"]
+        assert not rig.fwd.active.is_set()
         assert producer.to("t") == []  # the initial (fenced) write came before any record
     finally:
-        fwd.shutdown()
+        rig.fwd.shutdown()
         thread.join(10)
     assert not thread.is_alive()
 
 
 def test_cancelled_ids_get_tombstones_only_on_the_master(store: Store) -> None:
     producer = FakeProducer()
-    fwd, _, _ = make(store, producer)
-    fwd.add_tombstones([("x", 3, 7)])  # not master: ignored
+    rig = make(store, producer)
+    rig.fwd.add_tombstones([("x", 3, 7)])  # not master: ignored
     cps = FakeCheckpoints()
-    gen = activate(fwd, cps)
-    fwd.add_tombstones([("y", 2, 9)])
+    gen = rig.fwd.activate(cps)
+    rig.fwd.add_tombstones([("y", 2, 9)])
     store.apply([(2, 9, Cancel("y"))], {2: 10})
-    fwd.forward_once(cps, gen)
+    rig.fwd.forward_once(cps, gen)
     tombs = producer.to("__kdelay_buffer")
     assert [(s.key, s.partition) for s in tombs] == [(b"y", 2)]

@@ -9,15 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from delay_service.entry import decode_entry, encode_entry, entry_key, split_key
 from delay_service.errors import StoreError
-from delay_service.store import (
-    Store,
-    decode_entry,
-    encode_entry,
-    entry_key,
-    split_key,
-)
+from delay_service.store import Store
 from kdelay.buffer import Cancel, Scheduled, Tombstone
+from kdelay.checkpoint import Checkpoint
 
 
 def sched(msg_id: str, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
@@ -156,12 +152,12 @@ def test_checkpoint_drops_covered_entries_and_filters_later_ingest(store: Store)
         {0: 6},
     )
     # Covers offsets < 2 due by 15: only "a"; "late" (offset 5) is beyond O.
-    assert store.apply_checkpoint(15, {0: 2}) == 1
+    assert store.apply_checkpoint(Checkpoint(15, {0: 2})) == 1
     assert [e.message.id for e in store.due(100, 10)] == ["late", "b"]
     # A replica re-reading the topic skips what the checkpoint covers.
     result = store.apply([(1, 0, sched("c", 1))], {1: 1})
     assert result.scheduled == 1
-    store.apply_checkpoint(30, {0: 6, 1: 1})
+    store.apply_checkpoint(Checkpoint(30, {0: 6, 1: 1}))
     result = store.apply([(0, 0, sched("a", 10)), (0, 7, sched("d", 10))], {0: 8})
     assert (result.covered, result.scheduled) == (1, 1)
     assert [e.message.id for e in store.due(100, 10)] == ["d"]
@@ -204,7 +200,26 @@ def test_scan_after_many_deletions_sees_only_live_entries(store: Store) -> None:
 def test_due_window_counts_are_cumulative(store: Store) -> None:
     store.apply([(0, i, sched(f"m{i}", at)) for i, at in enumerate([5, 50, 500])], {0: 3})
     assert store.count_due_within(0, [10, 100, 1000], cap=100) == [1, 2, 3]
-    assert store.size_bytes() >= 0
+    assert store.count_due_within(0, [10, 100, 1000], cap=2) == [1, 2, 2]
+
+
+def test_size_bytes_counts_the_write_ahead_log_and_the_tables(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db")
+    empty = s.size_bytes()
+    payload = 100 * 1000  # 100 entries with 1000-byte values
+    s.apply(
+        [(0, i, Scheduled(f"m{i}", "t", 0, None, bytes(1000), i)) for i in range(100)], {0: 100}
+    )
+    written = s.size_bytes()
+    assert written >= empty + payload  # every value is in the write-ahead log
+    s.close()
+    s = Store(tmp_path / "db")  # closing flushed the memtables into table (.sst) files
+    try:
+        tables = sum(p.stat().st_size for p in (tmp_path / "db").glob("*.sst"))
+        assert tables > 0
+        assert s.size_bytes() >= tables
+    finally:
+        s.close()
 
 
 @settings(max_examples=30, deadline=None)
@@ -238,7 +253,7 @@ def test_store_agrees_with_a_model(tmp_path_factory: pytest.TempPathFactory, ops
 def test_initial_checkpoint_claim_of_nothing_persists(tmp_path: Path) -> None:
     s = Store(tmp_path / "db")
     s.apply([(0, 0, sched("a", 1))], {0: 1})
-    assert s.apply_checkpoint(-1, {}) == 0
+    assert s.apply_checkpoint(Checkpoint(-1, {})) == 0
     s.close()
     s = Store(tmp_path / "db")
     try:

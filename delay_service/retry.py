@@ -1,0 +1,97 @@
+"""The forwarder's retry and dead-letter policy: pure bookkeeping, time from an injected clock.
+
+An entry whose forward failed waits out an exponential backoff (``backoff_ms * 2**(n-1)`` after
+the n-th failed attempt, at most ``backoff_max_ms``); meanwhile the forwarder holds it and every
+later entry for the same target, so per-target order is kept. A *permanent* error on the
+``dead_letter_after``-th attempt (or later) sends the entry to the dead-letter topic instead;
+transient errors are retried for ever. Attempts are counted per entry key.
+
+Threads: a RetryPolicy belongs to the forwarder thread; it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from delay_service.clock import Clock
+from delay_service.config import ReplicaConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do after a failed attempt."""
+
+    attempts: int  # failed attempts so far, this one included
+    dead_letter: bool  # True: dead-letter now; False: retry after the backoff
+
+
+@dataclass(slots=True)
+class _Retry:
+    attempts: int
+    next_at: float  # monotonic seconds
+
+
+class RetryPolicy:
+    """Failed attempts and backoff deadlines of the entries that failed."""
+
+    def __init__(
+        self, *, backoff_ms: int, backoff_max_ms: int, dead_letter_after: int, clock: Clock
+    ) -> None:
+        self._backoff_ms = backoff_ms
+        self._backoff_max_ms = backoff_max_ms
+        self._dead_letter_after = dead_letter_after
+        self._clock = clock
+        self._retries: dict[bytes, _Retry] = {}
+
+    @classmethod
+    def for_replica(cls, cfg: ReplicaConfig, clock: Clock) -> RetryPolicy:
+        """The policy ``cfg``'s retry and dead-letter settings ask for."""
+        return cls(
+            backoff_ms=cfg.retry_backoff_ms,
+            backoff_max_ms=cfg.retry_backoff_max_ms,
+            dead_letter_after=cfg.dead_letter_after,
+            clock=clock,
+        )
+
+    def waiting(self, key: bytes) -> bool:
+        """The entry failed and its backoff has not passed yet."""
+        retry = self._retries.get(key)
+        return retry is not None and retry.next_at > self._clock.monotonic()
+
+    def attempts(self, key: bytes) -> int:
+        """Failed attempts recorded for the entry (0: none)."""
+        retry = self._retries.get(key)
+        return 0 if retry is None else retry.attempts
+
+    def failed(self, key: bytes, *, permanent: bool) -> Verdict:
+        """Record a failed attempt; a dead-letter verdict leaves the record as it was, so an
+        entry whose dead-letter write fails too is tried again at once."""
+        previous = self._retries.get(key)
+        attempts = previous.attempts + 1 if previous is not None else 1
+        if permanent and attempts >= self._dead_letter_after:
+            return Verdict(attempts, dead_letter=True)
+        backoff_ms = min(self._backoff_ms * 2 ** (attempts - 1), self._backoff_max_ms)
+        self._retries[key] = _Retry(attempts, self._clock.monotonic() + backoff_ms / 1000)
+        return Verdict(attempts, dead_letter=False)
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """The entries left the store (delivered or dead-lettered)."""
+        for key in keys:
+            self._retries.pop(key, None)
+
+    def retain(self, keys: Collection[bytes]) -> None:
+        """Forget every entry not in ``keys``: those were removed meanwhile (cancelled)."""
+        for key in [k for k in self._retries if k not in keys]:
+            del self._retries[key]
+
+    def clear(self) -> None:
+        """Forget everything (a new term as master starts afresh)."""
+        self._retries.clear()
+
+    def next_retry_in_ms(self) -> int | None:
+        """Milliseconds until the soonest backoff ends (0: already over), None: no retries."""
+        if not self._retries:
+            return None
+        soonest = min(r.next_at for r in self._retries.values())
+        return max(0, int((soonest - self._clock.monotonic()) * 1000))

@@ -1,0 +1,184 @@
+"""The sender with a fake producer and a fake clock: acknowledgements, errors, the producer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import EllipsisType
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from delay_service.entry import Entry, entry_key
+from delay_service.sender import (
+    ERROR_HEADER,
+    TARGET_HEADER,
+    Outcome,
+    Sender,
+    is_permanent,
+)
+from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled
+
+Callback = Callable[[KafkaError | None, Message], None]
+Headers = list[tuple[str, str | bytes | None]]
+
+
+@dataclass
+class Clock:
+    now_ms: int = 5_000
+    mono: float = 0.0
+
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+@dataclass
+class Producer:
+    """Acknowledges at poll() with ``answer(topic)``; ``...`` leaves a record unacknowledged.
+
+    poll(timeout) moves the clock by ``timeout``, as a real poll would wait.
+    """
+
+    clock: Clock
+    answer: Callable[[str], KafkaError | EllipsisType | None] = lambda _t: None
+    full: int = 0  # produce() raises BufferError this many times first
+    sync: KafkaError | None = None
+    produced: list[tuple[str, bytes | None, int, int, Headers]] = field(default_factory=list)
+    queued: list[tuple[str, Callback | None]] = field(default_factory=list)
+
+    def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        callback: Callback | None = None,
+        on_delivery: Callback | None = None,
+        timestamp: int = 0,
+        headers: Headers | None = None,
+    ) -> None:
+        assert not isinstance(key, str)
+        if self.full:
+            self.full -= 1
+            raise BufferError("queue full")
+        if self.sync is not None:
+            raise KafkaException(self.sync)
+        self.produced.append((topic, key, partition, timestamp, list(headers or [])))
+        self.queued.append((topic, on_delivery))
+
+    def poll(self, timeout: float = -1) -> int:
+        self.clock.mono += max(timeout, 0)
+        keep: list[tuple[str, Callback | None]] = []
+        done: list[tuple[str, Callback | None]] = []
+        for topic, cb in self.queued:
+            (keep if self.answer(topic) is ... else done).append((topic, cb))
+        self.queued = keep
+        for topic, cb in done:
+            err = self.answer(topic)
+            if cb is not None:
+                cb(err, None)  # type: ignore[arg-type]
+        return len(done)
+
+    def flush(self, timeout: float = -1) -> int:
+        return len(self.queued)
+
+
+@dataclass
+class Rig:
+    clock: Clock
+    producers: list[Producer]
+    sender: Sender
+
+
+def rig(**producer: object) -> Rig:
+    clock = Clock()
+    made: list[Producer] = []
+
+    def factory() -> Producer:
+        made.append(Producer(clock, **producer))  # type: ignore[arg-type]
+        return made[-1]
+
+    return Rig(
+        clock, made, Sender(factory, buffer_topic="buf", produce_timeout_ms=1000, clock=clock)
+    )
+
+
+def entry(i: int, topic: str = "t", partition: int = 3) -> Entry:
+    msg = Scheduled(f"m{i}", topic, partition, f"k{i}".encode(), b"v", 100 + i)
+    return Entry(entry_key(100 + i, 0, i), msg, 0, i)
+
+
+def test_send_waits_for_every_acknowledgement_in_order() -> None:
+    r = rig(answer=lambda t: KafkaError(KafkaError._MSG_TIMED_OUT) if t == "bad" else None)
+    outcomes = r.sender.send([entry(0), entry(1, topic="bad"), entry(2)])
+    assert [o.error is None for o in outcomes] == [True, False, True]
+    assert outcomes[0] == Outcome(None, 5_000)
+    produced = r.producers[0].produced
+    assert [(t, k, p, ts) for t, k, p, ts, _ in produced] == [
+        ("t", b"k0", 3, 5_000),
+        ("bad", b"k1", 3, 5_000),
+        ("t", b"k2", 3, 5_000),
+    ]
+    assert len(r.producers) == 1  # a plain error keeps the producer
+
+
+def test_nothing_to_send_creates_no_producer() -> None:
+    r = rig()
+    assert r.sender.send([]) == []
+    assert r.sender.dead_letter([]) == []
+    assert r.producers == []
+
+
+def test_a_full_queue_is_waited_out_and_a_synchronous_error_returned() -> None:
+    r = rig(full=2)
+    assert r.sender.send([entry(0)])[0].error is None
+    r.producers[0].sync = KafkaError(KafkaError._UNKNOWN_PARTITION)
+    (outcome,) = r.sender.send([entry(1)])
+    assert outcome.error is not None
+    assert outcome.error.code() == KafkaError._UNKNOWN_PARTITION
+    assert is_permanent(outcome.error)
+
+
+def test_missing_acknowledgements_time_out_and_replace_the_producer() -> None:
+    r = rig(answer=lambda _t: ...)
+    (outcome,) = r.sender.send([entry(0)])
+    assert outcome.error is not None
+    assert outcome.error.code() == KafkaError._MSG_TIMED_OUT
+    assert r.clock.mono >= 1 + 30  # message.timeout.ms plus the margin
+    r.sender.send([entry(1)])
+    assert len(r.producers) == 2
+
+
+def test_a_fatal_error_replaces_the_producer() -> None:
+    r = rig(answer=lambda _t: KafkaError(KafkaError._FATAL, fatal=True))
+    r.sender.send([entry(0)])
+    r.sender.send([entry(1)])
+    assert len(r.producers) == 2
+    assert not is_permanent(KafkaError(KafkaError._FATAL, fatal=True))
+
+
+def test_dead_letters_carry_the_error_and_the_target() -> None:
+    r = rig(answer=lambda t: KafkaError(KafkaError._MSG_TIMED_OUT) if t == "nope" else None)
+    failures = [(entry(0, topic="gone", partition=-1), KafkaError(KafkaError._UNKNOWN_TOPIC))]
+    assert r.sender.dead_letter(failures) == [True]
+    topic, key, partition, _, headers = r.producers[0].produced[0]
+    assert (topic, key, partition) == (DEAD_LETTER_TOPIC, b"k0", -1)
+    found = dict(headers)
+    error = found[ERROR_HEADER]
+    assert isinstance(error, bytes)
+    assert error.startswith(b"_UNKNOWN_TOPIC: ")
+    assert found[TARGET_HEADER] == b"gone/-1"
+    assert found["kdelay-id"] == b"m0"
+
+
+def test_tombstones_are_not_waited_for() -> None:
+    r = rig(answer=lambda _t: ...)
+    r.sender.tombstones([("a", 2, 7), ("b", 0, 9)])
+    assert [(t, k, p) for t, k, p, _, _ in r.producers[0].produced] == [
+        ("buf", b"a", 2),
+        ("buf", b"b", 0),
+    ]
+    assert r.clock.mono == 0  # no acknowledgement wait
+    r.sender.close()
