@@ -19,11 +19,12 @@ import uvicorn
 from kdelay import logs
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
-from proxy.broker import Advertised, Broker
+from proxy.broker import Broker
 from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.metrics import ProxyMetrics
 from proxy.server import KafkaServer, Limits
+from proxy.topics import Advertised, Topics
 from proxy.upstream import Upstream
 
 log = logs.get(__name__)
@@ -83,30 +84,29 @@ class Proxy:
             linger_ms=cfg.upstream_linger_ms,
             extra=dict(cfg.upstream_config),
         )
-        host, port = cfg.listen_address
-        advertised = Advertised(cfg.node_id, "", 0)
-        broker = Broker(
-            self.upstream,
-            self.metrics,
-            advertised,
-            policy=cfg.policy,
-            metadata_ttl_s=cfg.metadata_ttl_s,
-            max_decompressed_bytes=cfg.decompressed_limit,
-        )
+        topics = Topics(self.upstream, ttl_s=cfg.metadata_ttl_s)
         self.kafka = KafkaServer(
-            broker,
             self.metrics,
             Limits(cfg.max_request_bytes, cfg.max_inflight_per_connection, cfg.idle_timeout_s),
             _ssl_context(cfg),
         )
-        bound_host, bound_port = await self.kafka.start(host, port)
+        bound_host, bound_port = await self.kafka.bind(*cfg.listen_address)
         adv_host = cfg.advertised_host or (
             socket.getfqdn() if bound_host in ("0.0.0.0", "::") else bound_host
         )
-        broker.advertised = Advertised(cfg.node_id, adv_host, cfg.advertised_port or bound_port)
+        advertised = Advertised(cfg.node_id, adv_host, cfg.advertised_port or bound_port)
+        broker = Broker(
+            self.upstream,
+            topics,
+            self.metrics,
+            advertised,
+            policy=cfg.policy,
+            max_decompressed_bytes=cfg.decompressed_limit,
+        )
+        await self.kafka.serve(broker)
 
         http_host, http_port = cfg.http_address
-        app = create_app(broker, self.upstream)
+        app = create_app(topics, self.upstream, self.metrics, cfg.policy)
         self._http = _EmbeddedUvicorn(
             uvicorn.Config(app, host=http_host, port=http_port, log_config=None, lifespan="off")
         )
@@ -117,7 +117,7 @@ class Proxy:
             await asyncio.sleep(0.01)
         sock = self._http.servers[0].sockets[0].getsockname()
         self.addresses = Addresses(
-            f"{broker.advertised.host}:{broker.advertised.port}", f"http://{sock[0]}:{sock[1]}"
+            f"{advertised.host}:{advertised.port}", f"http://{sock[0]}:{sock[1]}"
         )
         log.info(
             "proxy_started",

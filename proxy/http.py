@@ -1,8 +1,9 @@
 """The proxy's HTTP API (CONTRACT.md): produce delayed, cancel, health, readiness, metrics.
 
-Runs on the same asyncio loop as the Kafka listener (uvicorn). Input is validated with the same
-header parser as the Kafka path, so both reject the same values with the same reason; a 400 names
-the JSON field at fault. A record is acknowledged (202) only once upstream Kafka has it.
+Runs on the same asyncio loop as the Kafka listener (uvicorn). A posted message is routed like a
+produced record (proxy/routing.py), so both reject the same values with the same reason, and its
+topic is looked up in the listener's topic cache (proxy/topics.py); a 400 names the JSON field at
+fault. A record is acknowledged (202) only once upstream Kafka has it.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from kdelay import buffer, logs
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
-from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Incoming, Kind, Outgoing, cancel, route_record
+from proxy.routing import (
+    Incoming,
+    Kind,
+    Outgoing,
+    RejectedRecordError,
+    cancel,
+    route,
+    wall_clock_ms,
+)
+from proxy.topics import Topics
 from proxy.upstream import Upstream, UpstreamError
 
 log = logs.get(__name__)
@@ -143,16 +152,20 @@ def _route_message(msg: MessageIn, now_ms: int, policy: DelayPolicy) -> Outgoing
             raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
     control = _control_headers(msg)
     try:
-        return route_record(
+        (routed,), _ = route(
             msg.topic,
             -1 if msg.partition is None else msg.partition,
-            Incoming(key, value, [*own, *control]),
+            [Incoming(key, value, [*own, *control])],
             now_ms,
             policy,
         )
-    except InvalidHeaderError as exc:
-        field = _FIELD_OF_HEADER.get(exc.header, exc.header)
-        raise BadRequestError(f"{field}: {exc.problem}") from None
+    except RejectedRecordError as exc:
+        bad = exc.header_error
+        # A posted message always carries a timing header: only a header can be at fault.
+        assert bad is not None
+        field = _FIELD_OF_HEADER.get(bad.header, bad.header)
+        raise BadRequestError(f"{field}: {bad.problem}") from None
+    return routed
 
 
 def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
@@ -185,11 +198,15 @@ def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
 
 
 def create_app(
-    broker: Broker, upstream: Upstream, *, now_ms: Callable[[], int] | None = None
+    topics: Topics,
+    upstream: Upstream,
+    metrics: ProxyMetrics,
+    policy: DelayPolicy,
+    *,
+    now_ms: Callable[[], int] = wall_clock_ms,
 ) -> FastAPI:
-    """The FastAPI application of one proxy."""
-    metrics = broker.metrics
-    clock = now_ms or broker.clock_ms
+    """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
+    listener's cache) and writes through ``upstream``."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
@@ -202,7 +219,7 @@ def create_app(
         if topic == buffer.BUFFER_TOPIC:
             raise BadRequestError(f"topic: {topic} is the proxy's internal buffer topic")
         try:
-            info = await broker.topic_info(topic)
+            info = await topics.info(topic)
         except KafkaException as exc:
             raise UnavailableError(f"upstream Kafka unreachable: {exc}") from None
         if info.error_code or info.partitions == 0:
@@ -223,7 +240,7 @@ def create_app(
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
     async def post_message(msg: MessageIn) -> Accepted:
         """Schedule one message for delivery at a later time."""
-        routed = _route_message(msg, clock(), broker.policy)
+        routed = _route_message(msg, now_ms(), policy)
         assert routed.kind is Kind.DELAYED
         assert routed.id is not None
         assert routed.deliver_at_ms is not None

@@ -1,4 +1,10 @@
-"""Reading a produced record batch (magic v2): kafka-python frames it, aiokafka parses its records.
+"""Reading one partition's produced record batch (magic v2), from raw bytes to its records.
+
+``read_batch`` frames the batch and reads its header with kafka-python (bounds-checked, once per
+batch) and refuses what the proxy does not accept; ``uncompressed`` decompresses its records
+within a bound (proxy/decompress.py says why the parsers' own decompression is not used);
+``read_records`` parses them. A batch refused at any step raises ``BatchError`` with the Kafka
+error code for its partition, and nothing of it is written.
 
 Parsing records in pure Python (kafka-python's ``DefaultRecordBatch``: varints, one object per
 record) was about 45 % of the proxy's CPU on the immediate path. aiokafka ships the same record
@@ -9,13 +15,13 @@ aiokafka silently falls back to its pure-Python classes when the extension is mi
 
 The compiled parser trusts its input more than a server reading untrusted bytes may, so:
 
-- the batch is framed and its header read by kafka-python (bounds-checked, once per batch), and
-  the compiled class is only ever given a whole batch at least as long as a v2 header;
+- the batch is framed and its header read by kafka-python, and the compiled class is only ever
+  given a whole batch at least as long as a v2 header;
 - its varint reads check only that a varint's first byte is in bounds (header keys and values
   not even that), so a crafted record can make it read a few bytes past the batch: it reads from
   a copy followed by ``_PADDING`` zero bytes, never from memory that is not the proxy's;
 - it decompresses without any bound when iterated: it is only ever given uncompressed batches
-  (proxy/decompress.py decompresses within ``max_decompressed_bytes``).
+  (``uncompressed`` decompresses within ``max_decompressed_bytes``).
 
 Pure functions; safe from any thread.
 """
@@ -25,8 +31,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
 
+import kafka.errors as kerr
 from aiokafka.record.default_records import DefaultRecordBatch
 from kafka.record.default_records import DefaultRecordBatch as _HeaderReader
+from kafka.record.memory_records import MemoryRecords
+
+from kdelay.errors import KdelayError
+from proxy.decompress import DecompressError, TooLargeError, decompress
+from proxy.protocol import DECODE_ERRORS
 
 #: The compiled batch class (its pure-Python fallback when the extension did not load).
 BatchParser: Final[Any] = DefaultRecordBatch
@@ -38,6 +50,48 @@ HEADER_SIZE: Final[int] = _HeaderReader.HEADER_STRUCT.size
 #: More than the compiled parser can read past a batch's end: two unchecked varints of at
 #: most 10 bytes each (a header value's length, then the next header key's length).
 _PADDING: Final = bytes(32)
+_ATTRIBUTES_LOW_BYTE: Final = _HeaderReader.ATTRIBUTES_OFFSET + 1
+_CODEC_MASK: Final = _HeaderReader.CODEC_MASK
+
+
+class BatchError(KdelayError):
+    """A partition's batch is refused as a whole (nothing of it is written).
+
+    ``code`` is the Kafka error for the partition's response, ``records`` how many records the
+    rejected-records metric counts, ``record_errors`` the response's per-record errors (batch
+    index, message): the record at ``index`` when one record is at fault.
+    """
+
+    def __init__(
+        self, code: int, message: str, records: int = 0, *, index: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.records = records
+        self.record_errors: tuple[tuple[int, str | None], ...] = (
+            ((index, message),) if index is not None else ()
+        )
+
+
+class BatchHeader(Protocol):
+    """What the proxy reads from a batch's header (kafka-python's ``DefaultRecordBatch``)."""
+
+    @property
+    def size_in_bytes(self) -> int: ...
+    @property
+    def last_offset_delta(self) -> int: ...
+    @property
+    def compression_type(self) -> int: ...
+    @property
+    def is_transactional(self) -> bool: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+    @property
+    def base_sequence(self) -> int: ...
+    @property
+    def last_sequence(self) -> int: ...
 
 
 class Record(Protocol):
@@ -66,3 +120,67 @@ def parse(*parts: bytes | memoryview) -> Iterator[Record]:
     batch = BatchParser(memoryview(padded)[:size])
     records: Iterator[Record] = iter(batch)
     return records
+
+
+def read_batch(raw: bytes) -> BatchHeader:
+    """The one v2 record batch of a partition (Kafka requires exactly one since Produce v3),
+    framed, CRC-checked and not a control batch."""
+    if not raw:
+        raise BatchError(kerr.InvalidRecordError.errno, "no record batch for this partition")
+    try:
+        records = MemoryRecords(raw)
+        batches = []
+        while records.has_next():
+            batches.append(records.next_batch())
+    except DECODE_ERRORS as exc:
+        raise BatchError(
+            kerr.CorruptRecordError.errno, f"malformed record batch: {exc!r}"
+        ) from None
+    if len(batches) != 1:
+        raise BatchError(
+            kerr.InvalidRecordError.errno,
+            f"a produce request must carry one record batch per partition, got {len(batches)}",
+        )
+    batch = batches[0]
+    if batch.magic != 2:
+        raise BatchError(
+            kerr.UnsupportedForMessageFormatError.errno,
+            f"record batch format v{batch.magic}; the proxy accepts v2 only",
+        )
+    if not batch.validate_crc():
+        raise BatchError(kerr.CorruptRecordError.errno, "record batch CRC mismatch")
+    if batch.is_control_batch:
+        raise BatchError(kerr.InvalidRecordError.errno, "control batches are not accepted")
+    header: BatchHeader = batch
+    return header
+
+
+def uncompressed(raw: bytes, batch: BatchHeader, limit: int) -> tuple[bytes | memoryview, ...]:
+    """``batch`` (the first and only one in ``raw``, as ``read_batch`` returned it) with its
+    records decompressed within ``limit`` bytes: the parts of an uncompressed batch, header
+    first, for ``read_records``."""
+    codec = batch.compression_type
+    if codec == 0:
+        return (memoryview(raw)[: batch.size_in_bytes],)
+    try:
+        records = decompress(codec, memoryview(raw)[HEADER_SIZE : batch.size_in_bytes], limit)
+    except TooLargeError as exc:
+        raise BatchError(
+            kerr.RecordListTooLargeError.errno, str(exc), batch.last_offset_delta + 1
+        ) from None
+    except DecompressError as exc:
+        raise BatchError(kerr.CorruptRecordError.errno, str(exc)) from None
+    header = bytearray(raw[:HEADER_SIZE])
+    header[_ATTRIBUTES_LOW_BYTE] &= ~_CODEC_MASK & 0xFF
+    return (bytes(header), records)
+
+
+def read_records(parts: tuple[bytes | memoryview, ...]) -> list[Record]:
+    """Every record of the uncompressed batch ``uncompressed`` returned, parsed before any is
+    routed: a corrupt record anywhere refuses the whole batch."""
+    try:
+        return list(parse(*parts))
+    except Exception as exc:  # noqa: BLE001 - the parser raises several error types
+        raise BatchError(
+            kerr.CorruptRecordError.errno, f"cannot decode the record batch: {exc!r}"
+        ) from None

@@ -1,18 +1,22 @@
 """Where each produced record goes (CONTRACT.md): through, into the buffer topic, or a cancel.
 
-Pure functions over one partition's records, shared by the Kafka listener and the HTTP API. A
-batch is routed all-or-nothing: the first invalid control header raises InvalidHeaderError and
-nothing of the batch is written.
+``route`` is the one entry point, shared by the Kafka listener (a partition's parsed batch) and
+the HTTP API (one posted message). A batch is routed all-or-nothing: the first record that
+cannot be routed raises RejectedRecordError and nothing of the batch is written.
+
+Pure functions; safe from any thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
 from kdelay import buffer
+from kdelay.errors import InvalidHeaderError, KdelayError
 from kdelay.headers import (
     CONTROL_HEADERS,
     CancelRequest,
@@ -22,6 +26,7 @@ from kdelay.headers import (
     new_id,
     strip_control,
 )
+from proxy.records import Record
 
 HeaderList = list[tuple[str, bytes | None]]
 
@@ -51,12 +56,30 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """One record as the producer sent it."""
+    """One record as the producer sent it, when it did not come in a record batch (the HTTP
+    API). Routing passes ``headers`` on as they are: give each record its own list."""
 
     key: bytes | None
     value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
-    timestamp_ms: int | None = None
+    headers: HeaderList
+    timestamp: int | None = None
+
+
+class RejectedRecordError(KdelayError):
+    """Record ``index`` of a batch cannot be routed, so nothing of the batch is written;
+    ``header_error`` is set when one of its control headers is at fault (it names the header)."""
+
+    def __init__(
+        self, index: int, message: str, header_error: InvalidHeaderError | None = None
+    ) -> None:
+        super().__init__(message)
+        self.index = index
+        self.header_error = header_error
+
+
+def wall_clock_ms() -> int:
+    """Now in epoch milliseconds: a delay counts from the moment the proxy accepted a record."""
+    return time.time_ns() // 1_000_000
 
 
 class Outgoing(NamedTuple):
@@ -120,37 +143,68 @@ def cancel(msg_id: str) -> Outgoing:
     )
 
 
-def route_record(
-    topic: str, partition: int, record: Incoming, now_ms: int, policy: DelayPolicy
-) -> Outgoing:
-    """Route one record; raises InvalidHeaderError naming the header."""
-    asked = classify(record.headers, now_ms, policy) if has_control_header(record.headers) else None
-    if asked is None:
-        return Outgoing(
-            Kind.IMMEDIATE,
-            topic,
-            partition,
-            record.key,
-            record.value,
-            list(record.headers),
-            record.timestamp_ms,
-        )
-    if isinstance(asked, CancelRequest):
-        return cancel(asked.id)
-    assert isinstance(asked, Delay)
-    return scheduled(
-        asked.id or new_id(),
-        topic=topic,
-        partition=partition,
-        key=record.key,
-        value=record.value,
-        deliver_at_ms=asked.deliver_at_ms,
-        headers=record.headers,
-    )
-
-
-def route_batch(
-    topic: str, partition: int, records: Iterable[Incoming], now_ms: int, policy: DelayPolicy
-) -> list[Outgoing]:
-    """Route every record of one partition's batch, or raise on the first invalid one."""
-    return [route_record(topic, partition, r, now_ms, policy) for r in records]
+def route(
+    topic: str, partition: int, records: Iterable[Record], now_ms: int, policy: DelayPolicy
+) -> tuple[list[Outgoing], dict[Kind, int]]:
+    """The records to write upstream for ``records`` produced to ``topic``/``partition``, in
+    order, and how many of each kind; raises RejectedRecordError for the first record that
+    cannot be routed (a malformed control header, or no control header on a record for the
+    buffer topic, which only the proxy writes)."""
+    out: list[Outgoing] = []
+    append = out.append
+    immediate = Kind.IMMEDIATE
+    counts = dict.fromkeys(Kind, 0)
+    to_buffer = topic == buffer.BUFFER_TOPIC
+    for i, r in enumerate(records):
+        headers = r.headers
+        ts = r.timestamp
+        if not (to_buffer or (headers and has_control_header(headers))):
+            # The common case, kept to one tuple per record: no header can be a control one.
+            append(
+                Outgoing(
+                    immediate,
+                    topic,
+                    partition,
+                    r.key,
+                    r.value,
+                    headers,
+                    ts if ts is not None and ts >= 0 else None,
+                )
+            )
+            continue
+        try:
+            asked = classify(headers, now_ms, policy) if has_control_header(headers) else None
+        except InvalidHeaderError as exc:
+            raise RejectedRecordError(i, str(exc), exc) from None
+        if asked is None:
+            if to_buffer:
+                raise RejectedRecordError(
+                    i, f"{buffer.BUFFER_TOPIC} is written by the proxy only; send kdelay headers"
+                )
+            # Header names with the control prefix that are no control header: passed through.
+            routed = Outgoing(
+                immediate,
+                topic,
+                partition,
+                r.key,
+                r.value,
+                headers,
+                ts if ts is not None and ts >= 0 else None,
+            )
+        elif isinstance(asked, CancelRequest):
+            routed = cancel(asked.id)
+        else:
+            assert isinstance(asked, Delay)
+            routed = scheduled(
+                asked.id or new_id(),
+                topic=topic,
+                partition=partition,
+                key=r.key,
+                value=r.value,
+                deliver_at_ms=asked.deliver_at_ms,
+                headers=headers,
+            )
+        counts[routed.kind] += 1
+        append(routed)
+    counts[immediate] = len(out) - counts[Kind.DELAYED] - counts[Kind.CANCEL]
+    return out, counts

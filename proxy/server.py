@@ -2,6 +2,8 @@
 
 Concurrency and ordering contract
 ---------------------------------
+- Start-up: ``bind`` takes the listening address without accepting connections, so the
+  ``Broker`` can be built knowing the address it advertises; ``serve`` then accepts with it.
 - Everything here runs on one asyncio event loop thread. librdkafka's delivery callbacks run on
   the upstream poll thread and reach the loop only through ``call_soon_threadsafe``
   (proxy/upstream.py); blocking metadata lookups run in worker threads (``asyncio.to_thread``).
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 
 from kdelay import logs
 from proxy import protocol as p
-from proxy.broker import Broker, Reply
+from proxy.broker import Broker, Reply, resolved
 from proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
@@ -71,25 +73,30 @@ class KafkaServer:
 
     def __init__(
         self,
-        broker: Broker,
         metrics: ProxyMetrics,
         limits: Limits | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.broker = broker
         self.metrics = metrics
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
+        self._broker: Broker | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listen on host:port (0: a free port); returns the bound address."""
+    async def bind(self, host: str, port: int) -> tuple[str, int]:
+        """Take host:port (0: a free port) without accepting yet; returns the bound address."""
         self._server = await asyncio.start_server(
-            self._on_connect, host, port, ssl=self.ssl_context, limit=2**20
+            self._on_connect, host, port, ssl=self.ssl_context, limit=2**20, start_serving=False
         )
         sock = self._server.sockets[0].getsockname()
         return str(sock[0]), int(sock[1])
+
+    async def serve(self, broker: Broker) -> None:
+        """Accept connections on the bound address and answer their requests with ``broker``."""
+        assert self._server is not None, "bind() first"
+        self._broker = broker
+        await self._server.start_serving()
 
     async def close(self) -> None:
         """Stop accepting and close every connection."""
@@ -106,9 +113,11 @@ class KafkaServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        # Connections are accepted only once serve() has the broker.
+        assert self._broker is not None
         self._connections.add(task)
         try:
-            await Connection(self, reader, writer).serve()
+            await Connection(self, self._broker, reader, writer).serve()
         except asyncio.CancelledError:
             # Shutdown. Ending normally keeps asyncio's stream callback from logging it.
             pass
@@ -120,10 +129,14 @@ class Connection:
     """One client connection (see the module docstring for the contract)."""
 
     def __init__(
-        self, server: KafkaServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        server: KafkaServer,
+        broker: Broker,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         self.server = server
-        self.broker = server.broker
+        self.broker = broker
         self.metrics = server.metrics
         self.limits = server.limits
         self.reader = reader
@@ -222,9 +235,7 @@ class Connection:
             self.queue.put_nowait(_Pending(request, started, reply))
 
     async def _enqueue(self, request: p.Request | None, started: float, reply: Reply) -> None:
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        future.set_result(reply)
-        self.queue.put_nowait(_Pending(request, started, future))
+        self.queue.put_nowait(_Pending(request, started, resolved(reply)))
 
     async def _write_loop(self) -> None:
         """Write replies in request order; after a write error, only drain the queue."""

@@ -29,7 +29,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import kafka.errors as kerr
@@ -39,6 +38,7 @@ from kdelay import logs
 from kdelay.errors import KdelayError
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Outgoing
+from proxy.topics import TopicInfo
 
 log = logs.get(__name__)
 
@@ -66,15 +66,6 @@ def kafka_code(err: KafkaError) -> int:
     if code in (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
         return int(kerr.UnknownTopicOrPartitionError.errno)
     return int(kerr.RequestTimedOutError.errno)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicInfo:
-    """A topic as upstream describes it: error code (0 when fine) and partition count."""
-
-    error_code: int
-    partitions: int
-    internal: bool = False
 
 
 class _Batch:

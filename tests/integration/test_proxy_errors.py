@@ -23,16 +23,16 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kdelay import headers as h
 from proxy import running_proxy
 from proxy.app import Proxy
-from proxy.testing import (
+from tests.support.infra import KafkaInfra
+from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.proxies import loopback_config
+from tests.support.raw_client import (
     RawClient,
     init_producer_id_request,
     metadata_request,
     produce_request,
     record_batch,
 )
-from tests.support.infra import KafkaInfra
-from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
-from tests.support.proxies import loopback_config
 
 MAX_REQUEST = 64 * 1024
 

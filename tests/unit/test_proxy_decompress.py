@@ -8,22 +8,24 @@ in memory; corrupt input is a DecompressError, never another exception.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import kafka.errors as kerr
 import pytest
 import snappy
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import codec
 
 from proxy import decompress as d
 from proxy import protocol as p
-from proxy.broker import Advertised, Broker
+from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
-from proxy.testing import produce_request, record_batch
+from proxy.topics import Advertised, Topics
+from tests.support.raw_client import produce_request, record_batch
 from tests.unit.test_proxy_fuzz import FakeUpstream
 
 ENCODERS = {
@@ -84,12 +86,28 @@ def test_bomb_is_refused_within_bounded_memory(bombs: dict[int, bytes], codec_id
     assert peak < len(bomb) + LIMIT + 2 * d.CHUNK + 1024 * 1024, peak
 
 
-@pytest.mark.parametrize("codec_id", CODECS)
-def test_corrupt_input_is_a_decompress_error(codec_id: int) -> None:
-    packed = ENCODERS[codec_id](b"hello world " * 1000)
-    for broken in (b"garbage" * 5, packed[: len(packed) // 2]):
-        with contextlib.suppress(d.DecompressError):  # or, for truncated zstd, fewer bytes
-            d.decompress(codec_id, broken, 10**6)
+def _garbage(_packed: bytes) -> bytes:
+    return b"garbage" * 5
+
+
+def _truncated(packed: bytes) -> bytes:
+    return packed[: len(packed) // 2]
+
+
+CORRUPTIONS = [
+    pytest.param(codec_id, corrupt, id=f"{d.CODEC_NAMES[codec_id]}-{corrupt.__name__[1:]}")
+    for codec_id in ENCODERS
+    for corrupt in (_garbage, _truncated)
+]
+
+
+@pytest.mark.parametrize(("codec_id", "corrupt"), CORRUPTIONS)
+def test_corrupt_input_is_a_decompress_error(
+    codec_id: int, corrupt: Callable[[bytes], bytes]
+) -> None:
+    broken = corrupt(ENCODERS[codec_id](b"hello world " * 1000))
+    with pytest.raises(d.DecompressError):
+        d.decompress(codec_id, broken, 10**6)
 
 
 def test_unknown_codec() -> None:
@@ -111,7 +129,11 @@ def test_produce_of_a_bomb_is_refused_for_that_partition(codec_id: int) -> None:
     async def run() -> None:
         upstream = FakeUpstream()
         broker = Broker(
-            upstream, ProxyMetrics(), Advertised(1, "h", 1), max_decompressed_bytes=64 * 1024
+            upstream,
+            Topics(upstream),
+            ProxyMetrics(),
+            Advertised(1, "h", 1),
+            max_decompressed_bytes=64 * 1024,
         )
         big = record_batch([(b"k", bytes(200 * 1024), [])], compression=codec_id)
         small = record_batch([(b"k", bytes(1000), [("a", b"1")])], compression=codec_id)
@@ -129,3 +151,19 @@ def test_produce_of_a_bomb_is_refused_for_that_partition(codec_id: int) -> None:
         assert [(r.value, r.headers) for r in upstream.written] == [(bytes(1000), [("a", b"1")])]
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_whole_zstd_frames_pass_and_every_cut_fails(checksum: bool) -> None:
+    """Concatenated frames (one with an RLE block) decode; a cut anywhere inside is an error."""
+    cctx = zstandard.ZstdCompressor(write_checksum=checksum)
+    payload = b"a" * 200_000 + bytes(range(256)) * 50
+    first = cctx.compress(payload)
+    packed = first + cctx.compress(b"tail")
+    assert d.decompress(d.ZSTD, packed, 10**6) == payload + b"tail"
+    assert d.decompress(d.ZSTD, first, 10**6) == payload
+    for cut in [*range(1, len(packed), max(1, len(packed) // 97)), len(packed) - 1]:
+        if cut == len(first):
+            continue  # whole frames: valid
+        with pytest.raises(d.DecompressError):
+            d.decompress(d.ZSTD, packed[:cut], 10**6)

@@ -17,14 +17,18 @@ from hypothesis import strategies as st
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.producer import ProduceResponse
 
-from kdelay.local import free_port
 from proxy import protocol as p
-from proxy.broker import Advertised, Broker
+from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Outgoing
 from proxy.server import KafkaServer, Limits
-from proxy.testing import init_producer_id_request, metadata_request, produce_request, record_batch
-from proxy.upstream import TopicInfo
+from proxy.topics import Advertised, TopicInfo, Topics
+from tests.support.raw_client import (
+    init_producer_id_request,
+    metadata_request,
+    produce_request,
+    record_batch,
+)
 
 DEADLINE_S = 5.0
 
@@ -88,10 +92,9 @@ def test_decoder_raises_only_protocol_errors(data: bytes) -> None:
 async def _server() -> AsyncIterator[tuple[str, int, FakeUpstream]]:
     upstream = FakeUpstream()
     metrics = ProxyMetrics()
-    port = free_port()
-    broker = Broker(upstream, metrics, Advertised(1, "127.0.0.1", port))
-    server = KafkaServer(broker, metrics, Limits(max_request_bytes=1 << 20, idle_timeout_s=2))
-    host, bound = await server.start("127.0.0.1", port)
+    server = KafkaServer(metrics, Limits(max_request_bytes=1 << 20, idle_timeout_s=2))
+    host, bound = await server.bind("127.0.0.1", 0)
+    await server.serve(Broker(upstream, Topics(upstream), metrics, Advertised(1, host, bound)))
     try:
         yield host, bound, upstream
     finally:

@@ -22,10 +22,11 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from proxy import protocol as p
 from proxy import records
-from proxy.broker import Advertised, Broker
+from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Kind, Outgoing
-from proxy.testing import produce_request
+from proxy.topics import Advertised, Topics
+from tests.support.raw_client import produce_request
 from tests.unit.test_proxy_fuzz import FakeUpstream
 
 CODECS = [0, 1, 2, 3, 4]  # none, gzip, snappy, lz4, zstd
@@ -57,7 +58,7 @@ def _produce(batch: bytes) -> tuple[Any, list[Outgoing]]:
 
     async def run() -> tuple[Any, list[Outgoing]]:
         upstream = FakeUpstream()
-        broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
+        broker = Broker(upstream, Topics(upstream), ProxyMetrics(), Advertised(1, "h", 1))
         req = produce_request("t", 0, batch)
         req.with_header(correlation_id=1, client_id="t")
         reply = await (await broker.handle(p.decode_request(bytes(req.encode(header=True)))))

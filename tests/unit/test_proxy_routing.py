@@ -7,10 +7,23 @@ import pytest
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
-from proxy.routing import Incoming, Kind, route_batch, route_record
+from proxy.routing import Incoming, Kind, Outgoing, RejectedRecordError, route
 
 NOW = 1_700_000_000_000
 POLICY = h.DelayPolicy()
+
+
+def route_record(
+    topic: str, partition: int, rec: Incoming, now_ms: int, policy: h.DelayPolicy
+) -> Outgoing:
+    """``route`` for a batch of one record; raises the InvalidHeaderError of a header at fault."""
+    try:
+        (out,), _ = route(topic, partition, [rec], now_ms, policy)
+    except RejectedRecordError as exc:
+        if exc.header_error is None:
+            raise
+        raise exc.header_error from None
+    return out
 
 
 def test_plain_record_passes_through_unchanged() -> None:
@@ -50,8 +63,10 @@ def test_cancel_goes_to_the_buffer_keyed_by_id() -> None:
 
 def test_one_bad_record_rejects_the_batch() -> None:
     records = [Incoming(None, b"ok", []), Incoming(None, b"bad", [(h.DELAY_MS, b"x")])]
-    with pytest.raises(InvalidHeaderError, match=h.DELAY_MS):
-        route_batch("t", 0, records, NOW, POLICY)
+    with pytest.raises(RejectedRecordError, match=h.DELAY_MS) as rejected:
+        route("t", 0, records, NOW, POLICY)
+    assert isinstance(rejected.value.header_error, InvalidHeaderError)
+    assert rejected.value.index == 1
 
 
 def test_fast_path_only_skips_records_without_kdelay_header_names() -> None:

@@ -12,16 +12,17 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import kafka.errors as kerr
-from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
 from proxy import protocol as p
-from proxy.broker import Advertised, Broker
+from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Outgoing
 from proxy.server import KafkaServer, Limits
-from proxy.testing import produce_request, record_batch
-from proxy.upstream import TopicInfo, UpstreamError
+from proxy.topics import Advertised, TopicInfo, Topics
+from proxy.upstream import UpstreamError
+from tests.support.raw_client import metadata_request, produce_request, record_batch
 
 DEADLINE_S = 10.0
 
@@ -66,9 +67,10 @@ class GatedUpstream:
 async def _server(limits: Limits) -> AsyncIterator[tuple[int, GatedUpstream, Broker]]:
     upstream = GatedUpstream()
     metrics = ProxyMetrics()
-    broker = Broker(upstream, metrics, Advertised(1, "127.0.0.1", 0))
-    server = KafkaServer(broker, metrics, limits)
-    _, port = await server.start("127.0.0.1", 0)
+    server = KafkaServer(metrics, limits)
+    host, port = await server.bind("127.0.0.1", 0)
+    broker = Broker(upstream, Topics(upstream), metrics, Advertised(1, host, port))
+    await server.serve(broker)
     try:
         yield port, upstream, broker
     finally:
@@ -188,7 +190,7 @@ def _idempotent_producer() -> tuple[GatedUpstream, Broker, Callable[[int, bytes]
     """A broker over a gated upstream, and a one-record batch maker for one idempotent
     producer of it: ``batch(base_sequence, value)``."""
     upstream = GatedUpstream()
-    broker = Broker(upstream, ProxyMetrics(), Advertised(1, "h", 1))
+    broker = Broker(upstream, Topics(upstream), ProxyMetrics(), Advertised(1, "h", 1))
     pid, epoch = broker.producers.init_producer()
 
     def batch(seq: int, value: bytes) -> bytes:
@@ -252,8 +254,9 @@ def test_close_does_not_wait_for_unacknowledged_requests() -> None:
     async def run() -> None:
         upstream = GatedUpstream()
         metrics = ProxyMetrics()
-        server = KafkaServer(Broker(upstream, metrics, Advertised(1, "h", 1)), metrics)
-        _, port = await server.start("127.0.0.1", 0)
+        server = KafkaServer(metrics)
+        _, port = await server.bind("127.0.0.1", 0)
+        await server.serve(Broker(upstream, Topics(upstream), metrics, Advertised(1, "h", 1)))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_frame(produce_request("t", 0, record_batch([(b"k", b"v", [])])), 1))
         await upstream.wait_submitted(1)
@@ -261,5 +264,22 @@ def test_close_does_not_wait_for_unacknowledged_requests() -> None:
             await server.close()
             await _closed(reader)
         writer.close()
+
+    asyncio.run(run())
+
+
+def test_metadata_advertises_the_bound_address() -> None:
+    """The broker is built once the listener is bound: the very first Metadata response names
+    the port the listener got, not a placeholder."""
+
+    async def run() -> None:
+        async with _server(Limits()) as (port, _, _):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_frame(metadata_request(["t"]), 1))
+            await writer.drain()
+            resp = MetadataResponse.decode(await _read_frame(reader), version=12, header=True)
+            assert [(b.host, b.port) for b in resp.brokers] == [("127.0.0.1", port)]
+            assert [(t.name, len(t.partitions)) for t in resp.topics] == [("t", 1)]
+            writer.close()
 
     asyncio.run(run())

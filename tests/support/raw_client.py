@@ -1,4 +1,4 @@
-"""A raw Kafka-protocol client for tests and diagnostics, built on kafka-python's classes.
+"""A raw Kafka-protocol client for the proxy's tests, built on kafka-python's classes.
 
 It sends exactly the bytes a test asks for (a retried batch, a truncated frame, an unknown API)
 and reads responses with a deadline, so a misbehaving proxy fails a test instead of hanging it.
