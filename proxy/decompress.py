@@ -162,7 +162,41 @@ def _lz4(data: bytes | memoryview, limit: int) -> bytes:
     return sink.join()
 
 
+_ZSTD_SKIPPABLE: Final = 0x184D2A50  # the 16 skippable-frame magics share these 28 bits
+_ZSTD_RLE_BLOCK: Final = 1
+
+
+def _zstd_frames_end(data: memoryview) -> bool:
+    """Whether ``data`` is whole zstd frames, by their block headers (RFC 8878, section 3.1).
+
+    zstandard's stream reader ends quietly, with what it decoded so far, when the input stops
+    inside a frame; walking the frame and block headers (no decompression) tells a truncated
+    batch from a complete one.
+    """
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < 8:
+            return False
+        if int.from_bytes(data[pos : pos + 4], "little") & ~0xF == _ZSTD_SKIPPABLE:
+            pos += 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
+            continue
+        frame = data[pos:]
+        has_checksum = zstandard.get_frame_parameters(frame).has_checksum
+        pos += zstandard.frame_header_size(frame)
+        last = False
+        while not last:
+            if end - pos < 3:
+                return False
+            header = int.from_bytes(data[pos : pos + 3], "little")
+            last, kind, size = bool(header & 1), (header >> 1) & 3, header >> 3
+            pos += 3 + (1 if kind == _ZSTD_RLE_BLOCK else size)
+        pos += 4 if has_checksum else 0
+    return pos == end
+
+
 def _zstd(data: bytes | memoryview, limit: int) -> bytes:
+    if not _zstd_frames_end(memoryview(data)):
+        raise DecompressError("corrupt zstd data: the input ends inside a frame (truncated)")
     sink = _Sink(ZSTD, limit)
     source = io.BytesIO(data)
     dctx = zstandard.ZstdDecompressor()
