@@ -47,7 +47,9 @@ def test_up_with_external_servers_delivers_and_leaves_them_running(
         assert record.timestamp_ms >= sent_ms + 300
     assert up.exit_code == 0, up.process.log_tail()
     # The servers kdelay up did not start are still there.
-    assert AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
+    metadata = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
+    assert metadata.brokers, "the external Kafka no longer answers with its brokers"
+    assert topic in metadata.topics
     zk = KazooClient(hosts=zookeeper.connect)
     zk.start(timeout=10)
     try:
