@@ -48,7 +48,7 @@ def command(config_file: Path | None, **flags: Any) -> None:
     replica = Replica(cfg)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logs.get(__name__).info("signal received", signal=signal.Signals(signum).name)
+        logs.get(__name__).info("replica.signal_received", signal=signal.Signals(signum).name)
         replica.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)

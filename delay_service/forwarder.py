@@ -134,7 +134,7 @@ class Forwarder:
         """Stop forwarding at once (step-down, lost session, fenced)."""
         with self._cond:
             if self._checkpoints is not None:
-                log.info("forwarding stopped", reason=reason)
+                log.info("forwarder.stopped", reason=reason)
             self._checkpoints = None
             self._generation += 1
             self.active.clear()
@@ -145,7 +145,7 @@ class Forwarder:
         """Hold forwarding (ZooKeeper SUSPENDED): leadership is uncertain."""
         with self._cond:
             if not self._paused and self._checkpoints is not None:
-                log.info("forwarding paused")
+                log.info("forwarder.paused")
             self._paused = True
             self._cond.notify_all()
 
@@ -153,7 +153,7 @@ class Forwarder:
         """Forward again after :meth:`pause` (ZooKeeper CONNECTED)."""
         with self._cond:
             if self._paused and self._checkpoints is not None:
-                log.info("forwarding resumed")
+                log.info("forwarder.resumed")
             self._paused = False
             self._cond.notify_all()
 
@@ -202,10 +202,10 @@ class Forwarder:
                 self._serve(checkpoints, generation)
             except FencedError as exc:
                 self._metrics.checkpoint_rejected.inc()
-                log.warning("checkpoint write rejected; stepping down", error=str(exc))
+                log.warning("forwarder.checkpoint_rejected", error=str(exc))
                 self._fence("fenced", str(exc))
             except (CoordinationError, CheckpointFormatError) as exc:
-                log.warning("cannot become master", error=str(exc))
+                log.warning("forwarder.cannot_become_master", error=str(exc))
                 self._fence("coordination error", str(exc))
         self._sender.close()
 
@@ -222,7 +222,12 @@ class Forwarder:
             cp = CheckpointRecord.decode(data).checkpoint
             dropped = self._store.apply_checkpoint(cp)
             self._claim = cp
-            log.info("checkpoint loaded", time_ms=cp.time_ms, offsets=cp.offsets, dropped=dropped)
+            log.info(
+                "forwarder.checkpoint_loaded",
+                time_ms=cp.time_ms,
+                offsets=cp.offsets,
+                dropped=dropped,
+            )
             while not self._ingest.wait_ingested(cp.offsets, 1.0, self._stop):
                 with self._cond:
                     if generation != self._generation or self._stop.is_set():
@@ -236,7 +241,7 @@ class Forwarder:
         self._metrics.is_master.set(1)
         self._metrics.checkpoint_age.set(0)
         self.active.set()
-        log.info("master: forwarding", epoch=self._epoch)
+        log.info("forwarder.started", epoch=self._epoch)
         self._sender.start()
         while True:
             with self._cond:
@@ -338,7 +343,7 @@ class Forwarder:
                 dead.append((entry, err))
                 continue
             log.warning(
-                "forward failed; will retry",
+                "forwarder.forward_failed",
                 id=entry.message.id,
                 topic=entry.message.topic,
                 partition=entry.message.partition,

@@ -111,7 +111,7 @@ class Ingest:
         meta = consumer.list_topics(self._cfg.buffer_topic, timeout=10)
         topic = meta.topics.get(self._cfg.buffer_topic)
         if topic is None or topic.error is not None:
-            log.warning("buffer topic metadata unavailable", error=str(topic and topic.error))
+            log.warning("ingest.metadata_unavailable", error=str(topic and topic.error))
             return False
         new = sorted(set(topic.partitions) - self._partitions)
         if not new:
@@ -127,7 +127,7 @@ class Ingest:
                         TopicPartition(self._cfg.buffer_topic, p), timeout=10, cached=False
                     )
                 except KafkaException as exc:
-                    log.info("buffer partition not ready; retrying", partition=p, error=str(exc))
+                    log.info("ingest.partition_not_ready", partition=p, error=str(exc))
                     continue
                 self._targets[p] = high
             ready.append(p)
@@ -146,7 +146,7 @@ class Ingest:
         )
         self._partitions.update(ready)
         log.info(
-            "buffer partitions assigned",
+            "ingest.partitions_assigned",
             partitions=ready,
             resume={p: stored.get(p) for p in ready},
         )
@@ -179,7 +179,7 @@ class Ingest:
             if max(stored.get(p, 0), self._positions.get(p, 0)) < t
         }
         if not behind:
-            log.info("caught up with the buffer topic", offsets=stored, pending=self._store.pending)
+            log.info("ingest.caught_up", offsets=stored, pending=self._store.pending)
             self.caught_up.set()
 
     def run(self, stop: threading.Event) -> None:
@@ -194,7 +194,7 @@ class Ingest:
                     try:
                         complete = self._assign_new(consumer)
                     except KafkaException as exc:
-                        log.warning("buffer metadata check failed", error=str(exc))
+                        log.warning("ingest.metadata_check_failed", error=str(exc))
                         complete = False
                     interval = self._cfg.metadata_interval_ms / 1000
                     next_meta = now + (interval if complete else min(interval, _RETRY_S))
@@ -209,7 +209,7 @@ class Ingest:
                             self._refresh_lag(consumer)
                             next_lag = now + 1.0
                     except KafkaException as exc:
-                        log.warning("buffer position check failed", error=str(exc))
+                        log.warning("ingest.position_check_failed", error=str(exc))
         finally:
             consumer.close()
 
@@ -220,7 +220,7 @@ class Ingest:
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("buffer consume error", error=str(err))
+                    log.warning("ingest.consume_error", error=str(err))
                 continue
             partition = msg.partition() or 0
             offset = msg.offset() or 0
@@ -228,7 +228,7 @@ class Ingest:
                 record = decode(msg.key(), msg.value(), _headers(msg))
             except BufferFormatError as exc:
                 log.warning(
-                    "invalid buffer record skipped",
+                    "ingest.invalid_record_skipped",
                     partition=partition,
                     offset=offset,
                     error=str(exc),
@@ -251,7 +251,7 @@ class Ingest:
             self._metrics.cancelled.inc(len(result.cancelled))
             self.on_cancelled(result.cancelled)
         if result.duplicates:
-            log.info("duplicate ids ignored (first one kept)", count=result.duplicates)
+            log.info("ingest.duplicate_ids_ignored", count=result.duplicates)
         self._metrics.pending.set(self._store.pending)
         if result.earliest_new_ms is not None:
             self.on_new(result.earliest_new_ms)

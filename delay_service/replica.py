@@ -119,7 +119,7 @@ class Replica:
 
     def run(self) -> None:
         cfg = self.cfg
-        log.info("replica starting", name=cfg.name, data_dir=str(cfg.data_dir))
+        log.info("replica.starting", name=cfg.name, data_dir=str(cfg.data_dir))
         ensure_internal_topics(
             cfg.bootstrap_servers,
             partitions=cfg.buffer_partitions,
@@ -132,7 +132,7 @@ class Replica:
         self.metrics.pending.set(store.pending)
         port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
         self.metrics_url = f"http://{cfg.metrics_host}:{port}/metrics"
-        log.info("metrics served", url=self.metrics_url)
+        log.info("replica.metrics_served", url=self.metrics_url)
         session = Session(cfg.zk_connect, cfg.zk_session_timeout)
         session.wakeup = self._wakeup
         try:
@@ -172,19 +172,19 @@ class Replica:
                 registry=registry,
             )
         finally:
-            log.info("replica stopping")
+            log.info("replica.stopping")
             forwarder.shutdown()
             threads[1].join(timeout=60)
             election.leave()
             try:
                 registry.withdraw()
             except CoordinationError as exc:
-                log.warning("status node not withdrawn", error=str(exc))
+                log.warning("replica.status_not_withdrawn", error=str(exc))
             ingest_stop.set()
             threads[0].join(timeout=30)
             store.close()
             session.stop()
-            log.info("replica stopped")
+            log.info("replica.stopped")
 
     def _write_session_file(self, session: Session) -> None:
         """The ZooKeeper session id and password, for operators' fault drills (mode 0600)."""
@@ -219,7 +219,7 @@ class Replica:
             for change in session.changes():
                 previous, state = state, change
                 self.metrics.set_zk_state(state)
-                log.info("zookeeper state", state=state, previous=previous)
+                log.info("replica.zookeeper_state", state=state, previous=previous)
                 if state == SUSPENDED:
                     forwarder.pause()
                 elif state == LOST:
@@ -238,9 +238,9 @@ class Replica:
                 try:
                     election.join()
                     self._joined = True
-                    log.info("joined the election", node=election.node)
+                    log.info("replica.election_joined", node=election.node)
                 except CoordinationError as exc:
-                    log.warning("election join failed; will retry", error=str(exc))
+                    log.warning("replica.election_join_failed", error=str(exc))
             self._drain_events(session, store, forwarder, election)
             self._reconcile(session, forwarder, election)
             if time.monotonic() >= next_status and state == CONNECTED:
@@ -251,7 +251,7 @@ class Replica:
         """Level-triggered: the forwarder runs exactly while we lead on a live session."""
         leader = election.is_leader and session.state == CONNECTED
         if leader and not forwarder.engaged:
-            log.info("won the election; claiming an epoch")
+            log.info("replica.election_won")
             forwarder.activate(CheckpointStore(session.client, self.paths, self.cfg.name))
         elif not election.is_leader and forwarder.engaged:
             forwarder.deactivate("lost leadership")
@@ -267,7 +267,7 @@ class Replica:
             if kind == "leader":
                 pass  # _reconcile below looks at the current leadership, not at edges
             elif kind == "fenced":
-                log.warning("deposed; rejoining the election as a candidate", why=payload)
+                log.warning("replica.deposed", why=payload)
                 election.leave()
                 self._joined = False  # the control loop joins again, retrying on failure
                 forwarder.clear_fenced()
@@ -276,14 +276,14 @@ class Replica:
                 try:
                     cp = CheckpointRecord.decode(data)
                 except CheckpointFormatError as exc:
-                    log.warning("unreadable checkpoint", error=str(exc))
+                    log.warning("replica.checkpoint_unreadable", error=str(exc))
                     continue
                 self._last_cp = cp
                 if not forwarder.active.is_set() and version > self._applied_cp_version:
                     dropped = store.apply_checkpoint(cp.checkpoint)
                     self._applied_cp_version = version
                     if dropped:
-                        log.debug("covered entries dropped", count=dropped, epoch=cp.epoch)
+                        log.debug("replica.covered_entries_dropped", count=dropped, epoch=cp.epoch)
 
     def _publish(
         self,
@@ -327,4 +327,4 @@ class Replica:
         try:
             registry.publish(status)
         except CoordinationError as exc:
-            log.warning("status not published", error=str(exc))
+            log.warning("replica.status_not_published", error=str(exc))

@@ -182,7 +182,7 @@ class Sender:
                 msg = entry.message
                 error = f"{error_name(err)}: {err.str()}"
                 log.warning(
-                    "dead-lettering",
+                    "sender.dead_lettering",
                     id=msg.id,
                     topic=msg.topic,
                     partition=msg.partition,
@@ -200,7 +200,7 @@ class Sender:
         acked: list[bool] = []
         for (entry, _), (_, err) in zip(failures, self._produce_all(records()), strict=True):
             if err is not None:
-                log.error("dead-letter write failed", id=entry.message.id, error=str(err))
+                log.error("sender.dead_letter_failed", id=entry.message.id, error=str(err))
             acked.append(err is None)
         return acked
 
@@ -220,7 +220,7 @@ class Sender:
         if self._producer is not None:
             remaining = self._producer.flush(10)
             if remaining:
-                log.warning("records unacknowledged at shutdown", count=remaining)
+                log.warning("sender.unacknowledged_at_shutdown", count=remaining)
             self._producer = None
 
     # -- internals -------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class Sender:
             producer.poll(0.05)
         fatal = any(err is not None and err.fatal() for _, err in results)
         if fatal or unacked:
-            log.error("producer failed fatally; recreating it", unacknowledged=len(unacked))
+            log.error("sender.producer_recreated", unacknowledged=len(unacked))
             self._producer = None
         return results
 

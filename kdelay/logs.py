@@ -1,4 +1,10 @@
-"""Structured logging: JSON lines (or a readable console form) through structlog."""
+"""Structured logging: JSON lines (or a readable console form) through structlog.
+
+Event names are ``<component>.<event>`` in snake case (``ingest.caught_up``,
+``forwarder.checkpoint_rejected``, ``proxy.batch_rejected``); what varies goes into fields
+(``id=...``, ``error=...``), never into the event text, so operators and tests match on
+``event`` and fields instead of prose.
+"""
 
 from __future__ import annotations
 

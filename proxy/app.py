@@ -120,7 +120,7 @@ class Proxy:
             f"{advertised.host}:{advertised.port}", f"http://{sock[0]}:{sock[1]}"
         )
         log.info(
-            "proxy_started",
+            "proxy.started",
             kafka=f"{bound_host}:{bound_port}",
             advertised=self.addresses.kafka,
             http=self.addresses.http,
@@ -139,7 +139,7 @@ class Proxy:
             await self.kafka.close()
         if self.upstream is not None:
             await asyncio.to_thread(self.upstream.close)
-        log.info("proxy_stopped")
+        log.info("proxy.stopped")
 
 
 @contextlib.contextmanager
@@ -155,7 +155,7 @@ def running_proxy(cfg: ProxyConfig, timeout: float = 60.0) -> Iterator[Proxy]:
         try:
             await proxy.start()
         except Exception as exc:
-            log.exception("proxy_start_failed")
+            log.exception("proxy.start_failed")
             failure.append(exc)
             ready.set()
             await proxy.stop()

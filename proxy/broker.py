@@ -127,7 +127,7 @@ class Broker:
         body = req.body
         if body.transactional_id is not None:
             log.warning(
-                "transactional_producer_refused",
+                "proxy.transactional_producer_refused",
                 client_id=req.client_id,
                 transactional_id=body.transactional_id,
                 reason="the kdelay proxy supports idempotent, not transactional, producers",
@@ -260,7 +260,7 @@ class Broker:
             batch, parts = await self._admit(topic, partition, raw)
         except rec.BatchError as exc:
             self.metrics.records.labels("rejected").inc(exc.records)
-            log.info("batch_rejected", topic=topic, partition=partition, error=str(exc))
+            log.info("proxy.batch_rejected", topic=topic, partition=partition, error=str(exc))
             return resolved(PartitionResult(exc.code, -1, str(exc)))
         count = batch.last_offset_delta + 1
         entry = None
@@ -281,7 +281,7 @@ class Broker:
                 return resolved(check.error)
             assert check.entry is not None
             if check.verdict is Verdict.DUPLICATE:
-                log.info("duplicate_batch", topic=topic, partition=partition, producer_id=pid)
+                log.info("proxy.duplicate_batch", topic=topic, partition=partition, producer_id=pid)
                 return asyncio.shield(check.entry.result)
             entry = check.entry
 
@@ -295,7 +295,7 @@ class Broker:
             routed, counts = self._route(topic, partition, parts)
         except rec.BatchError as exc:
             self.metrics.records.labels("rejected").inc(count)
-            log.info("batch_rejected", topic=topic, partition=partition, error=str(exc))
+            log.info("proxy.batch_rejected", topic=topic, partition=partition, error=str(exc))
             return settle(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
         kinds.update(k for k, n in counts.items() if n)
         acked = await self.upstream.submit(routed)

@@ -163,7 +163,7 @@ class Connection:
             pass
         except Exception:
             # A bug in a handler must cost this connection only, never the listener.
-            log.exception("connection_failed", peer=self.peer)
+            log.exception("proxy.connection_failed", peer=self.peer)
         finally:
             self.queue.put_nowait(None)
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -256,7 +256,7 @@ class Connection:
             reply = await item.reply
         except Exception:
             # A handler bug: this connection cannot answer in order any more; close it.
-            log.exception("reply_failed", peer=self.peer)
+            log.exception("proxy.reply_failed", peer=self.peer)
             self.writer.close()
             return True
         req = item.request
@@ -271,7 +271,7 @@ class Connection:
             try:
                 data = p.encode_response(req, reply.response)
             except Exception:
-                log.exception("encode_failed", peer=self.peer, api=req.api_key)
+                log.exception("proxy.encode_failed", peer=self.peer, api=req.api_key)
                 self.writer.close()
                 return True
         if data is None:

@@ -191,7 +191,7 @@ class Upstream:
 
     def _on_error(self, err: KafkaError, generation: int) -> None:
         self.metrics.upstream_errors.labels(err.name()).inc()
-        log.warning("upstream_error", error=err.str(), code=err.name(), fatal=err.fatal())
+        log.warning("proxy.upstream_error", error=err.str(), code=err.name(), fatal=err.fatal())
         if err.fatal():
             self._replace(err, generation)
 
@@ -204,7 +204,7 @@ class Upstream:
             self._producer = self._new_producer()
             waiting, self._waiting = self._waiting, set()
         log.warning(
-            "upstream_producer_replaced",
+            "proxy.upstream_producer_replaced",
             error=err.str(),
             failed_batches=len(waiting),
             generation=self.generation,
@@ -290,7 +290,7 @@ class Upstream:
         if batch.error is None:
             batch.error = KafkaError(KafkaError._MSG_TIMED_OUT, why)
         self.metrics.upstream_errors.labels(batch.error.name()).inc()
-        log.warning("upstream_produce_failed", error=why)
+        log.warning("proxy.upstream_produce_failed", error=why)
         # Records already handed to librdkafka still report; count the rest down now.
         batch.countdown(unproduced)
 
@@ -346,4 +346,4 @@ def _dispose(producer: Any) -> None:
         producer.flush(0)
         producer.close()
     except Exception:  # best effort on a producer already given up
-        log.warning("upstream_dispose_failed", exc_info=True)
+        log.warning("proxy.upstream_dispose_failed", exc_info=True)

@@ -343,7 +343,7 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
         found = sorted(str(r["topic"]) for r in schedules.select("topic").distinct().collect())
         cancels.count()
         topics = cfg.topic_list or found
-        log.info("verify.once.topics", topics=topics, end_ms=end_ms)
+        log.info("verifier.once_topics", topics=topics, end_ms=end_ms)
         if topics:
             deliveries = parse_delivered(read_batch(spark, cfg, subscribe=",".join(topics)))
         else:
@@ -407,7 +407,7 @@ def start_continuous(
     found = snapshot.schedules.select("topic").distinct().collect()
     topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
     source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
-    log.info("verify.stream.start", source=source, checkpoint=str(checkpoint))
+    log.info("verifier.stream_started", source=source, checkpoint=str(checkpoint))
     trigger = f"{cfg.trigger_ms} milliseconds"
 
     def each_cancels(batch: DataFrame, _batch_id: int) -> None:

@@ -83,7 +83,7 @@ class Sinks:
         if left or self._errors:
             # An output topic that cannot be written must not stop verification.
             log.warning(
-                "verify.output_topic.failed",
+                "verifier.output_topic_failed",
                 topic=self.cfg.output_topic,
                 unacknowledged=left,
                 errors=self._errors[:3],

@@ -97,7 +97,7 @@ def test_expired_session_master_stops_before_a_new_master_starts(
             kafka.bootstrap_servers, [topic], all_delivered({m.id for m in messages}), timeout=120
         )
         wait_until(
-            lambda: any(e["event"] == "zookeeper state" and e["state"] == "lost"
+            lambda: any(e["event"] == "replica.zookeeper_state" and e["state"] == "lost"
                         for e in rs.replicas[old].log_events()),
             timeout=30,
             what="the old master to see its session lost",
@@ -108,11 +108,9 @@ def test_expired_session_master_stops_before_a_new_master_starts(
     assert final.writer != old or final.epoch != old_epoch
     old_events = rs.replicas[old].log_events()
     stopped = [
-        ts_of(e) for e in old_events if e["event"] in ("forwarding paused", "forwarding stopped")
+        ts_of(e) for e in old_events if e["event"] in ("forwarder.paused", "forwarder.stopped")
     ]
-    started = [
-        ts_of(e) for e in rs.replicas[new].log_events() if e["event"] == "master: forwarding"
-    ]
+    started = [ts_of(e) for e in rs.replicas[new].log_events() if e["event"] == "forwarder.started"]
     assert stopped, "the old master never stopped forwarding"
     assert started
     # The deposed master stopped before the new one first forwarded (log clocks: one machine).
@@ -145,7 +143,7 @@ def test_stalled_master_is_fenced_when_it_wakes(
         finally:
             proc.signal(signal.SIGCONT)
         wait_until(
-            lambda: any(e["event"].startswith("checkpoint write rejected")
+            lambda: any(e["event"] == "forwarder.checkpoint_rejected"
                         for e in rs.replicas[old].log_events()),
             timeout=30,
             what="the stalled master's late checkpoint write to be rejected",

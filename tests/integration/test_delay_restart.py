@@ -109,7 +109,7 @@ def test_empty_disk_replica_rebuilds_before_joining_the_election(
         status = {r["name"]: r for r in rs.status()["replicas"]}
         assert status["replica-2"]["pending"] == 3_000
         events = [e["event"] for e in rs.replicas["replica-2"].log_events()]
-        assert events.index("caught up with the buffer topic") < events.index("joined the election")
+        assert events.index("ingest.caught_up") < events.index("replica.election_joined")
         # It can take over with the rebuilt store.
         rs.kill("replica-1")
         assert rs.wait_master(timeout=30, exclude="replica-1") == "replica-2"
