@@ -14,31 +14,13 @@ import click
 from delay_service.config import ReplicaConfig
 from kdelay import logs
 from kdelay.config import load
+from kdelay.options import config_options
 from zk.paths import DEFAULT_ROOT
 
 
 @click.command("delay-service")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="JSON/YAML file")
-@click.option("--name", help="replica name (unique in the replica set) [hostname]")
-@click.option("--bootstrap-servers", help="Kafka bootstrap servers")
-@click.option("--zk-connect", help="ZooKeeper hosts")
-@click.option("--zk-root", help=f"ZooKeeper root of this replica set [{DEFAULT_ROOT}]")
-@click.option("--zk-session-timeout", type=float, help="ZooKeeper session timeout, seconds")
-@click.option("--data-dir", type=click.Path(path_type=Path), help="RocksDB and state directory")
-@click.option("--metrics-host", help="address the metrics server binds")
-@click.option("--metrics-port", type=int, help="metrics port (0: pick a free one)")
-@click.option("--buffer-topic", help="buffer topic of this replica set [__kdelay_buffer]")
-@click.option("--buffer-partitions", type=int, help="partitions when creating the buffer topic")
-@click.option("--buffer-replication", type=int, help="replication when creating the buffer topic")
-@click.option("--checkpoint-interval-ms", type=int, help="at most this long between checkpoints")
-@click.option("--dead-letter-after", type=int, help="failed attempts before dead-lettering")
-@click.option("--retry-backoff-ms", type=int, help="first retry backoff")
-@click.option("--retry-backoff-max-ms", type=int, help="maximum retry backoff")
-@click.option("--produce-timeout-ms", type=int, help="librdkafka message.timeout.ms")
-@click.option("--scan-batch", type=int, help="most entries released per round")
-@click.option("--status-interval-ms", type=int, help="how often the status node is refreshed")
-@click.option("--metadata-interval-ms", type=int, help="how often new buffer partitions are sought")
-@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+@config_options(ReplicaConfig)
 def command(config_file: Path | None, **flags: Any) -> None:
     """Run one delay-service replica until SIGTERM/SIGINT."""
     cfg = load(ReplicaConfig, flags, config_file)

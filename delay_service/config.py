@@ -18,26 +18,55 @@ class ReplicaConfig(BaseSettings):
 
     model_config = component_config("KDELAY_REPLICA_")
 
-    name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
-    bootstrap_servers: str = Field(default="127.0.0.1:9092", min_length=1)
-    zk_connect: str = Field(default="127.0.0.1:2181", min_length=1)
-    zk_root: str = DEFAULT_ROOT
-    zk_session_timeout: float = Field(default=10.0, gt=0, le=600, description="seconds")
-    data_dir: Path = Path(".kdelay/replica")
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(default=0, ge=0, le=65535, description="0: pick a free port")
-    buffer_topic: str = Field(default=BUFFER_TOPIC, min_length=1, description="a shard's own")
-    buffer_partitions: int = Field(default=12, ge=1, description="when creating the topic")
-    buffer_replication: int = Field(default=1, ge=1, description="when creating the topic")
-    checkpoint_interval_ms: int = Field(default=100, ge=1, le=60_000)
-    dead_letter_after: int = Field(default=5, ge=1, description="attempts before dead-letter")
-    retry_backoff_ms: int = Field(default=100, ge=1)
-    retry_backoff_max_ms: int = Field(default=5_000, ge=1)
-    produce_timeout_ms: int = Field(default=30_000, ge=1_000)
-    scan_batch: int = Field(default=10_000, ge=1)
-    metadata_interval_ms: int = Field(default=5_000, ge=100)
-    status_interval_ms: int = Field(default=1_000, ge=50)
-    log_level: str = "INFO"
+    name: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=200,
+        description="replica name, unique in the replica set [the host name]",
+    )
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers"
+    )
+    zk_connect: str = Field(default="127.0.0.1:2181", min_length=1, description="ZooKeeper hosts")
+    zk_root: str = Field(default=DEFAULT_ROOT, description="ZooKeeper root of this replica set")
+    zk_session_timeout: float = Field(
+        default=10.0, gt=0, le=600, description="ZooKeeper session timeout, seconds"
+    )
+    data_dir: Path = Field(
+        default=Path(".kdelay/replica"), description="RocksDB and state directory"
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="address the metrics server binds")
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="metrics port (0: pick a free one)"
+    )
+    buffer_topic: str = Field(
+        default=BUFFER_TOPIC, min_length=1, description="buffer topic of this replica set"
+    )
+    buffer_partitions: int = Field(
+        default=12, ge=1, description="partitions when creating the buffer topic"
+    )
+    buffer_replication: int = Field(
+        default=1, ge=1, description="replication factor when creating the buffer topic"
+    )
+    checkpoint_interval_ms: int = Field(
+        default=100, ge=1, le=60_000, description="at most this long between checkpoints"
+    )
+    dead_letter_after: int = Field(
+        default=5, ge=1, description="failed attempts before a permanent error dead-letters"
+    )
+    retry_backoff_ms: int = Field(default=100, ge=1, description="first retry backoff")
+    retry_backoff_max_ms: int = Field(default=5_000, ge=1, description="maximum retry backoff")
+    produce_timeout_ms: int = Field(
+        default=30_000, ge=1_000, description="librdkafka message.timeout.ms of releases"
+    )
+    scan_batch: int = Field(default=10_000, ge=1, description="most entries released per round")
+    metadata_interval_ms: int = Field(
+        default=5_000, ge=100, description="how often new buffer partitions are sought"
+    )
+    status_interval_ms: int = Field(
+        default=1_000, ge=50, description="how often the status node is refreshed"
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("zk_root")
     @classmethod

@@ -11,26 +11,12 @@ import click
 
 from kdelay import logs
 from kdelay.config import load
+from kdelay.options import config_options
 from proxy.config import ProxyConfig
 
 
 @click.command("proxy")
-@click.option("--listen", help="Kafka listener host:port (default 127.0.0.1:9192)")
-@click.option("--advertised-host", help="host clients are told to connect to (Kubernetes)")
-@click.option("--advertised-port", type=int, help="port clients are told to connect to")
-@click.option("--http-listen", help="HTTP API host:port (default 127.0.0.1:8180)")
-@click.option("--bootstrap-servers", help="upstream Kafka bootstrap servers")
-@click.option("--buffer-partitions", type=int, help="partitions of __kdelay_buffer when created")
-@click.option("--max-request-bytes", type=int, help="largest Kafka request accepted")
-@click.option(
-    "--max-decompressed-bytes",
-    type=int,
-    help="largest size a compressed batch may expand to (default: --max-request-bytes)",
-)
-@click.option("--idle-timeout-s", type=float, help="close connections idle this long")
-@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), help="PEM cert")
-@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), help="PEM key")
-@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+@config_options(ProxyConfig)
 @click.option(
     "--config",
     "config_file",

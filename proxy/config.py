@@ -23,29 +23,56 @@ class ProxyConfig(BaseSettings):
 
     model_config = component_config("KDELAY_PROXY_")
 
-    listen: str = "127.0.0.1:9192"
-    advertised_host: str | None = None
-    advertised_port: int | None = Field(default=None, ge=1, le=65535)
-    http_listen: str = "127.0.0.1:8180"
-    bootstrap_servers: str = "127.0.0.1:9092"
-    buffer_partitions: int = Field(default=12, ge=1)
-    buffer_replication: int = Field(default=1, ge=1)
-    ensure_topics: bool = True
-    node_id: int = Field(default=1, ge=0)
-    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
-    #: Largest size a compressed record batch may decompress to (default: max_request_bytes).
-    max_decompressed_bytes: int | None = Field(default=None, ge=1024)
-    max_inflight_per_connection: int = Field(default=5, ge=1)
-    idle_timeout_s: float = Field(default=600.0, gt=0)
-    upstream_timeout_ms: int = Field(default=30_000, ge=1_000)
-    upstream_linger_ms: float = Field(default=1.0, ge=0)
-    upstream_config: dict[str, str] = Field(default_factory=dict)
-    metadata_ttl_s: float = Field(default=5.0, ge=0)
-    delay_levels_ms: tuple[int, ...] = DEFAULT_LEVELS_MS
-    max_horizon_ms: int = Field(default=DEFAULT_MAX_HORIZON_MS, ge=1)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    log_level: str = "INFO"
+    listen: str = Field(default="127.0.0.1:9192", description="Kafka listener host:port")
+    advertised_host: str | None = Field(
+        default=None, description="host clients are told to connect to (Kubernetes) [listen's]"
+    )
+    advertised_port: int | None = Field(
+        default=None, ge=1, le=65535, description="port clients are told to connect to [listen's]"
+    )
+    http_listen: str = Field(default="127.0.0.1:8180", description="HTTP API host:port")
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", description="upstream Kafka bootstrap servers"
+    )
+    buffer_partitions: int = Field(
+        default=12, ge=1, description="partitions of __kdelay_buffer when the proxy creates it"
+    )
+    buffer_replication: int = Field(
+        default=1, ge=1, description="replication factor of the internal topics it creates"
+    )
+    ensure_topics: bool = Field(default=True, description="create the internal topics if missing")
+    node_id: int = Field(default=1, ge=0, description="broker id the proxy advertises")
+    max_request_bytes: int = Field(
+        default=100 * 1024 * 1024, ge=1024, description="largest Kafka request accepted"
+    )
+    max_decompressed_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="largest size a compressed batch may expand to [max_request_bytes]",
+    )
+    max_inflight_per_connection: int = Field(
+        default=5, ge=1, description="requests read ahead per connection before backpressure"
+    )
+    idle_timeout_s: float = Field(
+        default=600.0, gt=0, description="close connections idle this long"
+    )
+    upstream_timeout_ms: int = Field(
+        default=30_000, ge=1_000, description="upstream produce timeout (message.timeout.ms)"
+    )
+    upstream_linger_ms: float = Field(default=1.0, ge=0, description="upstream linger.ms")
+    upstream_config: dict[str, str] = Field(
+        default_factory=dict, description="extra librdkafka settings for the upstream producer"
+    )
+    metadata_ttl_s: float = Field(default=5.0, ge=0, description="topic metadata cache lifetime")
+    delay_levels_ms: tuple[int, ...] = Field(
+        default=DEFAULT_LEVELS_MS, description="the kdelay-delay-level table, milliseconds"
+    )
+    max_horizon_ms: int = Field(
+        default=DEFAULT_MAX_HORIZON_MS, ge=1, description="latest due time accepted, from now"
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate of the listener")
+    tls_key: Path | None = Field(default=None, description="PEM key of the listener")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("listen", "http_listen")
     @classmethod

@@ -24,6 +24,7 @@ import click
 
 from kdelay import logs, stats
 from kdelay.config import load
+from kdelay.options import config_options
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
 from verifier.report import Slo, breaches
@@ -108,22 +109,7 @@ def verify_continuous(
 @click.option(
     "--report", type=click.Path(dir_okay=False, path_type=Path), help="--once: report file."
 )
-@click.option("--bootstrap-servers", help="Kafka bootstrap servers.")
-@click.option("--buffer-topic", help="The buffer topic (default __kdelay_buffer).")
-@click.option("--topics", help="Comma-separated target topics (default: found in the buffer).")
-@click.option("--grace-ms", type=int, help="Missing only when due + grace < end of input.")
-@click.option("--window", help="Event-time window of the results, e.g. 10s.")
-@click.option("--early-horizon-ms", type=int, help="Streaming: how early a delivery still matches.")
-@click.option("--metrics-port", type=int, help="Prometheus port (0: none).")
-@click.option("--metrics-host", help="Prometheus bind address.")
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), help="JSON files.")
-@click.option("--output-topic", help="Topic for window results ('' for none).")
-@click.option("--console/--no-console", default=None, help="Print window results on stdout.")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--trigger", help="Streaming micro-batch interval, e.g. 2s.")
-@click.option("--starting-offsets", type=click.Choice(["earliest", "latest"]))
-@click.option("--end-ms", type=int, help="--once: end-of-input instant, epoch ms (default now).")
-@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+@config_options(VerifierConfig)
 @click.option("--max-p99-ms", type=float, help="SLO: p99 lateness at most this (ms).")
 @click.option("--max-early", type=int, help="SLO: at most this many early deliveries.")
 @click.option("--max-missing", type=int, help="SLO: at most this many missing messages.")

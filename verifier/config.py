@@ -19,40 +19,46 @@ class VerifierConfig(BaseSettings):
 
     model_config = component_config("KDELAY_VERIFIER_")
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    buffer_topic: str = BUFFER_TOPIC
-    #: Comma-separated target topics; empty = the "t" values found in the buffer topic.
-    topics: str = ""
-    #: A message counts as missing only when its due time is older than end-of-input - grace;
-    #: in the streaming job it is also the watermark delay of both inputs.
-    grace_ms: int = Field(default=30_000, ge=0)
-    #: Event-time window (over the due time) of the per-window results.
-    window: str = "10s"
-    #: Streaming only: how long before its due time a delivery can still be matched to its
-    #: message (an earlier one stays unmatched, and the message counts missing). It bounds the
-    #: join state, and window results come out about max(grace, horizon) after the due time.
-    early_horizon_ms: int = Field(default=60_000, ge=0)
-    #: Prometheus port; 0 = no metrics server.
-    metrics_port: int = Field(default=0, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
-    #: Per-window JSON files go to ``<output_dir>/windows``; nothing when unset.
-    output_dir: Path | None = None
-    #: Window results are also produced to this topic; "" = no Kafka output.
-    output_topic: str = OUTPUT_TOPIC
-    #: Print each window result on stdout.
-    console: bool = True
-    #: Streaming checkpoint (offsets and join/aggregation state); a temporary one when unset.
-    checkpoint_dir: Path | None = None
-    #: Streaming micro-batch interval.
-    trigger: str = "2s"
-    #: Where a new streaming query starts reading ("earliest" or "latest").
-    starting_offsets: str = "earliest"
-    #: --once only: the end-of-input instant (epoch ms) that decides missing; now when unset.
-    end_ms: int | None = None
-    spark_master: str = "local[2]"
-    driver_memory: str = "1g"
-    shuffle_partitions: int = Field(default=4, gt=0)
-    log_level: str = "INFO"
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers")
+    buffer_topic: str = Field(default=BUFFER_TOPIC, description="the buffer topic")
+    topics: str = Field(
+        default="", description="comma-separated target topics [those the buffer names]"
+    )
+    grace_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="missing only when due + grace < end of input; the streaming watermark delay",
+    )
+    window: str = Field(default="10s", description="event-time window (over due time) of results")
+    # Streaming: an earlier delivery stays unmatched (its message counts missing); it bounds the
+    # join state, and window results come out about max(grace, horizon) after the due time.
+    early_horizon_ms: int = Field(
+        default=60_000, ge=0, description="streaming: how early a delivery still matches"
+    )
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus port (0: none)")
+    metrics_host: str = Field(default="0.0.0.0", description="Prometheus bind address")
+    output_dir: Path | None = Field(
+        default=None, description="per-window JSON files go to <dir>/windows"
+    )
+    output_topic: str = Field(
+        default=OUTPUT_TOPIC, description="topic for window results ('' for none)"
+    )
+    console: bool = Field(default=True, description="print window results on stdout")
+    checkpoint_dir: Path | None = Field(
+        default=None, description="streaming checkpoint (offsets, state) [a temporary one]"
+    )
+    trigger: str = Field(default="2s", description="streaming micro-batch interval")
+    starting_offsets: str = Field(
+        default="earliest", description="where a new streaming query starts: earliest or latest"
+    )
+    end_ms: int | None = Field(
+        default=None,
+        description="--once: end-of-input instant, epoch ms, that decides missing [now]",
+    )
+    spark_master: str = Field(default="local[2]", description="Spark master URL")
+    driver_memory: str = Field(default="1g", description="Spark driver memory")
+    shuffle_partitions: int = Field(default=4, gt=0, description="spark.sql.shuffle.partitions")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("window", "trigger")
     @classmethod
