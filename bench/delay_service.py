@@ -20,29 +20,21 @@ import functools
 import json
 import math
 import shutil
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kazoo.client import KazooClient
 
+from bench.replicas import PARTITIONS, Replicas
 from kdelay.buffer import Scheduled, encode
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
+from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
-from kdelay.local.replica import ReplicaSpec
 from kdelay.stats import percentile
-from zk import Paths, cluster_status
-
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
-PARTITIONS = 4
-
 
 #: Percentiles of the kdelay-wide definition; nan (not 0) when a run delivered nothing.
 pct = functools.partial(percentile, empty=math.nan)
@@ -154,78 +146,6 @@ def consume_lateness(
             receipt.append(now - due)
     c.close()
     return Lateness(release, receipt)
-
-
-class Replicas:
-    """N replicas of one replica set (own ZooKeeper root and buffer topic)."""
-
-    def __init__(self, base: Path, bootstrap: str, zk: str, n: int) -> None:
-        self.base, self.bootstrap, self.zk = base, bootstrap, zk
-        self.root = f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
-        self.buffer = f"bench-buffer-{uuid.uuid4().hex[:8]}"
-        self.names = [f"r{i}" for i in range(1, n + 1)]
-        self.procs: dict[str, ManagedProcess] = {}
-        self.client = KazooClient(hosts=zk)
-        self.client.start(15)
-
-    def start(self, name: str) -> ManagedProcess:
-        spec = ReplicaSpec(
-            name,
-            self.bootstrap,
-            self.zk,
-            self.base / name,
-            zk_root=self.root,
-            zk_session_timeout=4,
-            buffer_topic=self.buffer,
-            buffer_partitions=PARTITIONS,
-            status_interval_ms=200,
-            log_level="WARNING",
-        )
-        proc = ManagedProcess(f"bench {name}", [KDELAY, *spec.args()], self.base / f"{name}.log")
-        proc.start()
-        self.procs[name] = proc
-        return proc
-
-    def start_all(self) -> None:
-        for n in self.names:
-            self.start(n)
-
-    def status(self) -> dict[str, dict[str, object]]:
-        return {r["name"]: r for r in cluster_status(self.client, Paths(self.root))["replicas"]}
-
-    def wait_master(self, timeout: float = 120) -> str:
-        found: list[str] = []
-
-        def ok() -> bool:
-            for name, r in self.status().items():
-                if r["role"] == "master":
-                    found.append(name)
-                    return True
-            return False
-
-        wait_until(ok, timeout=timeout, what="a master", interval=0.05)
-        return found[-1]
-
-    def metric(self, name: str, metric: str) -> float:
-        url = str(self.status()[name]["metrics"])
-        text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310 - loopback
-        for line in text.splitlines():
-            if line.startswith(metric + " "):
-                return float(line.split()[1])
-        return float("nan")
-
-    def rss_bytes(self, name: str) -> int:
-        status = Path(f"/proc/{self.procs[name].pid}/status").read_text()
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def close(self) -> None:
-        for p in self.procs.values():
-            p.stop(grace=20)
-        self.client.stop()
-        self.client.close()
 
 
 class Reader:

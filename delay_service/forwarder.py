@@ -13,10 +13,9 @@ One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
    moving backwards; write it at most every ``checkpoint_interval_ms``, apply it to the store,
    then produce the queued tombstones.
 
-Between rounds the thread sleeps until the next due time, the next retry, or the next pending
-checkpoint write, unless ingest signals an earlier new entry: no busy loop, no fixed tick.
-A checkpoint write rejected by ZooKeeper (a newer epoch exists) deactivates the forwarder at
-once and calls ``on_fenced``.
+Between rounds the thread sleeps until the next due time, retry or checkpoint write, unless
+ingest signals an earlier entry: no busy loop, no fixed tick. A checkpoint write rejected by
+ZooKeeper (a newer epoch exists) deactivates the forwarder at once and calls ``on_fenced``.
 
 Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
 retry policy and the checkpoint store while active. The control thread calls :meth:`activate`,

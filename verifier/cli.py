@@ -91,7 +91,7 @@ def verify_continuous(
     spark: SparkSession, cfg: VerifierConfig, stop: threading.Event, metrics: Metrics
 ) -> None:
     """Run the streaming verifier until ``stop`` is set."""
-    from verifier import job
+    from verifier import stream
 
     sinks = Sinks(cfg, metrics)
 
@@ -99,7 +99,7 @@ def verify_continuous(
         sinks.publish(f"batch-{batch_id:06d}", windows, lateness)
 
     try:
-        job.run_continuous(spark, cfg, handle, stop)
+        stream.run_continuous(spark, cfg, handle, stop)
     finally:
         sinks.close()
 

@@ -1,0 +1,98 @@
+"""Delay-service replicas for the benchmarks: subprocesses of one replica set, and their figures."""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from kdelay.local import ManagedProcess, wait_until
+from kdelay.local.replica import ReplicaSpec
+from zk import Paths, cluster_status
+
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
+PARTITIONS = 4
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` (0 when it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Replicas:
+    """N replicas of one replica set (own ZooKeeper root and buffer topic)."""
+
+    def __init__(self, base: Path, bootstrap: str, zk: str, n: int) -> None:
+        self.base, self.bootstrap, self.zk = base, bootstrap, zk
+        self.root = f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
+        self.buffer = f"bench-buffer-{uuid.uuid4().hex[:8]}"
+        self.names = [f"r{i}" for i in range(1, n + 1)]
+        self.procs: dict[str, ManagedProcess] = {}
+        self.client = KazooClient(hosts=zk)
+        self.client.start(15)
+
+    def start(self, name: str) -> ManagedProcess:
+        spec = ReplicaSpec(
+            name,
+            self.bootstrap,
+            self.zk,
+            self.base / name,
+            zk_root=self.root,
+            zk_session_timeout=4,
+            buffer_topic=self.buffer,
+            buffer_partitions=PARTITIONS,
+            status_interval_ms=200,
+            log_level="WARNING",
+        )
+        proc = ManagedProcess(f"bench {name}", [KDELAY, *spec.args()], self.base / f"{name}.log")
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self) -> None:
+        for n in self.names:
+            self.start(n)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {r["name"]: r for r in cluster_status(self.client, Paths(self.root))["replicas"]}
+
+    def wait_master(self, timeout: float = 120) -> str:
+        found: list[str] = []
+
+        def ok() -> bool:
+            for name, r in self.status().items():
+                if r["role"] == "master":
+                    found.append(name)
+                    return True
+            return False
+
+        wait_until(ok, timeout=timeout, what="a master", interval=0.05)
+        return found[-1]
+
+    def metric(self, name: str, metric: str) -> float:
+        url = str(self.status()[name]["metrics"])
+        text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310 - loopback
+        for line in text.splitlines():
+            if line.startswith(metric + " "):
+                return float(line.split()[1])
+        return float("nan")
+
+    def rss_bytes(self, name: str) -> int:
+        pid = self.procs[name].pid
+        return 0 if pid is None else rss_bytes(pid)
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.stop(grace=20)
+        self.client.stop()
+        self.client.close()
