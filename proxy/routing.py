@@ -158,19 +158,17 @@ def route(
     for i, r in enumerate(records):
         headers = r.headers
         ts = r.timestamp
+        passed = Outgoing(
+            immediate,
+            topic,
+            partition,
+            r.key,
+            r.value,
+            headers,
+            ts if ts is not None and ts >= 0 else None,
+        )
         if not (to_buffer or (headers and has_control_header(headers))):
-            # The common case, kept to one tuple per record: no header can be a control one.
-            append(
-                Outgoing(
-                    immediate,
-                    topic,
-                    partition,
-                    r.key,
-                    r.value,
-                    headers,
-                    ts if ts is not None and ts >= 0 else None,
-                )
-            )
+            append(passed)  # the common case: no header can be a control one
             continue
         try:
             asked = classify(headers, now_ms, policy) if has_control_header(headers) else None
@@ -181,16 +179,7 @@ def route(
                 raise RejectedRecordError(
                     i, f"{buffer.BUFFER_TOPIC} is written by the proxy only; send kdelay headers"
                 )
-            # Header names with the control prefix that are no control header: passed through.
-            routed = Outgoing(
-                immediate,
-                topic,
-                partition,
-                r.key,
-                r.value,
-                headers,
-                ts if ts is not None and ts >= 0 else None,
-            )
+            routed = passed  # names with the control prefix that are no control header
         elif isinstance(asked, CancelRequest):
             routed = cancel(asked.id)
         else:
