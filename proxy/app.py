@@ -2,6 +2,10 @@
 
 ``Proxy`` is used by ``kdelay proxy`` (foreground, until a signal) and ``running_proxy`` runs
 one on a background thread with its own loop (tests, benchmarks, embedding).
+
+Supervision (proxy/supervision.py): the HTTP server and the Kafka listener are watched by tasks
+on the loop and restarted after a failure; the upstream poll thread supervises itself. When the
+supervisor gives up on a component, ``gave_up`` is set and ``kdelay proxy`` exits with status 70.
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ from kdelay.topics import ensure_internal_topics
 from proxy.broker import Broker
 from proxy.config import ProxyConfig
 from proxy.http import create_app
+from proxy.idempotence import ProducerRegistry
 from proxy.metrics import ProxyMetrics
 from proxy.server import KafkaServer, Limits
+from proxy.supervision import ComponentStoppedError, Supervisor
 from proxy.topics import Advertised, Topics
 from proxy.upstream import Upstream
 
 log = logs.get(__name__)
+
+#: How often the Kafka listener is checked to be accepting.
+LISTENER_CHECK_S = 1.0
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -63,12 +72,33 @@ class Proxy:
         self.upstream: Upstream | None = None
         self.kafka: KafkaServer | None = None
         self._http: _EmbeddedUvicorn | None = None
-        self._http_task: asyncio.Task[None] | None = None
+        self._http_config: uvicorn.Config | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stop_requested: asyncio.Event | None = None
         self.addresses: Addresses | None = None
+        #: Set (on the loop) when the supervisor gave up on a component: the process must exit.
+        self.gave_up: asyncio.Event | None = None
+        self.supervisor = Supervisor(
+            self.metrics,
+            backoff_s=cfg.component_restart_backoff_s,
+            max_failures=cfg.component_max_failures,
+            on_give_up=self._give_up,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _give_up(self, _component: str) -> None:
+        """The supervisor gave up (any thread): wake whoever waits on ``gave_up``."""
+        loop, event = self._loop, self.gave_up
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: stopping anyway
+                loop.call_soon_threadsafe(event.set)
 
     async def start(self) -> Addresses:
         """Create the internal topics, connect upstream, open both listeners."""
         cfg = self.cfg
+        self._loop = asyncio.get_running_loop()
+        self.gave_up = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         if cfg.ensure_topics:
             await asyncio.to_thread(
                 ensure_internal_topics,
@@ -83,6 +113,7 @@ class Proxy:
             timeout_ms=cfg.upstream_timeout_ms,
             linger_ms=cfg.upstream_linger_ms,
             extra=dict(cfg.upstream_config),
+            supervisor=self.supervisor,
         )
         topics = Topics(self.upstream, ttl_s=cfg.metadata_ttl_s)
         self.kafka = KafkaServer(
@@ -101,21 +132,39 @@ class Proxy:
             self.metrics,
             advertised,
             policy=cfg.policy,
+            producers=ProducerRegistry(
+                ttl_s=cfg.producer_state_ttl_s,
+                max_producers=cfg.max_producer_states,
+                metrics=self.metrics,
+            ),
+            limits=cfg.limits,
             max_decompressed_bytes=cfg.decompressed_limit,
         )
         await self.kafka.serve(broker)
 
         http_host, http_port = cfg.http_address
-        app = create_app(topics, self.upstream, self.metrics, cfg.policy)
-        self._http = _EmbeddedUvicorn(
-            uvicorn.Config(app, host=http_host, port=http_port, log_config=None, lifespan="off")
+        app = create_app(
+            topics,
+            self.upstream,
+            self.metrics,
+            cfg.policy,
+            limits=cfg.limits,
+            not_ready=self.not_ready,
         )
-        self._http_task = asyncio.create_task(self._http.serve())
-        while not self._http.started:
-            if self._http_task.done():
-                raise InfrastructureError(f"HTTP API could not listen on {cfg.http_listen}")
-            await asyncio.sleep(0.01)
+        self._http_config = uvicorn.Config(
+            app, host=http_host, port=http_port, log_config=None, lifespan="off"
+        )
+        first = await self._start_http()
+        assert self._http is not None
         sock = self._http.servers[0].sockets[0].getsockname()
+        self._watchers = [
+            asyncio.create_task(self._supervise_http(first)),
+            asyncio.create_task(
+                self.supervisor.keep_running(
+                    "kafka_listener", self._watch_listener, self._stop_requested
+                )
+            ),
+        ]
         self.addresses = Addresses(
             f"{advertised.host}:{advertised.port}", f"http://{sock[0]}:{sock[1]}"
         )
@@ -129,12 +178,72 @@ class Proxy:
         )
         return self.addresses
 
+    def not_ready(self) -> str | None:
+        """Why the proxy is not ready (a supervised component is down), or None."""
+        return self.supervisor.not_ready()
+
+    async def _start_http(self) -> asyncio.Task[None]:
+        """A new uvicorn server, listening; returns its serving task."""
+        assert self._http_config is not None
+        server = _EmbeddedUvicorn(self._http_config)
+
+        async def serve() -> None:
+            try:
+                await server.serve()
+            except SystemExit as exc:  # uvicorn's reaction to a failed start
+                raise InfrastructureError(f"HTTP API stopped (exit status {exc.code})") from None
+
+        task = asyncio.create_task(serve())
+        while not server.started:
+            if task.done():
+                with contextlib.suppress(Exception):
+                    task.result()
+                raise InfrastructureError(f"HTTP API could not listen on {self.cfg.http_listen}")
+            await asyncio.sleep(0.01)
+        self._http = server
+        return task
+
+    async def _supervise_http(self, first: asyncio.Task[None]) -> None:
+        current: asyncio.Task[None] | None = first
+
+        async def run() -> None:
+            nonlocal current
+            if current is None:
+                current = await self._start_http()
+                self.supervisor.recovered("http")
+            try:
+                await current
+            finally:
+                current = None
+
+        assert self._stop_requested is not None
+        await self.supervisor.keep_running("http", run, self._stop_requested)
+
+    async def _watch_listener(self) -> None:
+        """Raise when the Kafka listener stopped accepting (supervised: the next run resumes
+        it)."""
+        kafka, stop = self.kafka, self._stop_requested
+        assert kafka is not None
+        assert stop is not None
+        if not kafka.serving:
+            await kafka.resume()
+            self.supervisor.recovered("kafka_listener")
+        while not stop.is_set():
+            if not kafka.serving:
+                raise ComponentStoppedError("the Kafka listener stopped accepting connections")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LISTENER_CHECK_S):
+                    await stop.wait()
+
     async def stop(self) -> None:
         """Close listeners, then deliver what is queued upstream."""
-        if self._http is not None and self._http_task is not None:
+        if self._stop_requested is not None:
+            self._stop_requested.set()
+        if self._http is not None:
             self._http.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._http_task
+        for task in self._watchers:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
         if self.kafka is not None:
             await self.kafka.close()
         if self.upstream is not None:

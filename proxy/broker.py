@@ -11,7 +11,8 @@ Everything here runs on the asyncio loop thread; blocking metadata lookups go to
 A Produce request's partitions go through, in this order: the topic and partition must exist
 upstream (proxy/topics.py); the batch is framed and decompressed (proxy/records.py); its
 sequence is checked for idempotent producers (proxy/idempotence.py); its records are parsed
-(proxy/records.py) and routed (proxy/routing.py); upstream gets them (proxy/upstream.py).
+(proxy/records.py), held to the record limits and routed (proxy/routing.py, proxy/limits.py);
+upstream gets them (proxy/upstream.py).
 """
 
 from __future__ import annotations
@@ -30,8 +31,16 @@ from kdelay.headers import DelayPolicy
 from proxy import protocol as p
 from proxy import records as rec
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
+from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Kind, Outgoing, RejectedRecordError, route, wall_clock_ms
+from proxy.routing import (
+    DEFAULT_LIMITS,
+    Kind,
+    Outgoing,
+    RejectedRecordError,
+    route,
+    wall_clock_ms,
+)
 from proxy.topics import Advertised, Topics, metadata_response
 from proxy.upstream import UpstreamError
 
@@ -80,6 +89,7 @@ class Broker:
         *,
         policy: DelayPolicy | None = None,
         producers: ProducerRegistry | None = None,
+        limits: RecordLimits = DEFAULT_LIMITS,
         max_decompressed_bytes: int = 100 * 1024 * 1024,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
@@ -89,6 +99,7 @@ class Broker:
         self.advertised = advertised
         self.policy = policy or DelayPolicy()
         self.producers = producers or ProducerRegistry()
+        self.limits = limits
         self.max_decompressed_bytes = max_decompressed_bytes
         self.clock_ms = clock_ms
 
@@ -248,9 +259,12 @@ class Broker:
         """The batch's records parsed and routed; raises BatchError."""
         records = rec.read_records(parts)
         try:
-            return route(topic, partition, records, self.clock_ms(), self.policy)
+            now = self.clock_ms()
+            return route(topic, partition, records, now, self.policy, limits=self.limits)
         except RejectedRecordError as exc:
-            raise rec.BatchError(kerr.InvalidRecordError.errno, str(exc), index=exc.index) from None
+            raise rec.BatchError(
+                kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
+            ) from None
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
@@ -259,7 +273,7 @@ class Broker:
         try:
             batch, parts = await self._admit(topic, partition, raw)
         except rec.BatchError as exc:
-            self.metrics.records.labels("rejected").inc(exc.records)
+            self.metrics.rejected(exc.reason, exc.records)
             log.info("proxy.batch_rejected", topic=topic, partition=partition, error=str(exc))
             return resolved(PartitionResult(exc.code, -1, str(exc)))
         count = batch.last_offset_delta + 1
@@ -277,7 +291,7 @@ class Broker:
             )
             if check.verdict is Verdict.REJECT:
                 assert check.error is not None
-                self.metrics.records.labels("rejected").inc(count)
+                self.metrics.rejected("producer_state", count)
                 return resolved(check.error)
             assert check.entry is not None
             if check.verdict is Verdict.DUPLICATE:
@@ -294,8 +308,14 @@ class Broker:
         try:
             routed, counts = self._route(topic, partition, parts)
         except rec.BatchError as exc:
-            self.metrics.records.labels("rejected").inc(count)
-            log.info("proxy.batch_rejected", topic=topic, partition=partition, error=str(exc))
+            self.metrics.rejected(exc.reason, count)
+            log.info(
+                "proxy.batch_rejected",
+                topic=topic,
+                partition=partition,
+                error=str(exc),
+                reason=exc.reason,
+            )
             return settle(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
         kinds.update(k for k, n in counts.items() if n)
         acked = await self.upstream.submit(routed)

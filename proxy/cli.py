@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,16 @@ def command(config_file: Path | None, **flags: Any) -> None:
     """Run the Kafka-protocol proxy and its HTTP API."""
     cfg = load(ProxyConfig, flags, config_file)
     logs.configure(cfg.log_level)
-    asyncio.run(_serve(cfg))
+    code = asyncio.run(_serve(cfg))
+    if code:
+        sys.exit(code)
 
 
-async def _serve(cfg: ProxyConfig) -> None:
+async def _serve(cfg: ProxyConfig) -> int:
+    """Serve until a signal (0), or until a component cannot be kept running (EXIT_GAVE_UP:
+    the orchestrator restarts the process)."""
     from proxy.app import Proxy
+    from proxy.supervision import EXIT_GAVE_UP
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -41,6 +47,11 @@ async def _serve(cfg: ProxyConfig) -> None:
     try:
         addresses = await proxy.start()
         click.echo(f"kdelay proxy ready kafka={addresses.kafka} http={addresses.http}")
-        await stop.wait()
+        assert proxy.gave_up is not None
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(proxy.gave_up.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+        return EXIT_GAVE_UP if proxy.gave_up.is_set() else 0
     finally:
         await proxy.stop()

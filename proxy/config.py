@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings
 
 from kdelay.config import component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
+from proxy import limits as lim
 
 
 def _host_port(value: str, setting: str) -> tuple[str, int]:
@@ -70,6 +71,47 @@ class ProxyConfig(BaseSettings):
     max_horizon_ms: int = Field(
         default=DEFAULT_MAX_HORIZON_MS, ge=1, description="latest due time accepted, from now"
     )
+    max_headers: int = Field(
+        default=lim.DEFAULT_MAX_HEADERS,
+        ge=8,
+        description="most headers a record may carry, control headers included (README Limits)",
+    )
+    max_header_name_bytes: int = Field(
+        default=lim.DEFAULT_MAX_HEADER_NAME_BYTES,
+        ge=64,
+        description="largest header name, UTF-8 bytes (README Limits)",
+    )
+    max_header_value_bytes: int = Field(
+        default=lim.DEFAULT_MAX_HEADER_VALUE_BYTES,
+        ge=1024,
+        description="largest header value, bytes (README Limits)",
+    )
+    max_key_bytes: int = Field(
+        default=lim.DEFAULT_MAX_KEY_BYTES, ge=1024, description="largest record key (README Limits)"
+    )
+    max_value_bytes: int = Field(
+        default=lim.DEFAULT_MAX_VALUE_BYTES,
+        ge=1024,
+        description="largest record value; raise with upstream message.max.bytes (README Limits)",
+    )
+    producer_state_ttl_s: float = Field(
+        default=86_400.0,
+        ge=1,
+        description="seconds an idle idempotent producer is remembered (producer.id.expiration.ms)",
+    )
+    max_producer_states: int = Field(
+        default=10_000,
+        ge=1,
+        description="idempotent producers remembered at most; the least recently used is forgotten",
+    )
+    component_restart_backoff_s: float = Field(
+        default=0.5, gt=0, description="first wait before restarting a failed component (doubles)"
+    )
+    component_max_failures: int = Field(
+        default=10,
+        ge=1,
+        description="consecutive failures of one component after which the process exits (code 70)",
+    )
     tls_cert: Path | None = Field(default=None, description="PEM certificate of the listener")
     tls_key: Path | None = Field(default=None, description="PEM key of the listener")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
@@ -107,6 +149,17 @@ class ProxyConfig(BaseSettings):
     def decompressed_limit(self) -> int:
         """The bound on a batch's decompressed size."""
         return self.max_decompressed_bytes or self.max_request_bytes
+
+    @property
+    def limits(self) -> lim.RecordLimits:
+        """The per-record limits both listeners enforce."""
+        return lim.RecordLimits(
+            max_headers=self.max_headers,
+            max_header_name_bytes=self.max_header_name_bytes,
+            max_header_value_bytes=self.max_header_value_bytes,
+            max_key_bytes=self.max_key_bytes,
+            max_value_bytes=self.max_value_bytes,
+        )
 
     @property
     def policy(self) -> DelayPolicy:

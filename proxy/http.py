@@ -3,7 +3,9 @@
 Runs on the same asyncio loop as the Kafka listener (uvicorn). A posted message is routed like a
 produced record (proxy/routing.py), so both reject the same values with the same reason, and its
 topic is looked up in the listener's topic cache (proxy/topics.py); a 400 names the JSON field at
-fault. A record is acknowledged (202) only once upstream Kafka has it.
+fault. A record over one of the proxy's limits (proxy/limits.py) is refused with 413 when a size
+is over (key, value, a header's name or value) and 422 when the header count is, naming the
+limit's setting and its value. A record is acknowledged (202) only once upstream Kafka has it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from kdelay import buffer, logs
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
+from proxy.limits import RecordLimits, Violation
 from proxy.metrics import ProxyMetrics
 from proxy.routing import (
+    DEFAULT_LIMITS,
     Incoming,
     Kind,
     Outgoing,
@@ -100,6 +104,16 @@ class BadRequestError(Exception):
     """Input the caller must fix; becomes 400."""
 
 
+class OverLimitError(Exception):
+    """The message is over one of the proxy's limits; 413 for a size, 422 for a count."""
+
+    def __init__(self, violation: Violation) -> None:
+        field = violation.field
+        super().__init__(f"{field}: {violation.describe()}")
+        self.violation = violation
+        self.status = 413 if violation.is_size else 422
+
+
 class UnavailableError(Exception):
     """Upstream Kafka cannot take the request now; becomes 503."""
 
@@ -142,8 +156,11 @@ def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
     return timing
 
 
-def _route_message(msg: MessageIn, now_ms: int, policy: DelayPolicy) -> Outgoing:
-    """The buffer record for a posted message; BadRequestError names the bad field."""
+def _route_message(
+    msg: MessageIn, now_ms: int, policy: DelayPolicy, limits: RecordLimits = DEFAULT_LIMITS
+) -> Outgoing:
+    """The buffer record for a posted message; BadRequestError names the bad field,
+    OverLimitError the limit it is over."""
     value = _value(msg)
     key = _utf8("key", msg.key)
     own = [(k, _utf8(f"headers.{k}", v)) for k, v in (msg.headers or {}).items()]
@@ -158,8 +175,11 @@ def _route_message(msg: MessageIn, now_ms: int, policy: DelayPolicy) -> Outgoing
             [Incoming(key, value, [*own, *control])],
             now_ms,
             policy,
+            limits=limits,
         )
     except RejectedRecordError as exc:
+        if exc.limit is not None:
+            raise OverLimitError(exc.limit) from None
         bad = exc.header_error
         # A posted message always carries a timing header: only a header can be at fault.
         assert bad is not None
@@ -192,6 +212,11 @@ def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
     async def bad_request(_request: Request, exc: BadRequestError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, 400)
 
+    @app.exception_handler(OverLimitError)
+    async def over_limit(_request: Request, exc: OverLimitError) -> JSONResponse:
+        metrics.rejected(exc.violation.setting, 1)
+        return JSONResponse({"error": str(exc)}, exc.status)
+
     @app.exception_handler(UnavailableError)
     async def unavailable(_request: Request, exc: UnavailableError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, 503)
@@ -204,9 +229,12 @@ def create_app(
     policy: DelayPolicy,
     *,
     now_ms: Callable[[], int] = wall_clock_ms,
+    limits: RecordLimits = DEFAULT_LIMITS,
+    not_ready: Callable[[], str | None] = lambda: None,
 ) -> FastAPI:
     """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
-    listener's cache) and writes through ``upstream``."""
+    listener's cache) and writes through ``upstream``; ``not_ready`` says why the proxy is not
+    ready (a supervised component is down), or None."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
@@ -235,12 +263,14 @@ def create_app(
         except UpstreamError as exc:
             raise UnavailableError(f"not accepted by upstream Kafka: {exc}") from None
 
-    errors: dict[int | str, dict[str, Any]] = {400: {"model": Problem}, 503: {"model": Problem}}
+    errors: dict[int | str, dict[str, Any]] = {
+        code: {"model": Problem} for code in (400, 413, 422, 503)
+    }
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
     async def post_message(msg: MessageIn) -> Accepted:
         """Schedule one message for delivery at a later time."""
-        routed = _route_message(msg, now_ms(), policy)
+        routed = _route_message(msg, now_ms(), policy, limits)
         assert routed.kind is Kind.DELAYED
         assert routed.id is not None
         assert routed.deliver_at_ms is not None
@@ -272,7 +302,10 @@ def create_app(
 
     @app.get("/readyz", response_model=Status, responses={503: {"model": Problem}})
     async def readyz() -> Status:
-        """Upstream Kafka answers."""
+        """Every component runs and upstream Kafka answers."""
+        why = not_ready()
+        if why is not None:
+            raise UnavailableError(why)
         if not await asyncio.to_thread(upstream.reachable):
             raise UnavailableError(f"upstream Kafka at {upstream.bootstrap} is unreachable")
         return Status(status="ready")

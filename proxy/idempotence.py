@@ -22,6 +22,20 @@ the proxy guarantees then:
   not duplicated). And an upstream failure is ambiguous (a timed-out batch may have been
   written), so the retry of a failed batch can duplicate its records: at-least-once there.
 
+Bounded memory. The state of a producer is forgotten when it has been idle (no InitProducerId,
+no Produce) for ``ttl_s`` (default one day, Kafka's ``producer.id.expiration.ms``), and the
+least recently used producer is forgotten when more than ``max_producers`` are known. A producer
+that returns after it was forgotten is treated like any producer id this process did not
+allocate: its next batch is adopted at the sequence it presents, and an InitProducerId with its
+old id and epoch (a KIP-360 epoch bump) gets a fresh producer id. This is what a Kafka broker
+does for a producer whose state expired (it accepts any sequence from a producer it has no
+state for, KIP-360) and the client sees no error. What is lost is only dedupe across the gap:
+a retry, sent after the eviction, of a batch written before it would be written again. Clients
+stop retrying after their delivery timeout (librdkafka's ``message.timeout.ms``, 300 s; Java's
+``delivery.timeout.ms``, 120 s), far below the TTL, so only an eviction by the cap can do that,
+and the cap takes the producer idle the longest. An old epoch of a forgotten producer is not
+fenced either.
+
 Only the asyncio loop thread calls into this module.
 """
 
@@ -29,17 +43,24 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections import deque
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import kafka.errors as kerr
+
+from proxy.metrics import ProxyMetrics
 
 NO_PRODUCER_ID = -1
 #: Kafka keeps the metadata of the last five batches per producer and partition (KIP-98), the
 #: most a client has in flight per partition with idempotence on.
 RECENT_BATCHES = 5
 _SEQ_MODULUS = 2**31
+#: Kafka's default producer.id.expiration.ms (KIP-854): one day.
+DEFAULT_TTL_S = 86_400.0
+DEFAULT_MAX_PRODUCERS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +89,13 @@ class _PartitionState:
     recent: deque[_Entry] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
 
 
+@dataclass(slots=True)
+class _Producer:
+    epoch: int
+    last_used: float
+    partitions: dict[tuple[str, int], _PartitionState] = field(default_factory=dict)
+
+
 class Verdict(Enum):
     """The outcome of a sequence check."""
 
@@ -91,23 +119,79 @@ def _next(seq: int) -> int:
 
 
 class ProducerRegistry:
-    """Producer ids this proxy handed out, and the sequence state per producer and partition."""
+    """Producer ids this proxy handed out or adopted, and the sequence state per producer and
+    partition, least recently used first (see "Bounded memory" in the module docstring)."""
 
-    def __init__(self, first_id: int | None = None) -> None:
+    def __init__(
+        self,
+        first_id: int | None = None,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_producers: int = DEFAULT_MAX_PRODUCERS,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
         # Random start: ids from different proxy replicas should not collide.
         self._next_id = first_id if first_id is not None else secrets.randbelow(2**46) + 1
-        self._epochs: dict[int, int] = {}
-        self._partitions: dict[tuple[int, str, int], _PartitionState] = {}
+        self.ttl_s = ttl_s
+        self.max_producers = max_producers
+        self._clock = clock
+        self._metrics = metrics
+        self._producers: OrderedDict[int, _Producer] = OrderedDict()
+
+    def __len__(self) -> int:
+        """How many producers are known."""
+        return len(self._producers)
+
+    def __contains__(self, producer_id: object) -> bool:
+        return producer_id in self._producers
+
+    def _use(self, producer_id: int, new_epoch: int | None = None) -> tuple[_Producer, bool]:
+        """The state of ``producer_id``, now the most recently used, and whether it was created
+        (unknown, or ``new_epoch`` given: a new id). What is due is forgotten first."""
+        now = self._clock()
+        self._evict(now)
+        state = self._producers.get(producer_id)
+        created = state is None or new_epoch is not None
+        if created:
+            state = _Producer(new_epoch or 0, now)
+            self._producers[producer_id] = state
+        else:
+            assert state is not None
+            state.last_used = now
+            self._producers.move_to_end(producer_id)
+        self._evict(now)
+        return state, created
+
+    def _evict(self, now: float) -> None:
+        """Forget producers idle for the TTL, then the least recently used over the cap."""
+        producers = self._producers
+        expired_before = now - self.ttl_s
+        while producers:
+            pid, oldest = next(iter(producers.items()))
+            if oldest.last_used <= expired_before:
+                reason = "ttl"
+            elif len(producers) > self.max_producers:
+                reason = "cap"
+            else:
+                break
+            del producers[pid]
+            if self._metrics is not None:
+                self._metrics.producer_evictions.labels(reason).inc()
+        if self._metrics is not None:
+            self._metrics.producer_states.set(len(producers))
 
     def init_producer(self, producer_id: int = NO_PRODUCER_ID, epoch: int = -1) -> tuple[int, int]:
         """InitProducerId: a new id, or the next epoch of a known one (KIP-360 epoch bump)."""
-        known = producer_id != NO_PRODUCER_ID and self._epochs.get(producer_id) == epoch
-        if known and epoch < 32766:
-            self._epochs[producer_id] = epoch + 1
-            return producer_id, epoch + 1
+        if producer_id != NO_PRODUCER_ID:
+            self._evict(self._clock())
+            known = self._producers.get(producer_id)
+            if known is not None and known.epoch == epoch and epoch < 32766:
+                self._use(producer_id)[0].epoch = epoch + 1
+                return producer_id, epoch + 1
         pid = self._next_id
         self._next_id += 1
-        self._epochs[pid] = 0
+        self._use(pid, 0)
         return pid, 0
 
     def check(
@@ -122,7 +206,8 @@ class ProducerRegistry:
         loop: asyncio.AbstractEventLoop,
     ) -> Check:
         """Decide on a batch before it is written; an accepted one is recorded as in flight."""
-        current = self._epochs.get(producer_id)
+        producer, created = self._use(producer_id)
+        current = None if created else producer.epoch
         if current is not None and epoch < current:
             return Check(
                 Verdict.REJECT,
@@ -132,13 +217,13 @@ class ProducerRegistry:
                 ),
             )
         if current is None or epoch > current:
-            self._epochs[producer_id] = epoch
-        key = (producer_id, topic, partition)
-        state = self._partitions.get(key)
+            producer.epoch = epoch
+        key = (topic, partition)
+        state = producer.partitions.get(key)
         if state is None or state.epoch != epoch:
             # First batch seen for this producer/epoch/partition: adopt its sequence.
             state = _PartitionState(epoch, (base_seq - 1) % _SEQ_MODULUS)
-            self._partitions[key] = state
+            producer.partitions[key] = state
         for entry in state.recent:
             if entry.base_seq == base_seq and entry.last_seq == last_seq:
                 if entry.retry_ok:
@@ -181,7 +266,8 @@ class ProducerRegistry:
             entry.result.set_result(result)
         if result.error_code == 0 or not kerr.for_code(result.error_code).retriable:
             return
-        state = self._partitions.get((producer_id, topic, partition))
+        producer = self._producers.get(producer_id)
+        state = producer.partitions.get((topic, partition)) if producer is not None else None
         if state is None or not state.recent:
             return
         if state.recent[-1] is not entry:

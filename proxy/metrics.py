@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.limits import LIMIT_SETTINGS
+
+#: Reasons besides a limit (whose reason is the limit's setting name): a malformed control
+#: header or a plain record for the buffer topic; a batch refused before its records are read
+#: (framing, CRC, codec, unknown partition, transactional); a sequence or epoch refused.
+REJECT_REASONS = ("invalid_record", "invalid_batch", "producer_state")
+#: The supervised components (proxy/supervision.py).
+COMPONENTS = ("upstream_poll", "http", "kafka_listener")
+
 #: Produce latency: sub-millisecond (in-memory paths) to seconds (upstream trouble).
 LATENCY_BUCKETS = (
     0.0005,
@@ -61,6 +70,29 @@ class ProxyMetrics:
             ["method", "route", "status"],
             registry=r,
         )
+        self.records_rejected = Counter(
+            "kdelay_proxy_records_rejected_total",
+            "Records rejected (nothing of their batch written), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.component_failures = Counter(
+            "kdelay_component_failures_total",
+            "Unexpected failures of a long-running component (each restarted or fatal)",
+            ["component"],
+            registry=r,
+        )
+        self.producer_states = Gauge(
+            "kdelay_proxy_producer_states",
+            "Idempotent producers whose sequence state the proxy keeps",
+            registry=r,
+        )
+        self.producer_evictions = Counter(
+            "kdelay_proxy_producer_evictions_total",
+            "Idempotent producers forgotten, by reason (ttl: idle too long, cap: too many)",
+            ["reason"],
+            registry=r,
+        )
         self.bytes_in = self.bytes.labels("in")
         self.bytes_out = self.bytes.labels("out")
         # Known label values exist from the start, so dashboards and rate() see zeros.
@@ -71,3 +103,14 @@ class ProxyMetrics:
             kind: self.records.labels(kind) for kind in ("immediate", "delayed", "cancel")
         }
         self.records.labels("rejected")
+        for reason in (*LIMIT_SETTINGS, *REJECT_REASONS):
+            self.records_rejected.labels(reason)
+        for component in COMPONENTS:
+            self.component_failures.labels(component)
+        for eviction in ("ttl", "cap"):
+            self.producer_evictions.labels(eviction)
+
+    def rejected(self, reason: str, records: int) -> None:
+        """Count ``records`` rejected for ``reason`` (both rejected-record counters)."""
+        self.records.labels("rejected").inc(records)
+        self.records_rejected.labels(reason).inc(records)

@@ -58,16 +58,24 @@ class BatchError(KdelayError):
     """A partition's batch is refused as a whole (nothing of it is written).
 
     ``code`` is the Kafka error for the partition's response, ``records`` how many records the
-    rejected-records metric counts, ``record_errors`` the response's per-record errors (batch
-    index, message): the record at ``index`` when one record is at fault.
+    rejected-records metric counts, ``reason`` its label, ``record_errors`` the response's
+    per-record errors (batch index, message): the record at ``index`` when one record is at
+    fault.
     """
 
     def __init__(
-        self, code: int, message: str, records: int = 0, *, index: int | None = None
+        self,
+        code: int,
+        message: str,
+        records: int = 0,
+        *,
+        index: int | None = None,
+        reason: str = "invalid_batch",
     ) -> None:
         super().__init__(message)
         self.code = code
         self.records = records
+        self.reason = reason
         self.record_errors: tuple[tuple[int, str | None], ...] = (
             ((index, message),) if index is not None else ()
         )

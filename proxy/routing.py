@@ -2,7 +2,9 @@
 
 ``route`` is the one entry point, shared by the Kafka listener (a partition's parsed batch) and
 the HTTP API (one posted message). A batch is routed all-or-nothing: the first record that
-cannot be routed raises RejectedRecordError and nothing of the batch is written.
+cannot be routed raises RejectedRecordError and nothing of the batch is written. Every record is
+first held to the proxy's limits (proxy/limits.py), here and nowhere else, so both listeners
+enforce them alike.
 
 Pure functions; safe from any thread.
 """
@@ -26,6 +28,7 @@ from kdelay.headers import (
     new_id,
     strip_control,
 )
+from proxy.limits import LimitExceededError, RecordLimits, Violation
 from proxy.records import Record
 
 HeaderList = list[tuple[str, bytes | None]]
@@ -34,16 +37,6 @@ HeaderList = list[tuple[str, bytes | None]]
 #: without being parsed (the common case, kept cheap).
 CONTROL_PREFIX = "kdelay-"
 assert all(name.startswith(CONTROL_PREFIX) for name in CONTROL_HEADERS)
-
-
-def has_control_header(headers: Iterable[tuple[str, bytes | None]]) -> bool:
-    """Whether any header name could be a control header."""
-    # A loop, not any() over a generator: this runs per record, and the generator costs more
-    # than the test itself.
-    for name, _ in headers:  # noqa: SIM110 - see above
-        if name.startswith(CONTROL_PREFIX):
-            return True
-    return False
 
 
 class Kind(StrEnum):
@@ -67,14 +60,30 @@ class Incoming:
 
 class RejectedRecordError(KdelayError):
     """Record ``index`` of a batch cannot be routed, so nothing of the batch is written;
-    ``header_error`` is set when one of its control headers is at fault (it names the header)."""
+    ``header_error`` is set when one of its control headers is at fault (it names the header),
+    ``limit`` when the record is over one of the proxy's limits (it names the setting)."""
 
     def __init__(
-        self, index: int, message: str, header_error: InvalidHeaderError | None = None
+        self,
+        index: int,
+        message: str,
+        header_error: InvalidHeaderError | None = None,
+        *,
+        limit: Violation | None = None,
     ) -> None:
         super().__init__(message)
         self.index = index
         self.header_error = header_error
+        self.limit = limit
+
+    @property
+    def reason(self) -> str:
+        """The ``reason`` label of the rejected-records metric."""
+        return self.limit.setting if self.limit is not None else "invalid_record"
+
+
+#: The limits of a proxy whose configuration does not say otherwise.
+DEFAULT_LIMITS = RecordLimits()
 
 
 def wall_clock_ms() -> int:
@@ -143,35 +152,73 @@ def cancel(msg_id: str) -> Outgoing:
     )
 
 
+def _over_limit(index: int, exc: LimitExceededError) -> RejectedRecordError:
+    return RejectedRecordError(
+        index, f"record {index}: {exc.violation.describe()}", limit=exc.violation
+    )
+
+
 def route(
-    topic: str, partition: int, records: Iterable[Record], now_ms: int, policy: DelayPolicy
+    topic: str,
+    partition: int,
+    records: Iterable[Record],
+    now_ms: int,
+    policy: DelayPolicy,
+    *,
+    limits: RecordLimits = DEFAULT_LIMITS,
 ) -> tuple[list[Outgoing], dict[Kind, int]]:
     """The records to write upstream for ``records`` produced to ``topic``/``partition``, in
     order, and how many of each kind; raises RejectedRecordError for the first record that
-    cannot be routed (a malformed control header, or no control header on a record for the
-    buffer topic, which only the proxy writes)."""
+    cannot be routed (over one of ``limits``, a malformed control header, or no control header
+    on a record for the buffer topic, which only the proxy writes)."""
     out: list[Outgoing] = []
     append = out.append
     immediate = Kind.IMMEDIATE
     counts = dict.fromkeys(Kind, 0)
     to_buffer = topic == buffer.BUFFER_TOPIC
+    # Locals: these checks run per record on the immediate path.
+    max_headers = limits.max_headers
+    max_key = limits.max_key_bytes
+    max_value = limits.max_value_bytes
+    # A name of at most this many characters is within the limit in UTF-8 bytes too.
+    name_chars = limits.max_header_name_bytes // 4
+    max_header_value = limits.max_header_value_bytes
     for i, r in enumerate(records):
         headers = r.headers
+        key = r.key
+        value = r.value
+        control = False
+        try:
+            if (
+                len(headers) > max_headers
+                or (key is not None and len(key) > max_key)
+                or (value is not None and len(value) > max_value)
+            ):
+                limits.check_body(key, value, headers)
+            # limits.scan_headers inlined: one pass per record on the immediate path.
+            for name, hv in headers:
+                if len(name) > name_chars or (hv is not None and len(hv) > max_header_value):
+                    control = limits.scan_headers(headers, CONTROL_PREFIX)  # raises when over
+                    break
+                if name.startswith(CONTROL_PREFIX):
+                    control = True
+        except LimitExceededError as exc:
+            raise _over_limit(i, exc) from None
         ts = r.timestamp
         passed = Outgoing(
             immediate,
             topic,
             partition,
-            r.key,
-            r.value,
+            key,
+            value,
             headers,
             ts if ts is not None and ts >= 0 else None,
         )
-        if not (to_buffer or (headers and has_control_header(headers))):
+        if not (to_buffer or control):
             append(passed)  # the common case: no header can be a control one
             continue
         try:
-            asked = classify(headers, now_ms, policy) if has_control_header(headers) else None
+            asked = classify(headers, now_ms, policy) if control else None
         except InvalidHeaderError as exc:
             raise RejectedRecordError(i, str(exc), exc) from None
         if asked is None:
@@ -188,8 +235,8 @@ def route(
                 asked.id or new_id(),
                 topic=topic,
                 partition=partition,
-                key=r.key,
-                value=r.value,
+                key=key,
+                value=value,
                 deliver_at_ms=asked.deliver_at_ms,
                 headers=headers,
             )

@@ -81,6 +81,7 @@ class KafkaServer:
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
+        self._address: tuple[str, int] | None = None
         self._broker: Broker | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -90,13 +91,28 @@ class KafkaServer:
             self._on_connect, host, port, ssl=self.ssl_context, limit=2**20, start_serving=False
         )
         sock = self._server.sockets[0].getsockname()
-        return str(sock[0]), int(sock[1])
+        self._address = str(sock[0]), int(sock[1])
+        return self._address
 
     async def serve(self, broker: Broker) -> None:
         """Accept connections on the bound address and answer their requests with ``broker``."""
         assert self._server is not None, "bind() first"
         self._broker = broker
         await self._server.start_serving()
+
+    @property
+    def serving(self) -> bool:
+        """Whether connections are being accepted."""
+        return self._server is not None and self._server.is_serving()
+
+    async def resume(self) -> None:
+        """Accept connections again after the listener stopped (supervision): on the same
+        server when its socket is still open, else on a new one bound to the same address."""
+        assert self._broker is not None, "serve() first"
+        assert self._address is not None, "bind() first"
+        if self._server is None or not self._server.sockets:
+            await self.bind(*self._address)
+        await self.serve(self._broker)
 
     async def close(self) -> None:
         """Stop accepting and close every connection."""

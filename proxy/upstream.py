@@ -1,13 +1,13 @@
 """The proxy's side of upstream Kafka: one idempotent librdkafka producer, and metadata.
 
 Threads: ``submit`` runs on the asyncio loop thread (librdkafka's produce is non-blocking and
-thread-safe); one daemon thread ("kdelay-upstream-poll") serves librdkafka's delivery and error
-callbacks through ``poll``. A delivery callback only counts down its batch; the batch's asyncio
-future is resolved with one ``call_soon_threadsafe`` when its last record is acknowledged, so the
-loop is woken once per batch, not per record. The records of a batch share one delivery
-callback (bound once per batch, not a closure per record); only the first record written to a
-fixed partition has its own, which keeps its offset. Metadata lookups block and run in worker
-threads.
+thread-safe); one daemon thread ("kdelay-upstream-poll", supervised as ``upstream_poll``) serves
+librdkafka's delivery and error callbacks through ``poll``. A delivery callback only counts down
+its batch; the batch's asyncio future is resolved with one ``call_soon_threadsafe`` when its
+last record is acknowledged, so the loop is woken once per batch, not per record. The records of
+a batch share one delivery callback (bound once per batch, not a closure per record); only the
+first record written to a fixed partition has its own, which keeps its offset. Metadata lookups
+block and run in worker threads.
 
 Every record is written with acks=all by an idempotent producer, so a future that resolves
 without error means every record of the batch is durable upstream.
@@ -38,9 +38,13 @@ from kdelay import logs
 from kdelay.errors import KdelayError
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Outgoing
+from proxy.supervision import Supervisor
 from proxy.topics import TopicInfo
 
 log = logs.get(__name__)
+
+#: The poll thread's name as a supervised component.
+POLL_COMPONENT = "upstream_poll"
 
 
 class UpstreamError(KdelayError):
@@ -141,9 +145,11 @@ class Upstream:
         extra: dict[str, str] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
         lookup_factory: Callable[[dict[str, Any]], Any] = Consumer,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = metrics
+        self.supervisor = supervisor or Supervisor(metrics)
         self.timeout_ms = timeout_ms
         common = {"bootstrap.servers": bootstrap, **(extra or {})}
         self._producer_conf: dict[str, Any] = {
@@ -216,8 +222,23 @@ class Upstream:
         ).start()
 
     def _poll(self) -> None:
+        """The poll thread, supervised (proxy/supervision.py): ``poll`` raises what a callback
+        raised; the loop logs and counts it and polls again after the backoff, so delivery
+        reports never silently stop being served."""
+        failed = False
         while not self._stop.is_set():
-            self._producer.poll(0.05)  # the current producer: replaced after a fatal error
+            try:
+                self._producer.poll(0.05)  # the current producer: replaced after a fatal error
+            except Exception as exc:  # noqa: BLE001 - any callback error; supervised
+                backoff = self.supervisor.failed(POLL_COMPONENT, exc)
+                if backoff is None:
+                    return  # given up: the process exits
+                failed = True
+                self._stop.wait(backoff)
+                continue
+            if failed:
+                failed = False
+                self.supervisor.recovered(POLL_COMPONENT)
 
     async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[int]:
         """Hand ``records`` to librdkafka in order; once every one is acknowledged the returned

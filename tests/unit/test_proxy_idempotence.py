@@ -9,6 +9,7 @@ import kafka.errors as kerr
 import pytest
 
 from proxy.idempotence import PartitionResult, ProducerRegistry, Verdict
+from proxy.metrics import ProxyMetrics
 
 
 @pytest.fixture
@@ -105,3 +106,91 @@ def test_sequence_wraps_at_int32(loop: asyncio.AbstractEventLoop) -> None:
         Verdict.ACCEPT
     )
     assert reg.check(5, 0, "t", 0, base_seq=0, last_seq=0, loop=loop).verdict is Verdict.ACCEPT
+
+
+# -- bounded memory: TTL and cap (the clock is injected) ----------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_idle_producer_is_forgotten_after_the_ttl(loop: asyncio.AbstractEventLoop) -> None:
+    clock = Clock()
+    metrics = ProxyMetrics()
+    reg = ProducerRegistry(first_id=1, ttl_s=60, clock=clock, metrics=metrics)
+    idle, epoch = reg.init_producer()
+    busy, _ = reg.init_producer()
+    first = reg.check(idle, epoch, "t", 0, base_seq=0, last_seq=1, loop=loop)
+    assert first.entry is not None
+    reg.complete(idle, "t", 0, first.entry, PartitionResult(0, 7))
+    clock.now += 59
+    reg.check(busy, 0, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert idle in reg  # idle 59 s: kept
+    clock.now += 1
+    reg.check(busy, 0, "t", 0, base_seq=1, last_seq=1, loop=loop)
+    assert idle not in reg
+    assert busy in reg
+    assert metrics.producer_evictions.labels("ttl")._value.get() == 1
+    assert metrics.producer_states._value.get() == 1
+
+
+def test_a_producer_returning_after_eviction_is_adopted(loop: asyncio.AbstractEventLoop) -> None:
+    """What a forgotten producer sees (idempotence.py "Bounded memory"): no error; its next
+    batch is adopted at its sequence; dedupe of a batch from before the gap is lost."""
+    clock = Clock()
+    reg = ProducerRegistry(first_id=1, ttl_s=60, clock=clock)
+    pid, epoch = reg.init_producer()
+    first = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=4, loop=loop)
+    assert first.entry is not None
+    reg.complete(pid, "t", 0, first.entry, PartitionResult(0, 7))
+    clock.now += 3600
+    nxt = reg.check(pid, epoch, "t", 0, base_seq=5, last_seq=5, loop=loop)
+    assert nxt.verdict is Verdict.ACCEPT
+    later = reg.check(pid, epoch, "t", 0, base_seq=6, last_seq=6, loop=loop)
+    assert later.verdict is Verdict.ACCEPT
+    clock.now += 3600
+    # A retry of the very first batch after another gap is written again (adopted at 0).
+    assert reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=4, loop=loop).verdict is (
+        Verdict.ACCEPT
+    )
+    # A KIP-360 epoch bump of a forgotten producer gets a fresh id.
+    clock.now += 3600
+    assert reg.init_producer(pid, epoch) == (2, 0)
+
+
+def test_the_least_recently_used_producer_goes_over_the_cap(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    clock = Clock()
+    metrics = ProxyMetrics()
+    reg = ProducerRegistry(first_id=1, max_producers=3, clock=clock, metrics=metrics)
+    pids = [reg.init_producer()[0] for _ in range(3)]
+    clock.now += 1
+    reg.check(pids[0], 0, "t", 0, base_seq=0, last_seq=0, loop=loop)  # 0 is used again
+    newcomer, _ = reg.init_producer()
+    assert len(reg) == 3
+    assert pids[1] not in reg
+    assert pids[0] in reg
+    assert pids[2] in reg
+    assert newcomer in reg
+    reg.check(99, 0, "u", 1, base_seq=10, last_seq=10, loop=loop)  # an adopted id counts too
+    assert pids[2] not in reg
+    assert len(reg) == 3
+    assert metrics.producer_evictions.labels("cap")._value.get() == 2
+
+
+def test_a_batch_in_flight_when_its_producer_is_evicted_still_completes(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    reg = ProducerRegistry(first_id=1, max_producers=1)
+    pid, epoch = reg.init_producer()
+    check = reg.check(pid, epoch, "t", 0, base_seq=0, last_seq=0, loop=loop)
+    assert check.entry is not None
+    reg.init_producer()  # evicts pid
+    reg.complete(pid, "t", 0, check.entry, PartitionResult(kerr.RequestTimedOutError.errno))
+    assert check.entry.result.result().error_code == kerr.RequestTimedOutError.errno
