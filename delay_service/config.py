@@ -67,6 +67,32 @@ class ReplicaConfig(BaseSettings):
         default=1_000, ge=50, description="how often the status node is refreshed"
     )
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+    # -- supervision and health (supervisor.py, health.py) ----------------------------------
+    restart_backoff_ms: int = Field(
+        default=1_000, ge=1, description="wait before running a failed thread again (doubling)"
+    )
+    restart_backoff_max_ms: int = Field(
+        default=30_000, ge=1, description="longest wait before running a failed thread again"
+    )
+    max_component_failures: int = Field(
+        default=5, ge=1, description="consecutive failures of a thread before the process exits"
+    )
+    ingest_stall_s: float = Field(
+        default=60.0, gt=0, description="seconds without ingest progress before /readyz fails"
+    )
+    # -- per-target isolation (forwarder.py, round.py, sender.py) ---------------------------
+    round_ack_wait_ms: int = Field(
+        default=20,
+        ge=0,
+        le=10_000,
+        description="longest a round waits for its records' acknowledgements (the rest stay "
+        "in flight and are settled by a later round)",
+    )
+    scan_skip_limit: int = Field(
+        default=100_000,
+        ge=1,
+        description="most due entries of held targets one scan passes over before it stops",
+    )
 
     @field_validator("zk_root")
     @classmethod

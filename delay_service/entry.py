@@ -4,6 +4,14 @@ Key = ``deliver_at_ms (8, big-endian) | buffer partition (4) | buffer offset (8)
 is due time, then arrival. Value = :func:`encode_entry`, a compact versioned serialization of the
 scheduled message. Both are persisted: changing them needs a new format version.
 
+Value format version 2 (written): ``version (1) | deliver_at_ms (8, signed) | partition (4,
+signed) | header count (4)``, then id, topic, key, value and each header's name and value as
+``length (4) | bytes`` (length ``0xFFFFFFFF``: null). Version 1 (read only) had a 2-byte header
+count, so a record with 65,536 headers could not be stored at all. Every field is as wide as
+Kafka's own (int32 counts and sizes, int64 times): whatever one Kafka record can carry encodes;
+:func:`check_storable` names what cannot (a due time beyond int64, a string that is not
+encodable as UTF-8), and ingest dead-letters such records instead of storing them.
+
 Pure functions and immutable values; any thread may use them.
 """
 
@@ -12,15 +20,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from delay_service.errors import StoreError
+from delay_service.errors import StoreError, UnstorableError
 from kdelay.buffer import Scheduled
 
 _KEY = struct.Struct(">QIQ")
 KEY_SIZE = _KEY.size  # 20
-_HEAD = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
+_HEAD_V1 = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
+_HEAD = struct.Struct("<BqiI")  # version 2: the header count as wide as Kafka's
+_HEADS = {1: _HEAD_V1, 2: _HEAD}
 _LEN = struct.Struct("<I")
 _NULL = 0xFFFFFFFF
-ENTRY_VERSION = 1
+#: The largest length field: ``_NULL`` marks a null.
+MAX_FIELD_BYTES = _NULL - 1
+ENTRY_VERSION = 2
+_I64 = (-(2**63), 2**63 - 1)
+_I32 = (-(2**31), 2**31 - 1)
 
 
 def entry_key(deliver_at_ms: int, partition: int, offset: int) -> bytes:
@@ -34,35 +48,76 @@ def split_key(key: bytes) -> tuple[int, int, int]:
     return int(deliver_at), int(partition), int(offset)
 
 
-def _put_bytes(out: list[bytes], data: bytes | None) -> None:
-    if data is None:
-        out.append(_LEN.pack(_NULL))
-    else:
-        out.append(_LEN.pack(len(data)))
-        out.append(data)
+def _utf8(what: str, text: str) -> bytes:
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnstorableError(f"{what} is not encodable as UTF-8: {exc.reason}") from None
+    if len(data) > MAX_FIELD_BYTES:
+        raise UnstorableError(f"{what} is {len(data)} bytes, more than a store field holds")
+    return data
+
+
+def _checked(what: str, data: bytes | None) -> bytes | None:
+    if data is not None and len(data) > MAX_FIELD_BYTES:
+        raise UnstorableError(f"{what} is {len(data)} bytes, more than a store field holds")
+    return data
+
+
+def check_storable(msg: Scheduled) -> None:
+    """Raise UnstorableError naming the field when :func:`encode_entry` cannot encode ``msg``.
+
+    Nothing a Kafka record can carry fails this; a record written by hand can (a due time
+    beyond int64, a partition beyond int32, a string with lone surrogates from JSON escapes).
+    """
+    _encode_parts(msg)
+
+
+def _encode_parts(msg: Scheduled) -> list[bytes]:
+    if not _I64[0] <= msg.deliver_at_ms <= _I64[1]:
+        raise UnstorableError(f"due time {msg.deliver_at_ms} is beyond a signed 64-bit integer")
+    if not _I32[0] <= msg.partition <= _I32[1]:
+        raise UnstorableError(f"partition {msg.partition} is beyond a signed 32-bit integer")
+    if len(msg.headers) > MAX_FIELD_BYTES:
+        raise UnstorableError(f"{len(msg.headers)} headers are more than a store entry holds")
+    out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
+    fields: list[bytes | None] = [
+        _utf8("id", msg.id),
+        _utf8("topic", msg.topic),
+        _checked("key", msg.key),
+        _checked("value", msg.value),
+    ]
+    for i, (name, value) in enumerate(msg.headers):
+        fields.append(_utf8(f"header {i} name", name))
+        fields.append(_checked(f"header {i} value", value))
+    for data in fields:
+        if data is None:
+            out.append(_LEN.pack(_NULL))
+        else:
+            out.append(_LEN.pack(len(data)))
+            out.append(data)
+    return out
 
 
 def encode_entry(msg: Scheduled) -> bytes:
-    """A compact, versioned serialization of a scheduled message (the entry value)."""
-    out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
-    _put_bytes(out, msg.id.encode())
-    _put_bytes(out, msg.topic.encode())
-    _put_bytes(out, msg.key)
-    _put_bytes(out, msg.value)
-    for name, value in msg.headers:
-        _put_bytes(out, name.encode())
-        _put_bytes(out, value)
-    return b"".join(out)
+    """A compact, versioned serialization of a scheduled message (the entry value).
+
+    Raises UnstorableError (see :func:`check_storable`) rather than a codec error.
+    """
+    return b"".join(_encode_parts(msg))
 
 
 def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry`; raises StoreError on anything else."""
-    if not data or data[0] != ENTRY_VERSION:
+    """Inverse of :func:`encode_entry` (format versions 1 and 2); StoreError on anything else."""
+    head = _HEADS.get(data[0]) if data else None
+    if head is None:
         version = data[0] if data else None
-        raise StoreError(f"store entry has format version {version}; this build reads 1")
+        raise StoreError(
+            f"store entry has format version {version}; this build reads {sorted(_HEADS)}"
+        )
     try:
-        _, deliver_at, partition, count = _HEAD.unpack_from(data, 0)
-        pos = _HEAD.size
+        _, deliver_at, partition, count = head.unpack_from(data, 0)
+        pos = head.size
 
         def take() -> bytes | None:
             nonlocal pos
@@ -83,6 +138,8 @@ def decode_entry(data: bytes) -> Scheduled:
         headers = tuple(((take() or b"").decode(), take() or b"") for _ in range(count))
     except (struct.error, UnicodeDecodeError) as exc:
         raise StoreError(f"store entry is corrupt: {exc}") from None
+    if pos != len(data):
+        raise StoreError(f"store entry is corrupt: {len(data) - pos} bytes after the last field")
     return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers)
 
 

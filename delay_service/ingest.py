@@ -1,12 +1,18 @@
 """Ingest: every buffer partition into the store, by manual assignment (no consumer group).
 
 Each poll's records are decoded and applied to the store *together with* the next offsets, in
-one WriteBatch, so a restart resumes exactly where the store ends. Undecodable records are
-counted as invalid, logged and skipped: one bad record never stops a replica. New buffer
+one WriteBatch, so a restart resumes exactly where the store ends. A record this replica cannot
+decode or store (*poison*: another version's, hand-written, corrupt) never stops it: it is
+counted (``kdelay_replica_invalid_records_total{reason}``), logged, and stored as an entry that
+releases it to the dead-letter topic (poison.py says why there and not here). A failure to
+*write* the store is not the record's fault: it ends :meth:`Ingest.run` with the exception, and
+the replica's supervisor restarts ingest or ends the process (supervisor.py). New buffer
 partitions are picked up by a periodic metadata check.
 
 Threads: :meth:`Ingest.run` is the body of the ingest thread and the only user of the Kafka
-consumer. Other threads read :attr:`caught_up`, :meth:`lag` and call :meth:`wait_ingested`;
+consumer; after a failure the supervisor runs it again (a new consumer, resuming from the
+store's offsets), never two at once. Other threads read :attr:`caught_up`, :meth:`lag`,
+:meth:`last_progress` and call :meth:`wait_ingested`;
 ``on_new`` (earliest due time of newly stored entries) and ``on_cancelled`` are set before
 the thread starts, called from the ingest thread, and must not block.
 """
@@ -27,10 +33,13 @@ from confluent_kafka import (
 )
 
 from delay_service.config import ReplicaConfig
+from delay_service.entry import check_storable
+from delay_service.errors import UnstorableError
 from delay_service.metrics import Metrics
+from delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
 from delay_service.store import Incoming, Store
 from kdelay import logs
-from kdelay.buffer import Cancel, Tombstone, decode
+from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
 from kdelay.errors import BufferFormatError
 
 log = logs.get(__name__)
@@ -68,11 +77,21 @@ class Ingest:
         self._partitions: set[int] = set()
         self._unassigned = 0  # partitions in the metadata not assigned yet (retried)
         self._positions: dict[int, int] = {}
+        self._last_progress = time.monotonic()
 
     def lag(self) -> int:
         """Buffer records not yet ingested, summed over partitions (refreshed every second)."""
         with self._progress:
             return self._lag
+
+    def last_progress(self) -> float:
+        """``time.monotonic()`` when ingest last applied records or found itself at the end."""
+        with self._progress:
+            return self._last_progress
+
+    def _progressed(self) -> None:
+        with self._progress:
+            self._last_progress = time.monotonic()
 
     def wait_ingested(
         self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
@@ -162,6 +181,8 @@ class Ingest:
             total += max(0, high - max(stored.get(p, 0), self._positions.get(p, 0), low))
         with self._progress:
             self._lag = total
+            if total == 0:
+                self._last_progress = time.monotonic()
         self._metrics.buffer_lag.set(total)
 
     def _check_caught_up(self, consumer: Consumer) -> None:
@@ -183,8 +204,15 @@ class Ingest:
             self.caught_up.set()
 
     def run(self, stop: threading.Event) -> None:
-        """The ingest thread: poll, decode, apply, until ``stop`` is set."""
+        """The ingest thread: poll, decode, apply, until ``stop`` is set.
+
+        Raises what it cannot handle (a store write failed): the caller supervises.
+        """
         consumer = self._consumer()
+        # A run after a failure starts with a new consumer: every partition is assigned afresh,
+        # from the store's offsets.
+        self._partitions = set()
+        self._unassigned = 0
         next_meta = 0.0
         next_lag = 0.0
         try:
@@ -213,9 +241,47 @@ class Ingest:
         finally:
             consumer.close()
 
+    def _decode(self, msg: Message, partition: int, offset: int) -> tuple[BufferRecord, bool]:
+        """The record to apply, and whether it is poison (then a dead-letter entry)."""
+        headers = _headers(msg)
+        try:
+            record = decode(msg.key(), msg.value(), headers)
+            if isinstance(record, Scheduled):
+                check_storable(record)
+        except BufferFormatError as exc:
+            reason, error = UNDECODABLE, str(exc)
+        except UnstorableError as exc:
+            reason, error = UNSTORABLE, str(exc)
+        except Exception as exc:  # a decoder bug must not stop every replica
+            log.exception("ingest.decoder_failed", partition=partition, offset=offset)
+            reason, error = UNDECODABLE, f"{type(exc).__name__}: {exc}"
+        else:
+            return record, False
+        self._metrics.invalid_records.labels(reason).inc()
+        log.warning(
+            "ingest.invalid_record",
+            partition=partition,
+            offset=offset,
+            reason=reason,
+            error=error,
+        )
+        _, timestamp = msg.timestamp()
+        poison = dead_letter_entry(
+            self._cfg.buffer_topic,
+            partition,
+            offset,
+            timestamp,
+            msg.key(),
+            msg.value(),
+            headers,
+            error,
+        )
+        return poison, True
+
     def _apply(self, messages: list[Message]) -> None:
         records: list[Incoming] = []
         offsets: dict[int, int] = {}
+        invalid = 0  # poison records among them (stored as dead-letter entries)
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -224,16 +290,8 @@ class Ingest:
                 continue
             partition = msg.partition() or 0
             offset = msg.offset() or 0
-            try:
-                record = decode(msg.key(), msg.value(), _headers(msg))
-            except BufferFormatError as exc:
-                log.warning(
-                    "ingest.invalid_record_skipped",
-                    partition=partition,
-                    offset=offset,
-                    error=str(exc),
-                )
-                record = None
+            record, poisoned = self._decode(msg, partition, offset)
+            invalid += poisoned
             records.append((partition, offset, record))
             offsets[partition] = offset + 1
         if not offsets:
@@ -241,12 +299,13 @@ class Ingest:
         result = self._store.apply(records, offsets)
         with self._progress:
             self._positions.update(offsets)
+            self._last_progress = time.monotonic()
             self._progress.notify_all()
         m = self._metrics.ingested
-        m.labels("schedule").inc(result.scheduled + result.duplicates + result.covered)
+        m.labels("schedule").inc(result.scheduled + result.duplicates + result.covered - invalid)
         m.labels("cancel").inc(sum(1 for _, _, r in records if isinstance(r, Cancel)))
         m.labels("tombstone").inc(sum(1 for _, _, r in records if isinstance(r, Tombstone)))
-        m.labels("invalid").inc(result.invalid)
+        m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
             self._metrics.cancelled.inc(len(result.cancelled))
             self.on_cancelled(result.cancelled)

@@ -1,4 +1,4 @@
-"""The replica's Prometheus metrics (docs/metrics.md, ``kdelay_replica_*``) and their server.
+"""The replica's Prometheus metrics (docs/metrics.md, ``kdelay_replica_*``); health.py serves them.
 
 Each replica process owns one :class:`Metrics` on its own registry, so tests can build several
 in one interpreter. prometheus_client's metrics are thread-safe; any thread may update them.
@@ -6,7 +6,7 @@ in one interpreter. prometheus_client's metrics are thread-safe; any thread may 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 #: Lateness buckets, seconds: a healthy master releases within milliseconds; a failover or a
 #: restart shows up in the seconds-to-a-minute range.
@@ -85,6 +85,46 @@ class Metrics:
             registry=r,
         )
         self.store_bytes = Gauge("kdelay_replica_store_bytes", "RocksDB size on disk", registry=r)
+        # -- never stuck (issue 10): poison records, supervised threads, ingest progress --------
+        self.invalid_records = Counter(
+            "kdelay_replica_invalid_records",
+            "buffer records this replica could not decode or store (dead-lettered)",
+            ["reason"],
+            registry=r,
+        )
+        self.component_failures = Counter(
+            "kdelay_component_failures",
+            "unexpected exceptions that ended a supervised thread (restarted or the process ends)",
+            ["component"],
+            registry=r,
+        )
+        self.ingest_progress_age = Gauge(
+            "kdelay_replica_ingest_last_progress_seconds",
+            "seconds since ingest last applied records or found itself at the end of the buffer",
+            registry=r,
+        )
+        # -- per-target isolation (issue 10): held targets, records in flight, dead letters ----
+        self.targets_held = Gauge(
+            "kdelay_replica_targets_held",
+            "release targets (topic, partition) with records in flight or a retry backoff "
+            "running at the end of the last round (master only)",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "kdelay_replica_in_flight_messages",
+            "records produced and not yet acknowledged at the end of the last round",
+            registry=r,
+        )
+        self.dead_letter_errors = Counter(
+            "kdelay_replica_dead_letter_errors",
+            "dead-letter writes that failed (the entry backs off and is tried again)",
+            ["error"],
+            registry=r,
+        )
+        for reason in ("undecodable", "unstorable"):
+            self.invalid_records.labels(reason)
+        for component in ("ingest", "forwarder"):
+            self.component_failures.labels(component)
         for kind in ("schedule", "cancel", "tombstone", "invalid"):
             self.ingested.labels(kind)
         for window in (*DUE_WINDOWS, "inf"):
@@ -94,8 +134,3 @@ class Metrics:
     def set_zk_state(self, state: str) -> None:
         for name in ZK_STATES:
             self.zk_state.labels(name).set(1 if name == state else 0)
-
-    def serve(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port); returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)

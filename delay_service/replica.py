@@ -12,8 +12,13 @@ Threads and who calls what:
   forwarder's control API; it reacts to ZooKeeper states (SUSPENDED -> pause, LOST -> step
   down, CONNECTED -> resume / rejoin), leadership changes and checkpoints, all handed over by
   kazoo callbacks through ``_events`` + ``_wakeup`` (callbacks never block);
-- ingest thread: :meth:`Ingest.run`; forwarder thread: :meth:`Forwarder.run`;
-- kazoo's threads run callbacks only; prometheus_client serves metrics on its own thread.
+- ingest thread: :meth:`Ingest.run`; forwarder thread: :meth:`Forwarder.run`; both run under
+  a :class:`Supervisor`: a failure is logged, counted and the loop run again after a backoff;
+  a failed forwarder first makes the replica step down (it leaves the election, and joins again
+  only once the backoff is over), so a master never holds the election without forwarding;
+  too many failures in a row stop the replica, and the process exits non-zero;
+- kazoo's threads run callbacks only; the HTTP port (``/metrics``, ``/healthz``, ``/readyz``,
+  health.py) answers on threads of its own and only reads thread-safe state.
 
 Shutdown (SIGTERM/SIGINT): the forwarder finishes its round and writes a last checkpoint,
 the replica leaves the election, ingest stops, RocksDB is flushed and closed, ZooKeeper last.
@@ -34,13 +39,16 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kazoo.recipe.watchers import DataWatch
 
+from delay_service import health
 from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
+from delay_service.errors import ComponentFailedError
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
 from delay_service.sender import Sender
 from delay_service.store import Store
+from delay_service.supervisor import RestartPolicy, Supervisor
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
@@ -93,6 +101,16 @@ class Replica:
         self._last_cp: CheckpointRecord | None = None
         self._applied_cp_version = -1
         self._joined = False
+        self.supervisor = Supervisor(
+            self.metrics,
+            RestartPolicy(
+                backoff_s=cfg.restart_backoff_ms / 1000,
+                backoff_max_s=cfg.restart_backoff_max_ms / 1000,
+                max_failures=cfg.max_component_failures,
+            ),
+            on_fatal=self._on_fatal,
+        )
+        self.health = health.Health(cfg, self.supervisor, self._stop)
 
     def request_stop(self) -> None:
         """Ask the control loop to shut down (safe from signal handlers)."""
@@ -107,6 +125,14 @@ class Replica:
 
     def _on_fenced(self, why: str) -> None:
         self._events.put(("fenced", why))
+        self._wakeup.set()
+
+    def _on_fatal(self, component: str) -> None:
+        self.health.fatal = component
+        self.request_stop()
+
+    def _on_component_failed(self, component: str) -> None:
+        self._events.put(("component_failed", component))
         self._wakeup.set()
 
     def _on_checkpoint(self, data: bytes | None, stat: Any) -> bool:
@@ -130,7 +156,12 @@ class Replica:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
-        port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
+        self.health.beat()
+        port = health.serve(
+            cfg.metrics_host,
+            cfg.metrics_port,
+            health.app(self.metrics.registry, live=self.health.live, ready=self.health.ready),
+        )
         self.metrics_url = f"http://{cfg.metrics_host}:{port}/metrics"
         log.info("replica.metrics_served", url=self.metrics_url)
         session = Session(cfg.zk_connect, cfg.zk_session_timeout)
@@ -143,7 +174,7 @@ class Replica:
         self._write_session_file(session)
         self.metrics.set_zk_state(CONNECTED)
         registry = Registry(session.client, self.paths, cfg.name)
-        ingest = Ingest(cfg, store, self.metrics)
+        ingest = self.health.ingest = Ingest(cfg, store, self.metrics)
         forwarder = Forwarder(
             cfg,
             store,
@@ -156,12 +187,7 @@ class Replica:
         ingest.on_cancelled = forwarder.add_tombstones
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
         ingest_stop = threading.Event()
-        threads = [
-            threading.Thread(target=ingest.run, args=(ingest_stop,), name="ingest", daemon=True),
-            threading.Thread(target=forwarder.run, name="forwarder", daemon=True),
-        ]
-        for t in threads:
-            t.start()
+        self._supervise(ingest, forwarder, ingest_stop)
         try:
             self._control(
                 session=session,
@@ -173,18 +199,34 @@ class Replica:
             )
         finally:
             log.info("replica.stopping")
+            self.supervisor.stop()
             forwarder.shutdown()
-            threads[1].join(timeout=60)
+            self.supervisor.join("forwarder", timeout=60)
             election.leave()
             try:
                 registry.withdraw()
             except CoordinationError as exc:
                 log.warning("replica.status_not_withdrawn", error=str(exc))
             ingest_stop.set()
-            threads[0].join(timeout=30)
+            self.supervisor.join("ingest", timeout=30)
             store.close()
             session.stop()
             log.info("replica.stopped")
+        if self.health.fatal is not None:
+            raise ComponentFailedError(
+                f"the {self.health.fatal} thread failed {cfg.max_component_failures} times in a "
+                "row (see supervisor.component_failed in the log); exiting for a restart"
+            )
+
+    def _supervise(
+        self, ingest: Ingest, forwarder: Forwarder, ingest_stop: threading.Event
+    ) -> None:
+        def forwarder_failed(_exc: BaseException) -> None:
+            forwarder.deactivate("forwarder failed")  # at once; the control loop steps down
+            self._on_component_failed("forwarder")
+
+        self.supervisor.start("ingest", lambda: ingest.run(ingest_stop))
+        self.supervisor.start("forwarder", forwarder.run, on_failure=forwarder_failed)
 
     def _write_session_file(self, session: Session) -> None:
         """The ZooKeeper session id and password, for operators' fault drills (mode 0600)."""
@@ -216,6 +258,8 @@ class Replica:
         while not self._stop.is_set():
             self._wakeup.wait(timeout=0.2 if not ingest.caught_up.is_set() else 1.0)
             self._wakeup.clear()
+            # From here, not from ingest: it keeps counting while ingest is stuck or gone.
+            self.metrics.ingest_progress_age.set(self.health.beat() - ingest.last_progress())
             for change in session.changes():
                 previous, state = state, change
                 self.metrics.set_zk_state(state)
@@ -234,7 +278,12 @@ class Replica:
             if state == CONNECTED and not watching:
                 DataWatch(session.client, self.paths.checkpoint, self._on_checkpoint)
                 watching = True
-            if state == CONNECTED and not self._joined and ingest.caught_up.is_set():
+            if (
+                state == CONNECTED
+                and not self._joined
+                and ingest.caught_up.is_set()
+                and "forwarder" not in self.supervisor.backing_off()
+            ):
                 try:
                     election.join()
                     self._joined = True
@@ -266,6 +315,13 @@ class Replica:
                 return
             if kind == "leader":
                 pass  # _reconcile below looks at the current leadership, not at edges
+            elif kind == "component_failed":
+                if payload == "forwarder" and self._joined:
+                    # A master whose forwarder cannot run must not hold the election: step
+                    # down; the control loop joins again once the restart backoff is over.
+                    log.warning("replica.stepping_down", why="forwarder failed")
+                    election.leave()
+                    self._joined = False
             elif kind == "fenced":
                 log.warning("replica.deposed", why=payload)
                 election.leave()

@@ -98,8 +98,9 @@ def test_probes_default_on_toggleable_and_overridable(tools: Tools) -> None:
     assert proxy["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert "enabled" not in proxy["livenessProbe"]
     replica = _container(one(docs, "StatefulSet"))
-    assert replica["livenessProbe"]["tcpSocket"] == {"port": "metrics"}
-    assert replica["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert replica["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert replica["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert replica["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert replica["startupProbe"]["failureThreshold"] == 120
 
     docs = helm_template(

@@ -1,19 +1,28 @@
-"""Ingest's partition assignment and catch-up with an in-process fake consumer."""
+"""Ingest with in-process fakes: partition assignment, catch-up, poison records."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from delay_service.config import ReplicaConfig
+from delay_service.errors import StoreError
 from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
+from delay_service.poison import ERROR_HEADER, SOURCE_HEADER
 from delay_service.store import Store
-from kdelay.buffer import BUFFER_TOPIC
+from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC, ROUTE_HEADER, Scheduled, encode
 
 
 @dataclass
@@ -94,3 +103,112 @@ def test_catch_up_waits_for_the_end_of_every_partition(store: Store) -> None:
     store.apply([(0, 0, None), (0, 1, None), (0, 2, None)], {0: 3})
     ingest._check_caught_up(consumer)  # type: ignore[arg-type]
     assert ingest.caught_up.is_set()
+
+
+@dataclass
+class FakeMessage:
+    """A consumed buffer record, as much of confluent_kafka.Message as ingest reads."""
+
+    part: int
+    off: int
+    k: bytes | None
+    v: bytes | None
+    hdrs: list[tuple[str, bytes | None]] | None
+    ts: int = 1_000
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self.part
+
+    def offset(self) -> int:
+        return self.off
+
+    def key(self) -> bytes | None:
+        return self.k
+
+    def value(self) -> bytes | None:
+        return self.v
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return self.hdrs
+
+    def timestamp(self) -> tuple[int, int]:
+        return TIMESTAMP_CREATE_TIME, self.ts
+
+
+def route(obj: dict[str, object]) -> tuple[str, bytes]:
+    return ROUTE_HEADER, json.dumps(obj).encode()
+
+
+def _route(msg: Scheduled) -> dict[str, object]:
+    headers = encode(msg).headers
+    return dict(json.loads(headers[-1][1]))
+
+
+GOOD = Scheduled("ok", "t", 0, None, b"v", 5_000)
+#: 65,536 headers: the record that stopped every replica's ingest with entry format version 1.
+MANY = Scheduled("many", "t", 0, None, b"", 6_000, (("", b""),) * 65_536)
+POISON = [
+    # no route header at all, a null value among the headers
+    FakeMessage(0, 0, b"a", b"x", [("h", None)]),
+    # a route header that is not JSON
+    FakeMessage(0, 1, b"b", b"x", [(ROUTE_HEADER, b"{nope")]),
+    # a format version from the future
+    FakeMessage(0, 2, b"c", b"x", [route({"v": 99, "op": "schedule"})]),
+    # a schedule whose fields are missing (truncated route)
+    FakeMessage(1, 0, b"d", b"x", [route({"v": 1, "op": "schedule", "t": "t"})]),
+    # a due time no store can hold, and a topic with a lone surrogate (JSON escapes allow it)
+    FakeMessage(1, 1, b"e", b"", [route({**_route(GOOD), "d": 2**70})]),
+    FakeMessage(1, 2, b"f", b"", [route({**_route(GOOD), "t": "\ud800"})]),
+    # no key at all
+    FakeMessage(2, 0, None, b"x", [route(_route(GOOD))], ts=7),
+]
+
+
+def test_poison_records_become_dead_letter_entries_and_ingest_goes_on(store: Store) -> None:
+    metrics = Metrics()
+    ingest = Ingest(ReplicaConfig(name="r", buffer_topic="buf"), store, metrics)
+    good, many = encode(GOOD), encode(MANY)
+    messages = [
+        *POISON,
+        FakeMessage(3, 0, good.key, good.value, list(good.headers)),
+        FakeMessage(3, 1, many.key, many.value, list(many.headers)),
+    ]
+
+    ingest._apply(messages)  # type: ignore[arg-type]
+
+    assert store.offsets() == {0: 3, 1: 3, 2: 1, 3: 2}
+    stored = store.get("many")
+    assert stored is not None
+    assert stored.message == MANY
+    assert store.get("ok") is not None
+    due = store.due(2**62, limit=100)
+    dead = {e.message.id: e.message for e in due if e.message.id not in ("ok", "many")}
+    assert len(dead) == len(POISON)
+    for msg in POISON:
+        entry = dead[f"kdelay-invalid/{msg.part}/{msg.off}"]
+        assert (entry.topic, entry.partition) == (DEAD_LETTER_TOPIC, -1)
+        assert (entry.key, entry.value) == (msg.k, msg.v)
+        assert entry.deliver_at_ms == msg.ts  # the record's own time: equal on every replica
+        headers = dict(entry.headers)
+        assert headers[ERROR_HEADER].startswith(b"invalid_buffer_record: ")
+        assert headers[SOURCE_HEADER] == f"buf/{msg.part}/{msg.off}".encode()
+        own = [(n, v or b"") for n, v in msg.hdrs or []]
+        assert list(entry.headers[: len(own)]) == own
+    assert b"beyond a signed 64-bit" in dict(dead["kdelay-invalid/1/1"].headers)[ERROR_HEADER]
+    invalid = metrics.registry.get_sample_value
+    assert invalid("kdelay_replica_invalid_records_total", {"reason": "undecodable"}) == 5
+    assert invalid("kdelay_replica_invalid_records_total", {"reason": "unstorable"}) == 2
+    assert invalid("kdelay_replica_ingested_total", {"kind": "invalid"}) == len(POISON)
+    assert invalid("kdelay_replica_ingested_total", {"kind": "schedule"}) == 2
+
+
+def test_a_store_write_failure_ends_the_run_for_the_supervisor(store: Store) -> None:
+    """Not the record's fault: ingest does not swallow it (the supervisor restarts ingest)."""
+    ingest = Ingest(ReplicaConfig(name="r"), store, Metrics())
+    good = encode(GOOD)
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        ingest._apply([FakeMessage(0, 0, good.key, good.value, list(good.headers))])  # type: ignore[list-item]
