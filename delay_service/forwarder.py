@@ -2,20 +2,29 @@
 
 One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
 
-1. *plan*: note the ingested offsets O (everything below is in the store), scan the entries due
-   by now = T in key order (due time, then arrival), hold those behind a retry (``round.py``);
-2. *send* the rest to their exact topic and partition and wait for every acknowledgement
-   (``sender.py``: one idempotent acks=all producer, record timestamp = release time);
-3. *settle*: delete acknowledged entries and queue tombstones for their ids; a failed entry
-   waits out a backoff and later entries for its target wait behind it; a permanent error on
-   the ``dead_letter_after``-th attempt dead-letters it instead (``retry.py``);
-4. *checkpoint*: claim (T, O) with T below the due time of every entry still pending, never
-   moving backwards; write it at most every ``checkpoint_interval_ms``, apply it to the store,
-   then produce the queued tombstones.
+1. *plan*: settle the delivery reports that arrived since the last round; note the ingested
+   offsets O (everything below is in the store); scan the entries due by now = T in key order
+   (due time, then arrival), passing over those of *held* targets: a target (topic, partition)
+   with records in flight or waiting out a retry backoff (``round.py``, ``Store.due_skipping``),
+   so one failing target can neither fill the scan nor delay the others;
+2. *send* the rest to their exact topic and partition without waiting (``sender.py``: one
+   idempotent acks=all producer, record timestamp = release time). A target gets nothing new
+   while it has records in flight, so its records leave in key order;
+3. *settle*: wait at most ``round_ack_wait_ms`` for this round's acknowledgements, then delete
+   what was delivered and queue its tombstones; a failed entry backs off, holding its target; a
+   permanent error on the ``dead_letter_after``-th attempt dead-letters it (``settle.py``,
+   ``retry.py``). Records still unacknowledged stay in flight: a later round settles them;
+4. *checkpoint*: claim (T, O) with T below the due time of every entry still pending (in flight,
+   held, failed, or beyond a cut scan), never moving backwards; write it at most every
+   ``checkpoint_interval_ms``, apply it to the store, then produce the queued tombstones
+   (``tombstones.py``: never dropped; a full queue forces an early write).
 
 Between rounds the thread sleeps until the next due time, retry or checkpoint write, unless
-ingest signals an earlier entry: no busy loop, no fixed tick. A checkpoint write rejected by
-ZooKeeper (a newer epoch exists) deactivates the forwarder at once and calls ``on_fenced``.
+ingest signals an earlier entry or a record in flight is acknowledged (with records in flight it
+serves delivery reports every few milliseconds): no busy loop, no fixed tick. A checkpoint write
+rejected by ZooKeeper (a newer epoch exists) deactivates the forwarder at once and calls
+``on_fenced``. Records in flight when a term ends are abandoned: their entries stay in the store
+for the next master (a duplicate at worst).
 
 Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
 retry policy and the checkpoint store while active. The control thread calls :meth:`activate`,
@@ -27,25 +36,26 @@ Condition and never block on I/O.
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
-
-from confluent_kafka import KafkaError
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry
 from delay_service.metrics import Metrics
 from delay_service.retry import RetryPolicy
-from delay_service.round import RoundResult, claim_ms, plan_round
-from delay_service.sender import Outcome, Sender, error_name, is_permanent
+from delay_service.round import RoundResult, claim_ms, next_wake_ms, plan_scan
+from delay_service.sender import Sender
+from delay_service.settle import Settler
 from delay_service.store import Store
+from delay_service.tombstones import TombstoneQueue
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from zk.errors import CoordinationError, FencedError
 
 log = logs.get(__name__)
+
+#: With records in flight, how often the sleeping forwarder serves their delivery reports.
+IN_FLIGHT_POLL_S = 0.005
 
 
 class CheckpointWriter(Protocol):
@@ -93,14 +103,16 @@ class Forwarder:
         self._paused = False
         self._fenced = False
         self._wake_at_ms: int | None = None
-        self._tombstones: deque[tuple[str, int, int]] = deque(maxlen=1_000_000)
+        self._tombstones = TombstoneQueue()  # thread-safe on its own
         # Forwarder-thread state.
         self._retries = RetryPolicy.for_replica(cfg, clock)
+        self._settler = Settler(store, metrics, self._retries, sender, self._tombstones)
         self._epoch = -1
         self._claim = NOTHING
         self._unwritten = False
         self._last_cp_mono = 0.0
-        self._truncated = False
+        self._rescan = False  # the last scan was cut with entries sent: scan again at once
+        self._known: dict[bytes, tuple[str, int]] = {}  # targets of held entries, by key
         self.last_checkpoint_ms = 0
         self.active = threading.Event()  # set while forwarding as master
 
@@ -172,8 +184,9 @@ class Forwarder:
     def add_tombstones(self, retired: Iterable[tuple[str, int, int]]) -> None:
         """Cancelled ids (id, buffer partition, offset) whose tombstones the master writes."""
         with self._cond:
-            if self._checkpoints is not None:
-                self._tombstones.extend(retired)
+            if self._checkpoints is not None and self._tombstones.add(retired):
+                self._wake_at_ms = 0  # full: the next round writes the checkpoint and them
+                self._cond.notify_all()
 
     # -- the forwarder thread --------------------------------------------------------------
 
@@ -191,8 +204,7 @@ class Forwarder:
         while not self._stop.is_set():
             with self._cond:
                 while self._checkpoints is None and not self._stop.is_set():
-                    self._tombstones.clear()  # a follower's cancels are the master's business
-                    self._cond.wait()
+                    self._cond.wait()  # a follower's cancels are the master's business
                 checkpoints = self._checkpoints
                 generation = self._generation
             if checkpoints is None:
@@ -242,18 +254,25 @@ class Forwarder:
         self.active.set()
         log.info("forwarder.started", epoch=self._epoch)
         self._sender.start()
-        while True:
-            with self._cond:
-                if generation != self._generation or self._stop.is_set():
+        try:
+            while True:
+                with self._cond:
+                    if generation != self._generation or self._stop.is_set():
+                        break
+                    paused = self._paused
+                if not paused:
+                    self.forward_once(checkpoints, generation)
+                if not self._sleep(generation):
                     break
-                paused = self._paused
-            if not paused:
-                self.forward_once(checkpoints, generation)
-            if not self._sleep(generation):
-                break
-        # Leaving: a final claim for what was delivered; rejected if a newer master exists.
-        if self._unwritten:
-            self._write_checkpoint(checkpoints)
+            # Leaving: a final claim for what was delivered; rejected if a newer master exists.
+            if self._unwritten:
+                self._write_checkpoint(checkpoints)
+        finally:
+            # Their entries stay in the store; the claim never covered them.
+            self._sender.abandon()
+            self._metrics.targets_held.set(0)
+            self._metrics.in_flight.set(0)
+            self._produce_tombstones()  # acknowledged or cancelled entries: due whoever leads
 
     def _sleep(self, generation: int) -> bool:
         """Wait for the next reason to run a round; False when deactivated or stopping."""
@@ -261,7 +280,8 @@ class Forwarder:
             wake = self._next_wake_ms()
             # An entry ingest announced during the round is already in _wake_at_ms.
             self._wake_at_ms = wake if self._wake_at_ms is None else min(wake, self._wake_at_ms)
-            while True:
+        while True:
+            with self._cond:
                 if generation != self._generation or self._stop.is_set():
                     return False
                 target = self._wake_at_ms
@@ -269,28 +289,28 @@ class Forwarder:
                 if not self._paused and target is not None and target <= now:
                     return True
                 timeout = None if target is None or self._paused else (target - now) / 1000
+                if self._sender.in_flight:
+                    timeout = (
+                        IN_FLIGHT_POLL_S if timeout is None else min(timeout, IN_FLIGHT_POLL_S)
+                    )
                 self._cond.wait(timeout if timeout is None else max(timeout, 0.0005))
+            if self._sender.in_flight:
+                self._sender.pump(0)  # reports arrive on this thread only
+                if self._sender.has_completed and not self._paused:
+                    return True  # settle them, and send their targets what waits
 
     def _next_wake_ms(self) -> int:
         now_wall = self._clock.wall_ms()
-        if self._truncated:
-            return now_wall
-        # Everything due by now was handled (or is held for a retry): look past now.
-        candidates: list[int] = []
-        nxt = self._store.next_due_ms(after_ms=now_wall)
-        if nxt is not None:
-            candidates.append(nxt)
-        retry_in = self._retries.next_retry_in_ms()
-        if retry_in is not None:
-            candidates.append(now_wall + retry_in + 1)
-        interval = self._cfg.checkpoint_interval_ms
-        since = int((self._clock.monotonic() - self._last_cp_mono) * 1000)
-        if self._unwritten:
-            candidates.append(now_wall + max(0, interval - since))
-        else:
-            # Idle: refresh the claim now and then, so its age tells operators we are alive.
-            candidates.append(now_wall + max(0, 10 * interval - since))
-        return min(candidates)
+        # Everything due by now was handled (or is held): look past now.
+        return next_wake_ms(
+            now_wall,
+            rescan=self._rescan,
+            next_due_ms=None if self._rescan else self._store.next_due_ms(after_ms=now_wall),
+            retry_in_ms=self._retries.next_retry_in_ms(),
+            since_checkpoint_ms=int((self._clock.monotonic() - self._last_cp_mono) * 1000),
+            interval_ms=self._cfg.checkpoint_interval_ms,
+            unwritten=self._unwritten,
+        )
 
     # -- one round -------------------------------------------------------------------------
 
@@ -301,69 +321,42 @@ class Forwarder:
         """
         with self._cond:
             self._wake_at_ms = None  # consumed: later announcements wake the next sleep
-        # 1. plan
+        may_send = self._may_forward(generation)
+        # 1. plan: first what completed since the last round, so its targets are free again
+        self._sender.pump(0)
+        settled = self._settler.settle(self._sender.take_completed(), may_send=may_send)
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
         now = self._clock.wall_ms()
-        due = self._store.due(now, self._cfg.scan_batch)
-        plan = plan_round(due, limit=self._cfg.scan_batch, waiting=self._retries.waiting)
-        self._truncated = plan.truncated
+        held = self._sender.in_flight_targets() | self._retries.held_targets()
+        self._known = {k: t for k, t in self._known.items() if t in held}
+        scan = self._store.due_skipping(
+            now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
+        )
+        plan = plan_scan(scan, waiting=self._retries.waiting)
         if not plan.truncated:
             # A retried entry is due, so a full scan sees it unless it was removed (cancelled).
-            self._retries.retain({e.key for e in plan.entries})
+            self._retries.retain({e.key for e in plan.entries}, passed_over=held)
         # 2. send
-        sent = plan.sendable if self._may_forward(generation) else []
-        outcomes = self._sender.send(sent)
-        # 3. settle
-        delivered, dead_lettered = self._settle(sent, outcomes)
-        removed = {e.key for e in (*delivered, *dead_lettered)}
+        sent = plan.sendable if may_send else []
+        self._sender.submit(sent)
+        self._rescan = plan.truncated and bool(sent)
+        # 3. settle what this round sent, waiting a bounded time: a slow target stays in flight
+        deadline = self._clock.monotonic() + self._cfg.round_ack_wait_ms / 1000
+        waiting_for = [*(e.key for e in sent), *settled.dead_letters_sent]
+        while waiting_for:
+            self._sender.wait(waiting_for, deadline)
+            more = self._settler.settle(self._sender.take_completed(), may_send=may_send)
+            settled = settled.merged(more)
+            waiting_for = more.dead_letters_sent
         # 4. checkpoint
+        removed = settled.removed
         claim = claim_ms(plan, now, removed)
         self._checkpoint(checkpoints, Checkpoint(claim, offsets))
-        held = len(plan.entries) - len(removed)
-        return RoundResult(len(delivered), len(dead_lettered), held, claim)
-
-    def _settle(
-        self, sent: Sequence[Entry], outcomes: Sequence[Outcome]
-    ) -> tuple[list[Entry], list[Entry]]:
-        """Delete what was delivered or dead-lettered (returned), schedule retries for the rest."""
-        delivered: list[Entry] = []
-        dead: list[tuple[Entry, KafkaError]] = []
-        for entry, outcome in zip(sent, outcomes, strict=True):
-            err = outcome.error
-            if err is None:
-                delivered.append(entry)
-                lateness_ms = max(0, outcome.timestamp_ms - entry.message.deliver_at_ms)
-                self._metrics.lateness.observe(lateness_ms / 1000)
-                continue
-            self._metrics.forward_errors.labels(error_name(err)).inc()
-            permanent = is_permanent(err)
-            verdict = self._retries.failed(entry.key, permanent=permanent)
-            if verdict.dead_letter:
-                dead.append((entry, err))
-                continue
-            log.warning(
-                "forwarder.forward_failed",
-                id=entry.message.id,
-                topic=entry.message.topic,
-                partition=entry.message.partition,
-                attempt=verdict.attempts,
-                error=str(err),
-                permanent=permanent,
-            )
-        dead_lettered: list[Entry] = []
-        for (entry, err), acked in zip(dead, self._sender.dead_letter(dead), strict=True):
-            if acked:  # else it stays, and is tried (and dead-lettered) again next round
-                dead_lettered.append(entry)
-                self._metrics.dead_lettered.labels(error_name(err)).inc()
-        done = [*delivered, *dead_lettered]
-        self._retries.forget(e.key for e in done)
-        if done:
-            self._store.remove(done)
-            self._metrics.forwarded.inc(len(delivered))
-            self._metrics.pending.set(self._store.pending)
-            with self._cond:
-                self._tombstones.extend((e.message.id, e.partition, e.offset) for e in done)
-        return delivered, dead_lettered
+        in_flight_targets = self._sender.in_flight_targets()
+        self._metrics.targets_held.set(len(in_flight_targets | self._retries.held_targets()))
+        self._metrics.in_flight.set(self._sender.in_flight)
+        held_count = plan.skipped + sum(1 for e in plan.entries if e.key not in removed)
+        return RoundResult(len(settled.delivered), len(settled.dead_lettered), held_count, claim)
 
     def _checkpoint(self, checkpoints: CheckpointWriter, claim: Checkpoint) -> None:
         """Take the round's claim unless it is older, and write it once the interval passed."""
@@ -371,7 +364,7 @@ class Forwarder:
             self._claim = claim
         self._unwritten = True
         elapsed_s = self._clock.monotonic() - self._last_cp_mono
-        if elapsed_s >= self._cfg.checkpoint_interval_ms / 1000:
+        if elapsed_s >= self._cfg.checkpoint_interval_ms / 1000 or self._tombstones.full:
             self._write_checkpoint(checkpoints)
 
     def _record(self) -> bytes:
@@ -393,8 +386,9 @@ class Forwarder:
         self._unwritten = False
         self._metrics.checkpoint_age.set(0)
         self._store.apply_checkpoint(self._claim)
-        with self._cond:
-            retired = list(self._tombstones)
-            self._tombstones.clear()
+        self._produce_tombstones()
+
+    def _produce_tombstones(self) -> None:
+        retired = self._tombstones.take()
         if retired:
             self._sender.tombstones(retired)

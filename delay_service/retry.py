@@ -1,10 +1,13 @@
 """The forwarder's retry and dead-letter policy: pure bookkeeping, time from an injected clock.
 
 An entry whose forward failed waits out an exponential backoff (``backoff_ms * 2**(n-1)`` after
-the n-th failed attempt, at most ``backoff_max_ms``); meanwhile the forwarder holds it and every
-later entry for the same target, so per-target order is kept. A *permanent* error on the
+the n-th failed attempt, at most ``backoff_max_ms``); meanwhile the forwarder holds its target
+(:meth:`RetryPolicy.held_targets`): that entry and every other one for the same target wait,
+so per-target order is kept, while other targets flow. A *permanent* error on the
 ``dead_letter_after``-th attempt (or later) sends the entry to the dead-letter topic instead;
-transient errors are retried for ever. Attempts are counted per entry key.
+transient errors are retried for ever. Attempts are counted per entry key. A dead-letter write
+that fails backs off too (:meth:`RetryPolicy.dead_letter_failed`, the same doubling), so a
+failing dead-letter topic is not written to every round.
 
 Threads: a RetryPolicy belongs to the forwarder thread; it is not thread-safe.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from delay_service.clock import Clock
 from delay_service.config import ReplicaConfig
+from delay_service.round import Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,8 @@ class Verdict:
 class _Retry:
     attempts: int
     next_at: float  # monotonic seconds
+    target: Target | None = None
+    dead_letter_failures: int = 0
 
 
 class RetryPolicy:
@@ -64,25 +70,53 @@ class RetryPolicy:
         retry = self._retries.get(key)
         return 0 if retry is None else retry.attempts
 
-    def failed(self, key: bytes, *, permanent: bool) -> Verdict:
-        """Record a failed attempt; a dead-letter verdict leaves the record as it was, so an
-        entry whose dead-letter write fails too is tried again at once."""
+    def failed(self, key: bytes, *, permanent: bool, target: Target | None = None) -> Verdict:
+        """Record a failed attempt for the entry released to ``target``; a dead-letter verdict
+        leaves the record as it was (see :meth:`dead_letter_failed` if that write fails)."""
         previous = self._retries.get(key)
         attempts = previous.attempts + 1 if previous is not None else 1
         if permanent and attempts >= self._dead_letter_after:
             return Verdict(attempts, dead_letter=True)
-        backoff_ms = min(self._backoff_ms * 2 ** (attempts - 1), self._backoff_max_ms)
-        self._retries[key] = _Retry(attempts, self._clock.monotonic() + backoff_ms / 1000)
+        dl_failures = previous.dead_letter_failures if previous is not None else 0
+        self._retries[key] = _Retry(attempts, self._deadline(attempts), target, dl_failures)
         return Verdict(attempts, dead_letter=False)
+
+    def dead_letter_failed(self, key: bytes, *, target: Target | None = None) -> int:
+        """The entry's dead-letter write failed: hold it (and its target) for a backoff that
+        doubles with each such failure; its attempts stay, so once the backoff is over its next
+        permanent failure dead-letters it again. Returns the backoff in milliseconds."""
+        previous = self._retries.get(key)
+        attempts = previous.attempts if previous is not None else self._dead_letter_after - 1
+        failures = (previous.dead_letter_failures if previous is not None else 0) + 1
+        self._retries[key] = _Retry(attempts, self._deadline(failures), target, failures)
+        return self.backoff_ms(failures)
+
+    def backoff_ms(self, failures: int) -> int:
+        """The backoff after the ``failures``-th failure in a row."""
+        return int(min(self._backoff_ms * 2 ** (failures - 1), self._backoff_max_ms))
+
+    def _deadline(self, failures: int) -> float:
+        return self._clock.monotonic() + self.backoff_ms(failures) / 1000
+
+    def held_targets(self) -> set[Target]:
+        """Targets with an entry still waiting out its backoff: nothing is sent to them."""
+        now = self._clock.monotonic()
+        return {
+            r.target for r in self._retries.values() if r.target is not None and r.next_at > now
+        }
 
     def forget(self, keys: Iterable[bytes]) -> None:
         """The entries left the store (delivered or dead-lettered)."""
         for key in keys:
             self._retries.pop(key, None)
 
-    def retain(self, keys: Collection[bytes]) -> None:
-        """Forget every entry not in ``keys``: those were removed meanwhile (cancelled)."""
-        for key in [k for k in self._retries if k not in keys]:
+    def retain(self, keys: Collection[bytes], passed_over: Collection[Target] = ()) -> None:
+        """Forget every entry not in ``keys``: those were removed meanwhile (cancelled); except
+        entries for a target in ``passed_over``, whose entries the scan did not return."""
+        gone = [
+            k for k, r in self._retries.items() if k not in keys and r.target not in passed_over
+        ]
+        for key in gone:
             del self._retries[key]
 
     def clear(self) -> None:

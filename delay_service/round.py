@@ -1,12 +1,16 @@
 """Planning one forwarder round, as pure functions of the due entries.
 
-Two decisions, both for the delivery invariant (DESIGN.md):
+Three decisions, all for the delivery invariant (DESIGN.md):
 
 - which due entries may be sent now: not one still waiting out a retry backoff, and not one
-  behind such an entry for the same target (topic, partition), so per-target order is kept;
-- which checkpoint time the round may claim: ``now``, but below the due time of every scanned
-  entry that is still pending afterwards (held, failed, or not sent), and below the last scanned
-  entry when the scan was cut at its limit (more entries due by ``now`` may follow).
+  behind such an entry for the same target (topic, partition), so per-target order is kept.
+  Targets that are *held* (records in flight, or a backoff running) never reach the plan: the
+  store's scan passes over their entries (``Store.due_skipping``), so they cannot fill the scan;
+- which checkpoint time the round may claim: ``now``, but below the due time of every entry
+  still pending afterwards: scanned but not removed (failed, not sent), passed over because its
+  target is held (the first one passed over is the earliest), and below the last examined entry
+  when the scan stopped at a bound (more entries due by ``now`` may follow);
+- when the next round should run (:func:`next_wake_ms`).
 
 No I/O and no shared state: the forwarder thread calls these between its own steps.
 """
@@ -18,14 +22,37 @@ from dataclasses import dataclass
 
 from delay_service.entry import Entry
 
+#: A release target: topic and partition (-1: the partitioner picks from the key).
+Target = tuple[str, int]
+
+
+def target_of(entry: Entry) -> Target:
+    """The (topic, partition) ``entry`` is released to."""
+    return entry.message.topic, entry.message.partition
+
+
+@dataclass(frozen=True, slots=True)
+class DueScan:
+    """What ``Store.due_skipping`` found: the due entries of targets not held, in key order,
+    and what the claim needs to know about those it passed over or never reached."""
+
+    entries: list[Entry]
+    skipped: int  # entries passed over because their target was held
+    first_skipped_ms: int | None  # due time of the first one passed over
+    last_ms: int | None  # due time of the last entry examined (returned or passed over)
+    truncated: bool  # stopped at a bound: more entries due by now may follow
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The due entries of one round and those of them that may be sent now."""
 
-    entries: Sequence[Entry]  # everything due, in key order
+    entries: Sequence[Entry]  # the scan's entries (of targets not held), in key order
     sendable: list[Entry]  # in key order; the rest are held behind a retry
-    truncated: bool  # the scan stopped at its limit: more entries may be due
+    truncated: bool  # the scan stopped at a bound: more entries may be due
+    skipped: int = 0  # entries the scan passed over: their target was held
+    first_skipped_ms: int | None = None  # due time of the first of those
+    last_ms: int | None = None  # due time of the last entry the scan examined
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,21 +61,35 @@ class RoundResult:
 
     delivered: int
     dead_lettered: int
-    held: int  # scanned but still pending: behind a retry, failed, or not sent
+    held: int  # due but still pending: held target, behind a retry, failed, in flight
     claim_ms: int
 
 
-def plan_round(entries: Sequence[Entry], *, limit: int, waiting: Callable[[bytes], bool]) -> Plan:
-    """Split ``entries`` (a key-ordered scan of at most ``limit``) into sendable and held."""
-    blocked: set[tuple[str, int]] = set()
+def plan_round(
+    entries: Sequence[Entry],
+    *,
+    limit: int,
+    waiting: Callable[[bytes], bool],
+    skipped: int = 0,
+    first_skipped_ms: int | None = None,
+    last_ms: int | None = None,
+    truncated: bool | None = None,
+) -> Plan:
+    """Split ``entries`` (a key-ordered scan of at most ``limit``) into sendable and held.
+
+    The keyword arguments after ``waiting`` describe what the scan passed over (see
+    ``Store.due_skipping``); ``truncated`` defaults to "``limit`` entries were returned".
+    """
+    blocked: set[Target] = set()
     sendable: list[Entry] = []
     for entry in entries:
-        target = (entry.message.topic, entry.message.partition)
+        target = target_of(entry)
         if target in blocked or waiting(entry.key):
             blocked.add(target)
         else:
             sendable.append(entry)
-    return Plan(entries, sendable, truncated=len(entries) >= limit)
+    cut = len(entries) >= limit if truncated is None else truncated
+    return Plan(entries, sendable, cut, skipped, first_skipped_ms, last_ms)
 
 
 def claim_ms(plan: Plan, now_ms: int, removed: Collection[bytes]) -> int:
@@ -57,6 +98,52 @@ def claim_ms(plan: Plan, now_ms: int, removed: Collection[bytes]) -> int:
     for entry in plan.entries:
         if entry.key not in removed:
             claim = min(claim, entry.message.deliver_at_ms - 1)
+    if plan.first_skipped_ms is not None:
+        claim = min(claim, plan.first_skipped_ms - 1)
     if plan.truncated:
-        claim = min(claim, plan.entries[-1].message.deliver_at_ms - 1)
+        last = plan.last_ms
+        if last is None and plan.entries:
+            last = plan.entries[-1].message.deliver_at_ms
+        if last is not None:
+            claim = min(claim, last - 1)
     return claim
+
+
+def next_wake_ms(
+    now_ms: int,
+    *,
+    rescan: bool,
+    next_due_ms: int | None,
+    retry_in_ms: int | None,
+    since_checkpoint_ms: int,
+    interval_ms: int,
+    unwritten: bool,
+) -> int:
+    """When the next round should run: at once when the scan was cut with sendable entries
+    left (``rescan``), else at the earliest of the next due time, the soonest backoff's end
+    and the next checkpoint write (an idle master refreshes its claim every 10 intervals, so
+    its age tells operators it is alive). Acknowledgements of records in flight wake the
+    forwarder separately."""
+    if rescan:
+        return now_ms
+    candidates: list[int] = []
+    if next_due_ms is not None:
+        candidates.append(next_due_ms)
+    if retry_in_ms is not None:
+        candidates.append(now_ms + retry_in_ms + 1)
+    every = interval_ms if unwritten else 10 * interval_ms
+    candidates.append(now_ms + max(0, every - since_checkpoint_ms))
+    return min(candidates)
+
+
+def plan_scan(scan: DueScan, *, waiting: Callable[[bytes], bool]) -> Plan:
+    """:func:`plan_round` for what ``Store.due_skipping`` returned."""
+    return plan_round(
+        scan.entries,
+        limit=len(scan.entries) + 1,  # unused: the scan says whether it was cut
+        waiting=waiting,
+        skipped=scan.skipped,
+        first_skipped_ms=scan.first_skipped_ms,
+        last_ms=scan.last_ms,
+        truncated=scan.truncated,
+    )

@@ -7,12 +7,22 @@ in a ``kdelay-error`` header and the original target in ``kdelay-target``. Tombs
 delivered and cancelled ids go to the id's buffer partition and are not waited for: a lost one
 only leaves an entry for compaction or the next checkpoint to clean up.
 
-:meth:`Sender.send` and :meth:`Sender.dead_letter` produce their records in order and return
-only once every one is acknowledged or the acknowledgement deadline (``message.timeout.ms`` + 30
-s) has passed. A fatal producer error or a missing acknowledgement drops the producer; the next
-call creates a new one. Within one call a failed record cannot recall the ones after it to the
-same partition; librdkafka's idempotent producer fails the rest of that partition's queue with
-it, which keeps the order in practice.
+:meth:`Sender.submit` and :meth:`Sender.submit_dead_letters` produce records and return at
+once; every record stays *in flight* (tracked by its entry's key and counted per release
+target) until its delivery report, which :meth:`Sender.pump` serves and
+:meth:`Sender.take_completed` hands over. Nothing here waits for a slow target: the forwarder
+waits a bounded time (:meth:`Sender.wait`) and leaves the rest in flight. A record with no report
+by its deadline (``message.timeout.ms`` + 30 s) or a fatal producer error drops the producer:
+everything still in flight counts as timed out (it may yet be written: a duplicate at worst)
+and the next record creates a new producer.
+
+Order: the forwarder sends a target nothing new while it has records in flight, so records of
+different rounds never overtake each other. Within one submission a failed record cannot recall
+the ones after it to the same partition: librdkafka's idempotent producer skips records that
+time out and writes the later ones (its INTRODUCTION.md, "Message timeout considerations": 1,
+2..5 with 2, 3 timed out are written as 1, 4, 5), so a retried record can land after later ones
+of its own batch. Records of one batch are produced within milliseconds of each other and time
+out together, which keeps that rare.
 
 Threads: a Sender belongs to the forwarder thread; librdkafka calls the delivery callbacks
 from ``poll()`` on that thread.
@@ -20,7 +30,8 @@ from ``poll()`` on that thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.entry import Entry
+from delay_service.round import Target
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
 
@@ -105,11 +117,18 @@ def make_producer(cfg: ReplicaConfig) -> Producer:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one released record fared: acknowledged (``error`` None) or not, and its timestamp."""
+class Completion:
+    """How one record fared: acknowledged (``error`` None) or not, and its timestamp.
 
+    ``dead_letter`` tells the entry's dead letter from its release; ``cause`` is, for a dead
+    letter, the target's error that sent it there.
+    """
+
+    entry: Entry
+    dead_letter: bool
     error: KafkaError | None
     timestamp_ms: int
+    cause: KafkaError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +139,17 @@ class _Record:
     partition: int
     headers: Headers
     timestamp_ms: int
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A record produced and not yet acknowledged."""
+
+    entry: Entry
+    dead_letter: bool
+    timestamp_ms: int
+    deadline: float  # monotonic seconds: after this, it is declared timed out
+    cause: KafkaError | None  # a dead letter's reason
 
 
 class Sender:
@@ -139,6 +169,10 @@ class Sender:
         self._ack_timeout_s = produce_timeout_ms / 1000 + 30
         self._clock = clock
         self._producer: ProducerLike | None = None
+        self._flights: dict[bytes, _Flight] = {}  # by entry key: one record per entry at most
+        self._targets: Counter[Target] = Counter()  # records in flight per release target
+        self._done: list[Completion] = []
+        self._broken = False  # a fatal error: the producer must go
 
     @classmethod
     def for_replica(cls, cfg: ReplicaConfig) -> Sender:
@@ -153,56 +187,102 @@ class Sender:
         """Create the producer now rather than at the first record."""
         self._get_producer()
 
-    def send(self, entries: Sequence[Entry]) -> list[Outcome]:
-        """Release ``entries`` to their targets, in order; one outcome per entry."""
+    # -- in flight -------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Records produced and not yet acknowledged (or failed)."""
+        return len(self._flights)
+
+    def in_flight_targets(self) -> set[Target]:
+        """Release targets with a record in flight (a release or a dead letter for it)."""
+        return set(self._targets)
+
+    def is_in_flight(self, key: bytes) -> bool:
+        """Whether the entry with ``key`` has a record in flight."""
+        return key in self._flights
+
+    def take_completed(self) -> list[Completion]:
+        """Every record acknowledged or failed since the last call, in completion order."""
+        done, self._done = self._done, []
+        return done
+
+    @property
+    def has_completed(self) -> bool:
+        """:meth:`take_completed` would return something."""
+        return bool(self._done)
+
+    def pump(self, timeout: float = 0) -> None:
+        """Serve delivery reports for up to ``timeout`` seconds (librdkafka returns early when
+        one arrives); declare records past their acknowledgement deadline timed out."""
+        if self._flights and self._producer is not None:
+            self._producer.poll(timeout)
+        # Deadlines grow with insertion order (one timeout, a monotonic clock): the first is
+        # the earliest.
+        oldest = next(iter(self._flights.values()), None)
+        if self._broken or (oldest is not None and oldest.deadline <= self._clock.monotonic()):
+            self._replace_producer()
+
+    def wait(self, keys: Collection[bytes], deadline: float) -> None:
+        """Pump until none of the entries ``keys`` has a record in flight, or until the
+        monotonic ``deadline``: a slow target never holds the caller longer than that."""
+        while any(k in self._flights for k in keys):
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                break
+            self.pump(min(remaining, 0.05))
+
+    def abandon(self) -> None:
+        """Forget every record in flight (the term as master ended): their reports, if any
+        arrive, are ignored, and their entries stay in the store for the next master."""
+        self._flights.clear()
+        self._targets.clear()
+        self._done.clear()
+
+    # -- producing -------------------------------------------------------------------------
+
+    def submit(self, entries: Sequence[Entry]) -> None:
+        """Release ``entries`` to their targets, in order, without waiting; their
+        :class:`Completion` comes from :meth:`take_completed` after a :meth:`pump`."""
         if not entries:
-            return []  # no producer is created for nothing
+            return  # no producer is created for nothing
+        for entry in entries:
+            msg = entry.message
+            # Timestamp taken as each record leaves: the release time.
+            record = _Record(
+                msg.topic,
+                msg.key,
+                msg.value,
+                msg.partition,
+                list(msg.delivered_headers()),
+                self._clock.wall_ms(),
+            )
+            self._launch(entry, record, cause=None)
+        self.pump(0)
 
-        def records() -> Iterator[_Record]:
-            for entry in entries:
-                msg = entry.message
-                yield _Record(
-                    msg.topic,
-                    msg.key,
-                    msg.value,
-                    msg.partition,
-                    list(msg.delivered_headers()),
-                    self._clock.wall_ms(),  # taken as each record leaves: the release time
-                )
-
-        return [Outcome(err, rec.timestamp_ms) for rec, err in self._produce_all(records())]
-
-    def dead_letter(self, failures: Sequence[tuple[Entry, KafkaError]]) -> list[bool]:
-        """Send permanently failing entries to the dead-letter topic; True where acknowledged."""
-        if not failures:
-            return []
-
-        def records() -> Iterator[_Record]:
-            for entry, err in failures:
-                msg = entry.message
-                error = f"{error_name(err)}: {err.str()}"
-                log.warning(
-                    "sender.dead_lettering",
-                    id=msg.id,
-                    topic=msg.topic,
-                    partition=msg.partition,
-                    error=error,
-                )
-                headers: Headers = [
-                    *msg.delivered_headers(),
-                    (ERROR_HEADER, error.encode()),
-                    (TARGET_HEADER, f"{msg.topic}/{msg.partition}".encode()),
-                ]
-                yield _Record(
-                    DEAD_LETTER_TOPIC, msg.key, msg.value, -1, headers, self._clock.wall_ms()
-                )
-
-        acked: list[bool] = []
-        for (entry, _), (_, err) in zip(failures, self._produce_all(records()), strict=True):
-            if err is not None:
-                log.error("sender.dead_letter_failed", id=entry.message.id, error=str(err))
-            acked.append(err is None)
-        return acked
+    def submit_dead_letters(self, failures: Sequence[tuple[Entry, KafkaError]]) -> None:
+        """Send permanently failing entries to the dead-letter topic without waiting."""
+        for entry, err in failures:
+            msg = entry.message
+            error = f"{error_name(err)}: {err.str()}"
+            log.warning(
+                "sender.dead_lettering",
+                id=msg.id,
+                topic=msg.topic,
+                partition=msg.partition,
+                error=error,
+            )
+            headers: Headers = [
+                *msg.delivered_headers(),
+                (ERROR_HEADER, error.encode()),
+                (TARGET_HEADER, f"{msg.topic}/{msg.partition}".encode()),
+            ]
+            record = _Record(
+                DEAD_LETTER_TOPIC, msg.key, msg.value, -1, headers, self._clock.wall_ms()
+            )
+            self._launch(entry, record, cause=err)
+        if failures:
+            self.pump(0)
 
     def tombstones(self, retired: Iterable[tuple[str, int, int]]) -> None:
         """Tombstones for ids (id, buffer partition, offset) that were delivered or cancelled."""
@@ -217,6 +297,7 @@ class Sender:
 
     def close(self) -> None:
         """Wait briefly for outstanding records and drop the producer."""
+        self.abandon()
         if self._producer is not None:
             remaining = self._producer.flush(10)
             if remaining:
@@ -230,37 +311,50 @@ class Sender:
             self._producer = self._factory()
         return self._producer
 
-    def _produce_all(self, records: Iterable[_Record]) -> list[tuple[_Record, KafkaError | None]]:
-        """Produce ``records`` in order and wait for every acknowledgement (or the deadline);
-        a record never acknowledged gets ``_MSG_TIMED_OUT``."""
+    def _launch(self, entry: Entry, record: _Record, *, cause: KafkaError | None) -> None:
+        """Produce ``record`` for ``entry`` (its dead letter if ``cause`` is given) and track it
+        until its delivery report."""
+        if entry.key in self._flights:
+            raise ValueError(f"entry {entry.message.id} already has a record in flight")
         producer = self._get_producer()
-        results: list[tuple[_Record, KafkaError | None]] = []
-        unacked: set[int] = set()
-
-        def acknowledge(i: int) -> DeliveryCallback:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                results[i] = (results[i][0], err)
-                unacked.discard(i)
-
-            return on_delivery
-
-        timed_out = KafkaError(KafkaError._MSG_TIMED_OUT)
-        for i, record in enumerate(records):
-            results.append((record, timed_out))
-            unacked.add(i)
-            err = self._produce(producer, record, on_delivery=acknowledge(i))
-            if err is not None:
-                results[i] = (record, err)
-                unacked.discard(i)
-            producer.poll(0)
         deadline = self._clock.monotonic() + self._ack_timeout_s
-        while unacked and self._clock.monotonic() < deadline:
-            producer.poll(0.05)
-        fatal = any(err is not None and err.fatal() for _, err in results)
-        if fatal or unacked:
-            log.error("sender.producer_recreated", unacknowledged=len(unacked))
-            self._producer = None
-        return results
+        flight = _Flight(entry, cause is not None, record.timestamp_ms, deadline, cause)
+        target = (entry.message.topic, entry.message.partition)
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if self._flights.get(entry.key) is not flight:
+                return  # abandoned, or already declared timed out
+            self._finish(entry.key, err)
+            if err is not None and err.fatal():
+                self._broken = True
+
+        self._flights[entry.key] = flight
+        self._targets[target] += 1
+        err = self._produce(producer, record, on_delivery=on_delivery)
+        if err is not None:
+            self._finish(entry.key, err)
+
+    def _finish(self, key: bytes, err: KafkaError | None) -> None:
+        flight = self._flights.pop(key)
+        target = (flight.entry.message.topic, flight.entry.message.partition)
+        self._targets[target] -= 1
+        if self._targets[target] <= 0:
+            del self._targets[target]
+        self._done.append(
+            Completion(flight.entry, flight.dead_letter, err, flight.timestamp_ms, flight.cause)
+        )
+
+    def _replace_producer(self) -> None:
+        """Drop a broken or stuck producer; everything it still holds counts as timed out (it
+        may yet be written: a duplicate at worst, never a loss)."""
+        log.error(
+            "sender.producer_recreated", unacknowledged=len(self._flights), fatal=self._broken
+        )
+        timed_out = KafkaError(KafkaError._MSG_TIMED_OUT)
+        for key in list(self._flights):
+            self._finish(key, timed_out)
+        self._producer = None
+        self._broken = False
 
     @staticmethod
     def _produce(

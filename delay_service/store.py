@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
 from delay_service.entry import Entry, decode_entry, encode_entry, entry_key, split_key
 from delay_service.errors import StoreError
+from delay_service.round import DueScan
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
 from kdelay.checkpoint import NOTHING, Checkpoint
 
@@ -358,3 +359,42 @@ class Store:
             self._meta.close()
             del self._ids, self._meta, self._ids_cf, self._meta_cf
             self._db.close()
+
+    def due_skipping(
+        self,
+        now_ms: int,
+        limit: int,
+        skip: Collection[tuple[str, int]],
+        max_skipped: int,
+        known: dict[bytes, tuple[str, int]] | None = None,
+    ) -> DueScan:
+        """Like :meth:`due`, but passes over entries whose target (topic, partition) is in
+        ``skip``, so one held target cannot fill the scan and starve the others. Stops after
+        ``limit`` entries returned or ``max_skipped`` passed over (``truncated``). ``known``
+        caches the target of each entry passed over (a key's target never changes), so the
+        next scan passes over it without decoding it again."""
+        out: list[Entry] = []
+        known = {} if known is None else known
+        skipped, first_skipped_ms, last_ms, first, cut = 0, None, None, None, False
+        with self._lock:
+            self._check_open()
+            for key, value in self._iter_from_floor(entry_key(now_ms + 1, 0, 0)):
+                first = first or key
+                last_ms, partition, offset = split_key(key)
+                if known.get(key) not in skip:
+                    message = decode_entry(value)
+                    target = (message.topic, message.partition)
+                    if target not in skip:
+                        out.append(Entry(key, message, partition, offset))
+                        cut = len(out) >= limit
+                        if cut:
+                            break
+                        continue
+                    known[key] = target
+                skipped += 1
+                first_skipped_ms = last_ms if first_skipped_ms is None else first_skipped_ms
+                cut = skipped >= max_skipped
+                if cut:
+                    break
+            self._floor = first or self._floor
+        return DueScan(out, skipped, first_skipped_ms, last_ms, truncated=cut)

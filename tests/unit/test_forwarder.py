@@ -53,12 +53,15 @@ class Sent:
 
 @dataclass
 class FakeProducer:
-    """Acknowledges at poll(); ``fail`` decides an error per record (None: success)."""
+    """Acknowledges at poll(); ``fail`` decides an error per record (None: success), ``hold``
+    which records get no report yet. poll(timeout) moves the clock, as a real poll waits."""
 
     fail: Callable[[Sent], KafkaError | None] = lambda _s: None
     sync_fail: Callable[[Sent], KafkaError | None] = lambda _s: None
+    hold: Callable[[Sent], bool] = lambda _s: False
     sent: list[Sent] = field(default_factory=list)
     queued: list[tuple[Sent, Callback | None]] = field(default_factory=list)
+    clock: FakeClock | None = None
 
     def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
         self,
@@ -80,7 +83,10 @@ class FakeProducer:
         self.queued.append((sent, on_delivery))
 
     def poll(self, timeout: float = -1) -> int:
-        done, self.queued = self.queued, []
+        if self.clock is not None and timeout > 0:
+            self.clock.advance(max(1, int(timeout * 1000)))
+        done = [(s, cb) for s, cb in self.queued if not self.hold(s)]
+        self.queued = [(s, cb) for s, cb in self.queued if self.hold(s)]
         for sent, cb in done:
             err = self.fail(sent)
             if err is None:
@@ -160,6 +166,7 @@ def make(store: Store, producer: FakeProducer, **settings: object) -> Rig:
         **settings,  # type: ignore[arg-type]
     )
     clock = FakeClock()
+    producer.clock = clock
     metrics = Metrics()
     fenced: list[str] = []
     on_fenced = threading.Event()
@@ -300,8 +307,15 @@ def test_an_unacknowledged_dead_letter_is_tried_again(store: Store) -> None:
     result = rig.fwd.forward_once(cps, gen)
     assert (result.dead_lettered, result.held, result.claim_ms) == (0, 1, 99)
     assert store.get("m0") is not None
+    # A failed dead-letter write backs off like a failed release: nothing is tried meanwhile.
     dead_letter_down = False
-    result = rig.fwd.forward_once(cps, gen)  # at once: a dead-letter verdict sets no backoff
+    written = len(producer.to(DEAD_LETTER_TOPIC))
+    result = rig.fwd.forward_once(cps, gen)
+    assert (result.dead_lettered, result.held) == (0, 1)
+    assert len(producer.to(DEAD_LETTER_TOPIC)) == written
+    assert rig.value("kdelay_replica_dead_letter_errors_total", error="_MSG_TIMED_OUT") == 1
+    rig.clock.advance(1)  # the backoff (1 ms) is over
+    result = rig.fwd.forward_once(cps, gen)
     assert (result.dead_lettered, result.held) == (1, 0)
     assert store.pending == 0
 
@@ -379,3 +393,138 @@ def test_cancelled_ids_get_tombstones_only_on_the_master(store: Store) -> None:
     rig.fwd.forward_once(cps, gen)
     tombs = producer.to("__kdelay_buffer")
     assert [(s.key, s.partition) for s in tombs] == [(b"y", 2)]
+
+
+def ids_to(producer: FakeProducer, topic: str) -> list[str]:
+    ids = [dict(s.headers)["kdelay-id"] for s in producer.to(topic)]
+    return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
+
+def test_a_held_target_filling_the_scan_does_not_starve_the_others(store: Store) -> None:
+    # 12 entries for "x" come first in key order; the scan takes at most 5 per round.
+    store.apply([(0, i, msg(i, 100 + i, topic="x")) for i in range(12)], {0: 12})
+    store.apply([(1, i, msg(100 + i, 200 + i, topic="y")) for i in range(3)], {1: 3})
+    producer = FakeProducer(hold=lambda s: s.topic == "x")  # x never acknowledges
+    rig = make(store, producer, scan_batch=5)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    rig.clock.advance(1_000)  # everything is due
+    first = rig.fwd.forward_once(cps, gen)  # x0..x4 fill the scan and stay in flight
+    assert first.delivered == 0
+    second = rig.fwd.forward_once(cps, gen)  # x is held: its 12 entries are passed over
+    assert second.delivered == 3
+    assert ids_to(producer, "y") == ["m100", "m101", "m102"]
+    assert second.held == 12
+    assert second.claim_ms == 99  # below x0, the earliest entry still pending
+    assert [s.topic for s, _ in producer.queued] == ["x"] * 5  # x5.. wait behind x0..x4
+    assert rig.value("kdelay_replica_targets_held") == 1
+    assert rig.value("kdelay_replica_in_flight_messages") == 5
+
+
+def test_a_silent_target_does_not_hold_up_the_round_for_others(store: Store) -> None:
+    store.apply([(0, 0, msg(0, 100, topic="slow")), (0, 1, msg(1, 101, topic="t"))], {0: 2})
+    producer = FakeProducer(hold=lambda s: s.topic == "slow")
+    rig = make(store, producer, round_ack_wait_ms=20)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    before = rig.clock.mono
+    result = rig.fwd.forward_once(cps, gen)
+    assert result.delivered == 1
+    assert rig.clock.mono - before <= 0.025  # waited for "slow" no longer than round_ack_wait
+    # Later rounds do not wait for it at all: the silent record is not sent again.
+    store.apply([(0, 2, msg(2, rig.clock.now_ms, topic="t"))], {0: 3})
+    before = rig.clock.mono
+    result = rig.fwd.forward_once(cps, gen)
+    assert (result.delivered, rig.clock.mono) == (1, before)
+    assert ids_to(producer, "t") == ["m1", "m2"]
+    assert cps.writes[-1][0] == 99  # the claim stays below the record in flight
+    assert store.get("m0") is not None
+    # Its report arrives later: the next round settles it.
+    producer.hold = lambda _s: False
+    rig.fwd.forward_once(cps, gen)
+    assert store.pending == 0
+    assert ids_to(producer, "slow") == ["m0"]
+
+
+def test_a_target_with_records_in_flight_gets_nothing_new_until_they_are_settled(
+    store: Store,
+) -> None:
+    store.apply([(0, 0, msg(0, 100))], {0: 1})
+    producer = FakeProducer(hold=lambda _s: True)
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    rig.fwd.forward_once(cps, gen)
+    store.apply([(0, 1, msg(1, 50))], {0: 2})  # a late arrival for the same target
+    rig.fwd.forward_once(cps, gen)
+    assert [s.value for s, _ in producer.queued] == [b"v0"]  # m1 waits for m0's report
+    producer.hold = lambda _s: False
+    rig.fwd.forward_once(cps, gen)  # settles m0, then sends m1
+    assert ids_to(producer, "t") == ["m0", "m1"]
+    assert store.pending == 0
+
+
+def test_a_timed_out_target_is_retried_in_key_order_after_its_backoff(store: Store) -> None:
+    store.apply([(0, i, msg(i, 100 + i, topic="x")) for i in range(3)], {0: 3})
+    down = True
+    producer = FakeProducer(hold=lambda s: down and s.topic == "x")
+    rig = make(store, producer, produce_timeout_ms=1_000)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    rig.fwd.forward_once(cps, gen)
+    assert len(producer.queued) == 3
+    rig.clock.advance(32_000)  # message.timeout.ms + the margin: declared timed out
+    result = rig.fwd.forward_once(cps, gen)  # settled; x backs off, nothing is resent yet
+    assert (result.delivered, result.held) == (0, 3)
+    assert rig.value("kdelay_replica_forward_errors_total", error="_MSG_TIMED_OUT") == 3
+    producer.queued.clear()  # the timed-out producer was dropped with its queue
+    down = False
+    rig.clock.advance(1)  # past the backoff
+    rig.fwd.forward_once(cps, gen)
+    assert ids_to(producer, "x") == ["m0", "m1", "m2"]
+    assert store.pending == 0
+
+
+def test_tombstones_are_written_early_when_many_are_queued(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("delay_service.tombstones.FLUSH_AT", 3)
+    store.apply([(0, i, msg(i, 100 + i)) for i in range(3)], {0: 3})
+    producer = FakeProducer()
+    rig = make(store, producer, checkpoint_interval_ms=60_000)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.activate(cps)
+    rig.fwd._last_cp_mono = rig.clock.mono  # a checkpoint was just written
+    rig.fwd.forward_once(cps, gen)
+    assert len(cps.writes) == 1  # the interval has not passed, but the queue is full
+    assert len(producer.to("__kdelay_buffer")) == 3
+
+
+def test_queued_tombstones_are_written_even_when_the_term_ends_fenced(store: Store) -> None:
+    store.apply([(0, 0, msg(0, 100))], {0: 1})
+    producer = FakeProducer()
+    rig = make(store, producer, checkpoint_interval_ms=60_000)
+    cps = FakeCheckpoints()
+    delivered = threading.Event()
+    original = producer.poll
+
+    def poll(timeout: float = -1) -> int:
+        done = original(timeout)
+        if producer.to("t"):
+            cps.fenced = True  # a newer master exists: the final checkpoint write fails
+            delivered.set()
+        return done
+
+    producer.poll = poll  # type: ignore[method-assign]
+    rig.fwd.activate(cps)
+    thread = threading.Thread(target=rig.fwd.run)
+    thread.start()
+    try:
+        assert delivered.wait(10)
+        rig.fwd.deactivate("stepping down")
+        assert rig.on_fenced.wait(10), "the rejected final write must be reported"
+    finally:
+        rig.fwd.shutdown()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert [s.key for s in producer.to("__kdelay_buffer")] == [b"m0"]

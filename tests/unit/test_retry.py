@@ -101,3 +101,40 @@ def test_claim_stays_below_every_pending_due_time(
     entries = [entry(0, 10), entry(1, 11), entry(2, 12)]
     plan = plan_round(entries, limit=limit, waiting=lambda _key: False)
     assert claim_ms(plan, 1000, {entries[i].key for i in removed}) == expected
+
+
+def test_a_failed_target_is_held_until_its_backoff_is_over() -> None:
+    clock = Monotonic()
+    p = policy(clock)
+    p.failed(b"a", permanent=False, target=("x", 0))
+    p.failed(b"b", permanent=False)  # no target known: holds nothing but itself
+    assert p.held_targets() == {("x", 0)}
+    clock.mono += 0.125
+    assert p.held_targets() == set()
+    assert p.attempts(b"a") == 1  # over, not forgotten: the next failure backs off longer
+
+
+def test_a_failed_dead_letter_backs_off_doubling_and_dead_letters_again() -> None:
+    clock = Monotonic()
+    p = policy(clock, dead_letter_after=2)
+    assert not p.failed(b"k", permanent=True, target=("x", 0)).dead_letter
+    clock.mono += 1
+    assert p.failed(b"k", permanent=True, target=("x", 0)).dead_letter
+    waits = []
+    for _ in range(4):
+        waits.append(p.dead_letter_failed(b"k", target=("x", 0)))
+        assert p.waiting(b"k")
+        assert p.held_targets() == {("x", 0)}
+        clock.mono += 0.5
+        assert not p.waiting(b"k")
+        # Once the backoff is over, the next permanent failure dead-letters it again.
+        assert p.failed(b"k", permanent=True, target=("x", 0)) == Verdict(2, dead_letter=True)
+    assert waits == [125, 250, 500, 500]
+
+
+def test_retain_keeps_entries_of_targets_the_scan_passed_over() -> None:
+    p = policy(Monotonic())
+    p.failed(b"held", permanent=False, target=("x", 0))
+    p.failed(b"gone", permanent=False, target=("y", 0))
+    p.retain(set(), passed_over={("x", 0)})
+    assert (p.attempts(b"held"), p.attempts(b"gone")) == (1, 0)

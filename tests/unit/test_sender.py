@@ -1,4 +1,5 @@
-"""The sender with a fake producer and a fake clock: acknowledgements, errors, the producer."""
+"""The sender with a fake producer and a fake clock: acknowledgements, errors, the producer,
+records in flight per target."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from delay_service.entry import Entry, entry_key
 from delay_service.sender import (
     ERROR_HEADER,
     TARGET_HEADER,
-    Outcome,
+    Completion,
     Sender,
     is_permanent,
 )
@@ -47,6 +48,7 @@ class Producer:
     sync: KafkaError | None = None
     produced: list[tuple[str, bytes | None, int, int, Headers]] = field(default_factory=list)
     queued: list[tuple[str, Callback | None]] = field(default_factory=list)
+    polls: int = 0
 
     def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
         self,
@@ -75,6 +77,7 @@ class Producer:
         for topic, cb in self.queued:
             (keep if self.answer(topic) is ... else done).append((topic, cb))
         self.queued = keep
+        self.polls += 1
         for topic, cb in done:
             err = self.answer(topic)
             if cb is not None:
@@ -110,11 +113,27 @@ def entry(i: int, topic: str = "t", partition: int = 3) -> Entry:
     return Entry(entry_key(100 + i, 0, i), msg, 0, i)
 
 
+def settle(sender: Sender, entries: list[Entry]) -> list[Completion]:
+    """Wait (on the fake clock) until every entry's record completed; completions in order."""
+    sender.wait([e.key for e in entries], deadline=float("inf"))
+    done = {c.entry.key: c for c in sender.take_completed()}
+    return [done[e.key] for e in entries]
+
+
+def send(sender: Sender, entries: list[Entry]) -> list[Completion]:
+    sender.submit(entries)
+    return settle(sender, entries)
+
+
 def test_send_waits_for_every_acknowledgement_in_order() -> None:
     r = rig(answer=lambda t: KafkaError(KafkaError._MSG_TIMED_OUT) if t == "bad" else None)
-    outcomes = r.sender.send([entry(0), entry(1, topic="bad"), entry(2)])
+    outcomes = send(r.sender, [entry(0), entry(1, topic="bad"), entry(2)])
     assert [o.error is None for o in outcomes] == [True, False, True]
-    assert outcomes[0] == Outcome(None, 5_000)
+    assert (outcomes[0].error, outcomes[0].timestamp_ms, outcomes[0].dead_letter) == (
+        None,
+        5_000,
+        False,
+    )
     produced = r.producers[0].produced
     assert [(t, k, p, ts) for t, k, p, ts, _ in produced] == [
         ("t", b"k0", 3, 5_000),
@@ -126,16 +145,18 @@ def test_send_waits_for_every_acknowledgement_in_order() -> None:
 
 def test_nothing_to_send_creates_no_producer() -> None:
     r = rig()
-    assert r.sender.send([]) == []
-    assert r.sender.dead_letter([]) == []
+    r.sender.submit([])
+    r.sender.submit_dead_letters([])
+    r.sender.pump(0)
+    assert r.sender.take_completed() == []
     assert r.producers == []
 
 
 def test_a_full_queue_is_waited_out_and_a_synchronous_error_returned() -> None:
     r = rig(full=2)
-    assert r.sender.send([entry(0)])[0].error is None
+    assert send(r.sender, [entry(0)])[0].error is None
     r.producers[0].sync = KafkaError(KafkaError._UNKNOWN_PARTITION)
-    (outcome,) = r.sender.send([entry(1)])
+    (outcome,) = send(r.sender, [entry(1)])
     assert outcome.error is not None
     assert outcome.error.code() == KafkaError._UNKNOWN_PARTITION
     assert is_permanent(outcome.error)
@@ -143,18 +164,18 @@ def test_a_full_queue_is_waited_out_and_a_synchronous_error_returned() -> None:
 
 def test_missing_acknowledgements_time_out_and_replace_the_producer() -> None:
     r = rig(answer=lambda _t: ...)
-    (outcome,) = r.sender.send([entry(0)])
+    (outcome,) = send(r.sender, [entry(0)])
     assert outcome.error is not None
     assert outcome.error.code() == KafkaError._MSG_TIMED_OUT
     assert r.clock.mono >= 1 + 30  # message.timeout.ms plus the margin
-    r.sender.send([entry(1)])
+    r.sender.submit([entry(1)])
     assert len(r.producers) == 2
 
 
 def test_a_fatal_error_replaces_the_producer() -> None:
     r = rig(answer=lambda _t: KafkaError(KafkaError._FATAL, fatal=True))
-    r.sender.send([entry(0)])
-    r.sender.send([entry(1)])
+    send(r.sender, [entry(0)])
+    r.sender.submit([entry(1)])
     assert len(r.producers) == 2
     assert not is_permanent(KafkaError(KafkaError._FATAL, fatal=True))
 
@@ -162,7 +183,11 @@ def test_a_fatal_error_replaces_the_producer() -> None:
 def test_dead_letters_carry_the_error_and_the_target() -> None:
     r = rig(answer=lambda t: KafkaError(KafkaError._MSG_TIMED_OUT) if t == "nope" else None)
     failures = [(entry(0, topic="gone", partition=-1), KafkaError(KafkaError._UNKNOWN_TOPIC))]
-    assert r.sender.dead_letter(failures) == [True]
+    r.sender.submit_dead_letters(failures)
+    (done,) = settle(r.sender, [failures[0][0]])
+    assert (done.dead_letter, done.error) == (True, None)
+    assert done.cause is not None
+    assert done.cause.code() == KafkaError._UNKNOWN_TOPIC
     topic, key, partition, _, headers = r.producers[0].produced[0]
     assert (topic, key, partition) == (DEAD_LETTER_TOPIC, b"k0", -1)
     found = dict(headers)
@@ -182,3 +207,38 @@ def test_tombstones_are_not_waited_for() -> None:
     ]
     assert r.clock.mono == 0  # no acknowledgement wait
     r.sender.close()
+
+
+def test_a_silent_target_stays_in_flight_while_others_complete() -> None:
+    r = rig(answer=lambda t: ... if t == "slow" else None)
+    slow, fast = entry(0, topic="slow"), entry(1, topic="t")
+    r.sender.submit([slow, fast])  # returns at once
+    r.sender.wait([fast.key, slow.key], deadline=r.clock.mono + 0.2)
+    assert r.clock.mono <= 0.25  # the wait ended at its deadline, not at the ack timeout
+    assert [c.entry for c in r.sender.take_completed()] == [fast]
+    assert r.sender.in_flight == 1
+    assert r.sender.is_in_flight(slow.key)
+    assert r.sender.in_flight_targets() == {("slow", 3)}
+    # Past message.timeout.ms + 30 s the silent record is declared timed out, the producer goes.
+    r.clock.mono += 31
+    r.sender.pump(0)
+    (done,) = r.sender.take_completed()
+    assert done.entry == slow
+    assert done.error is not None
+    assert done.error.code() == KafkaError._MSG_TIMED_OUT
+    assert r.sender.in_flight_targets() == set()
+    r.sender.submit([entry(2)])
+    assert len(r.producers) == 2
+
+
+def test_abandoned_records_report_nothing() -> None:
+    r = rig(answer=lambda _t: ...)
+    r.sender.submit([entry(0)])
+    r.sender.abandon()
+    assert (r.sender.in_flight, r.sender.in_flight_targets()) == (0, set())
+    r.producers[0].answer = lambda _t: None  # the report arrives after all
+    r.producers[0].poll(0)
+    assert r.sender.take_completed() == []
+    r.sender.submit([entry(0)])  # the entry may be sent again (by a later term)
+    assert r.sender.in_flight == 0
+    assert [c.entry for c in r.sender.take_completed()] == [entry(0)]

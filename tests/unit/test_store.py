@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from delay_service.entry import decode_entry, encode_entry, entry_key, split_key
-from delay_service.errors import StoreError
+from delay_service.entry import (
+    check_storable,
+    decode_entry,
+    encode_entry,
+    entry_key,
+    split_key,
+)
+from delay_service.errors import StoreError, UnstorableError
 from delay_service.store import Store
 from kdelay.buffer import Cancel, Scheduled, Tombstone
 from kdelay.checkpoint import Checkpoint
@@ -34,29 +41,85 @@ def test_keys_sort_by_due_time_then_partition_then_offset() -> None:
     assert len(entry_key(0, 0, 0)) == 20
 
 
-@given(
-    st.builds(
-        Scheduled,
-        id=st.text(min_size=1, max_size=20),
-        topic=st.text(min_size=1, max_size=20),
-        partition=st.integers(-1, 2**31 - 1),
-        key=st.none() | st.binary(max_size=20),
-        value=st.none() | st.binary(max_size=100),
-        deliver_at_ms=st.integers(0, 2**62),
-        headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=4).map(
-            tuple
-        ),
-    )
+#: What the proxy can accept (and a Kafka record carry): ids of 1-255 bytes, any topic name,
+#: any int32 partition, null or binary key and value, any due time, headers with names and values
+#: of a few KB (null header values reach the store as b"": the buffer decoder makes them empty).
+messages = st.builds(
+    Scheduled,
+    id=st.text(min_size=1, max_size=64),
+    topic=st.text(min_size=1, max_size=249),
+    partition=st.integers(-(2**31), 2**31 - 1),
+    key=st.none() | st.binary(max_size=64),
+    value=st.none() | st.binary(max_size=4096),
+    deliver_at_ms=st.integers(-(2**63), 2**63 - 1),
+    headers=st.lists(st.tuples(st.text(max_size=2048), st.binary(max_size=4096)), max_size=40).map(
+        tuple
+    ),
 )
+
+
+@given(messages)
+@settings(deadline=None)
 def test_entry_codec_round_trips(msg: Scheduled) -> None:
     assert decode_entry(encode_entry(msg)) == msg
+
+
+@given(
+    count=st.integers(0, 100_000),
+    name=st.text(max_size=8),
+    value=st.binary(max_size=8),
+    key=st.none() | st.binary(max_size=8),
+)
+@example(count=65_536, name="", value=b"", key=None)  # the poison record of issue 10
+@example(count=65_535, name="h", value=b"v", key=b"k")
+@settings(max_examples=15, deadline=None)
+def test_any_header_count_a_kafka_record_carries_round_trips(
+    count: int, name: str, value: bytes, key: bytes | None
+) -> None:
+    msg = Scheduled("id", "t", 0, key, None, 1, ((name, value),) * count)
+    check_storable(msg)
+    assert decode_entry(encode_entry(msg)) == msg
+
+
+def test_entries_of_format_version_1_still_decode() -> None:
+    """Stores written before the header count was widened open and read as before."""
+    msg = Scheduled("a", "t", 3, None, b"v", 42, (("h", b"x"), ("", b"")))
+    fields = [b"a", b"t", None, b"v", b"h", b"x", b"", b""]
+    body = b"".join(
+        struct.pack("<I", 0xFFFFFFFF) if f is None else struct.pack("<I", len(f)) + f
+        for f in fields
+    )
+    v1 = struct.pack("<BqiH", 1, 42, 3, 2) + body
+    assert decode_entry(v1) == msg
+    assert encode_entry(msg)[0] == 2  # written as version 2 from now on
+
+
+@pytest.mark.parametrize(
+    ("msg", "named"),
+    [
+        (Scheduled("a", "t", 0, None, None, 2**63), "due time"),
+        (Scheduled("a", "t", 2**31, None, None, 1), "partition"),
+        (Scheduled("a", "\ud800", 0, None, None, 1), "topic"),
+        (Scheduled("\udfff", "t", 0, None, None, 1), "id"),
+        (Scheduled("a", "t", 0, None, None, 1, (("\ud800", b""),)), "header 0 name"),
+    ],
+)
+def test_what_the_format_cannot_hold_is_named_not_a_codec_crash(msg: Scheduled, named: str) -> None:
+    with pytest.raises(UnstorableError, match=named):
+        check_storable(msg)
+    with pytest.raises(UnstorableError, match=named):
+        encode_entry(msg)
 
 
 def test_entry_codec_rejects_unknown_versions_and_garbage() -> None:
     with pytest.raises(StoreError, match="version"):
         decode_entry(b"\x07rest")
+    with pytest.raises(StoreError, match="version"):
+        decode_entry(b"")
     with pytest.raises(StoreError):
         decode_entry(encode_entry(sched("a", 1))[:-3])
+    with pytest.raises(StoreError, match="after the last field"):
+        decode_entry(encode_entry(sched("a", 1)) + b"x")
 
 
 def test_due_returns_entries_in_key_order_up_to_now(store: Store) -> None:

@@ -1,0 +1,159 @@
+"""Settling the records that completed: what the forwarder does with each delivery report.
+
+- a release acknowledged: the entry was delivered; it leaves the store, its id gets a tombstone;
+- a release failed: the retry policy decides (``retry.py``): back off, holding the entry's
+  target, or — a permanent error on the ``dead_letter_after``-th attempt — dead-letter it;
+- a dead letter acknowledged: the entry leaves the store like a delivered one;
+- a dead letter failed: the entry and its target back off too, and the dead letter is written
+  again only after that (a failing dead-letter topic is not written to every round).
+
+Logs: one ``forwarder.target_held`` event per target and round whose releases failed (topic,
+partition, error, failed records, attempt, backoff), and one ``forwarder.forward_failed`` per
+entry whose error is permanent (it heads for the dead-letter topic).
+
+Threads: a Settler belongs to the forwarder thread, like the sender and retry policy it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError
+
+from delay_service.entry import Entry
+from delay_service.metrics import Metrics
+from delay_service.retry import RetryPolicy
+from delay_service.round import Target, target_of
+from delay_service.sender import Completion, Sender, error_name, is_permanent
+from delay_service.store import Store
+from delay_service.tombstones import TombstoneQueue
+from kdelay import logs
+
+log = logs.get(__name__)
+
+
+@dataclass(slots=True)
+class Settled:
+    """What settling some completions did."""
+
+    delivered: list[Entry] = field(default_factory=list)
+    dead_lettered: list[Entry] = field(default_factory=list)
+    dead_letters_sent: list[bytes] = field(default_factory=list)  # keys now in flight again
+
+    def merged(self, other: Settled) -> Settled:
+        """This settlement and a later one of the same round, as one."""
+        return Settled(
+            [*self.delivered, *other.delivered],
+            [*self.dead_lettered, *other.dead_lettered],
+            [*self.dead_letters_sent, *other.dead_letters_sent],
+        )
+
+    @property
+    def removed(self) -> set[bytes]:
+        """Keys of the entries that left the store."""
+        return {e.key for e in (*self.delivered, *self.dead_lettered)}
+
+
+@dataclass(slots=True)
+class _Failed:
+    first: Completion
+    records: int = 0
+    attempt: int = 0
+
+
+class Settler:
+    """Applies delivery reports to the store, the retry policy, the metrics and tombstones."""
+
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        retries: RetryPolicy,
+        sender: Sender,
+        tombstones: TombstoneQueue,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._retries = retries
+        self._sender = sender
+        self._tombstones = tombstones
+
+    def settle(self, completions: Sequence[Completion], *, may_send: bool) -> Settled:
+        """Settle ``completions``; dead letters are sent only when ``may_send`` (still master)."""
+        out = Settled()
+        to_dead_letter: list[tuple[Entry, KafkaError]] = []
+        failed: dict[Target, _Failed] = {}
+        for done in completions:
+            entry, err = done.entry, done.error
+            if done.dead_letter:
+                self._settle_dead_letter(done, out)
+            elif err is None:
+                out.delivered.append(entry)
+                lateness_ms = max(0, done.timestamp_ms - entry.message.deliver_at_ms)
+                self._metrics.lateness.observe(lateness_ms / 1000)
+            else:
+                self._metrics.forward_errors.labels(error_name(err)).inc()
+                permanent = is_permanent(err)
+                target = target_of(entry)
+                verdict = self._retries.failed(entry.key, permanent=permanent, target=target)
+                if verdict.dead_letter:
+                    to_dead_letter.append((entry, err))
+                    continue
+                seen = failed.setdefault(target, _Failed(done))
+                seen.records += 1
+                seen.attempt = max(seen.attempt, verdict.attempts)
+                if permanent:
+                    log.warning(
+                        "forwarder.forward_failed",
+                        id=entry.message.id,
+                        topic=entry.message.topic,
+                        partition=entry.message.partition,
+                        attempt=verdict.attempts,
+                        error=str(err),
+                        permanent=True,
+                    )
+        for target, seen in failed.items():
+            err = seen.first.error
+            log.warning(
+                "forwarder.target_held",
+                topic=target[0],
+                partition=target[1],
+                error=str(err),
+                permanent=err is not None and is_permanent(err),
+                records=seen.records,
+                attempt=seen.attempt,
+                backoff_ms=self._retries.backoff_ms(seen.attempt),
+            )
+        if to_dead_letter and may_send:
+            self._sender.submit_dead_letters(to_dead_letter)
+            out.dead_letters_sent = [e.key for e, _ in to_dead_letter]
+        self._remove([*out.delivered, *out.dead_lettered])
+        self._metrics.forwarded.inc(len(out.delivered))
+        return out
+
+    def _settle_dead_letter(self, done: Completion, out: Settled) -> None:
+        entry, err = done.entry, done.error
+        reason = error_name(done.cause) if done.cause is not None else "unknown"
+        if err is None:
+            out.dead_lettered.append(entry)
+            self._metrics.dead_lettered.labels(reason).inc()
+            return
+        self._metrics.dead_letter_errors.labels(error_name(err)).inc()
+        backoff_ms = self._retries.dead_letter_failed(entry.key, target=target_of(entry))
+        log.error(
+            "sender.dead_letter_failed",
+            id=entry.message.id,
+            topic=entry.message.topic,
+            partition=entry.message.partition,
+            error=str(err),
+            backoff_ms=backoff_ms,
+        )
+
+    def _remove(self, done: list[Entry]) -> None:
+        if not done:
+            return
+        self._retries.forget(e.key for e in done)
+        self._store.remove(done)
+        self._metrics.pending.set(self._store.pending)
+        self._tombstones.add((e.message.id, e.partition, e.offset) for e in done)

@@ -1,0 +1,65 @@
+"""Tombstones the master owes the buffer topic, so that compaction shrinks it to the pending set.
+
+Each tombstone names a buffer record (id, partition, offset) whose entry left the store because
+its target (or the dead-letter topic) acknowledged it, or because a cancel removed it. Producing
+it is therefore correct whoever is master and whenever it happens; it is only a matter of
+keeping the compacted topic small.
+
+Nothing is dropped silently: the queue has no length limit and is never cleared. The forwarder
+produces it after every checkpoint write and when a term as master ends (deactivated, fenced or
+stopping: the tombstones still name acknowledged or cancelled entries). Memory stays bounded by
+*backpressure*: once :data:`FLUSH_AT` tombstones are queued, :meth:`TombstoneQueue.add` tells
+the caller to wake the forwarder, which writes its checkpoint early and produces the queue
+(producing itself blocks while librdkafka's queue is full). What remains: a master that crashes
+loses what it had queued (at most one checkpoint interval's worth, or :data:`FLUSH_AT`); those
+buffer records then stay in the compacted topic, harmlessly, since every replica skips records
+the checkpoint covers. Cancels a follower ingests are not queued: the master ingests the same
+cancel.
+
+Threads: the ingest thread adds cancels, the forwarder thread adds deliveries and takes the
+queue; one lock guards it and nothing blocks under it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+#: Queued tombstones at which the forwarder writes its checkpoint early and produces them.
+FLUSH_AT = 100_000
+
+#: A tombstone to produce: message id, buffer partition, buffer offset.
+Retired = tuple[str, int, int]
+
+
+class TombstoneQueue:
+    """The tombstones owed, in the order their entries left the store."""
+
+    def __init__(self, flush_at: int | None = None) -> None:
+        self._flush_at = FLUSH_AT if flush_at is None else flush_at
+        self._lock = threading.Lock()
+        self._items: deque[Retired] = deque()
+
+    def add(self, retired: Iterable[Retired]) -> bool:
+        """Queue tombstones; True once the queue should be produced without waiting."""
+        with self._lock:
+            self._items.extend(retired)
+            return len(self._items) >= self._flush_at
+
+    def take(self) -> list[Retired]:
+        """Everything queued, emptying the queue."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+    @property
+    def full(self) -> bool:
+        """At least ``flush_at`` tombstones wait: produce them now."""
+        with self._lock:
+            return len(self._items) >= self._flush_at
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
