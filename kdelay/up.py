@@ -1,4 +1,9 @@
-"""``kdelay up``: the embedded stack in the foreground until SIGINT or SIGTERM (CONTRACT.md)."""
+"""``kdelay up``: the embedded stack in the foreground until SIGINT or SIGTERM (CONTRACT.md).
+
+Like the orchestrator it stands in for, it restarts a replica or the proxy that exits (see
+:mod:`kdelay.local.supervise`) and stops on its own only when the local Kafka or ZooKeeper
+cannot be kept running.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 import click
 
 from kdelay.local.stack import LocalStack, StackOptions
+from kdelay.local.supervise import ComponentLostError, Supervisor
 
 
 def _echo(line: str) -> None:
@@ -36,18 +42,18 @@ def _echo(line: str) -> None:
 @click.option("--state-file", type=click.Path(path_type=Path), default=Path(".kdelay/up.json"))
 @click.option("--buffer-partitions", type=click.IntRange(1, 1024), default=6)
 def command(**options: Any) -> None:
-    """Start ZooKeeper, Kafka, the proxy and N replicas; print `kdelay ready`; stop on a signal."""
+    """Start ZooKeeper, Kafka, the proxy and N replicas; print `kdelay ready`; keep them running
+    (a child that exits is restarted with back-off) until SIGINT or SIGTERM."""
     opts = StackOptions(**options)
     stack = LocalStack(opts, progress=_echo)
     stop = threading.Event()
-    received: list[int] = []
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    lost: ComponentLostError | None = None
     try:
         stack.start()
         if not stop.is_set():
@@ -56,14 +62,18 @@ def command(**options: Any) -> None:
             _echo(f"    logs in {opts.data_dir.resolve()}, state in {opts.state_file}")
             click.echo("kdelay ready", err=False)
             sys.stdout.flush()
+        supervisor = Supervisor(
+            stack.components(), log=_echo, on_restart=lambda _c: stack.write_state()
+        )
         while not stop.wait(1.0):
-            dead = stack.dead_components()
-            if dead:
-                _echo(f"kdelay: error: {', '.join(dead)} exited; see the logs in {opts.data_dir}")
+            try:
+                supervisor.tick()
+            except ComponentLostError as exc:
+                lost = exc
                 break
     finally:
         stack.stop()
-    if received or not stack.dead_components():
-        _echo("kdelay stopped")
-        return
-    sys.exit(1)
+    if lost is not None:
+        _echo(f"kdelay: error: {lost}")
+        sys.exit(1)
+    _echo("kdelay stopped")

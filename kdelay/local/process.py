@@ -103,6 +103,21 @@ class ManagedProcess:
         with _lock:
             _registry.add(self)
 
+    def restart(self) -> None:
+        """Run the same command line again after the process exited (a supervisor's restart).
+
+        What is left of the old process group is killed first; the log is appended to, after a
+        line marking the restart, so the crash and the restart read in order.
+        """
+        if self.alive():
+            raise InfrastructureError(f"{self.name} is still running (pid {self.pid})")
+        self.stop(grace=0)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as log:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            log.write(f"--- {stamp} {self.name} exited with {self.returncode()}; restarting\n")
+        self.start()
+
     def alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 

@@ -4,6 +4,8 @@
 ``kdelay up`` as a subprocess. Kafka and ZooKeeper are local unless ``bootstrap_servers`` /
 ``zk_connect`` name existing ones. Components talk to each other only through their public
 interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
+:meth:`LocalStack.components` hands what it started to :mod:`kdelay.local.supervise`, which
+restarts each with its own command line, so ports and the state file's addresses stay valid.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kdelay.local.process import (
     wait_until,
 )
 from kdelay.local.replica import ReplicaSpec
+from kdelay.local.supervise import Component
 from kdelay.local.zookeeper import LocalZooKeeper
 
 HOST = "127.0.0.1"
@@ -105,7 +108,7 @@ class LocalStack:
         self._start_replicas(data)
         self.progress("==> waiting for the proxy and for a master to be elected")
         self._wait_ready()
-        self._write_state()
+        self.write_state()
 
     def _start_proxy(self, data: Path) -> None:
         self.progress("==> starting the proxy")
@@ -195,18 +198,29 @@ class LocalStack:
             ],
         }
 
-    def _write_state(self) -> None:
+    def write_state(self) -> None:
+        """Write :meth:`state` to the state file atomically (readers never see half of it)."""
         path = self.options.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.state(), indent=2) + "\n")
         tmp.replace(path)
 
-    def dead_components(self) -> list[str]:
-        procs = [r.process for r in self.replicas]
+    def components(self) -> list[Component]:
+        """What ``kdelay up`` supervises: the local ZooKeeper and Kafka (essential: without them
+        nothing works), the proxy and the replicas. Servers it did not start are not its own."""
+        out = []
+        if self.zookeeper is not None and self.zookeeper.process is not None:
+            out.append(_component("ZooKeeper", self.zookeeper.process, essential=True))
+        if self.kafka is not None:
+            for node in self.kafka.nodes:
+                if node.process is not None:
+                    name = "Kafka" if len(self.kafka.nodes) == 1 else f"Kafka node {node.node_id}"
+                    out.append(_component(name, node.process, essential=True))
         if self.proxy is not None:
-            procs.append(self.proxy)
-        return [p.name for p in procs if not p.alive()]
+            out.append(_component("proxy", self.proxy))
+        out += [_component(r.name, r.process) for r in self.replicas]
+        return out
 
     def stop(self) -> None:
         """Stop everything this stack started, newest first; remove the state file."""
@@ -223,6 +237,19 @@ class LocalStack:
             self.progress("==> stopping ZooKeeper")
             self.zookeeper.stop()
         self.options.state_file.unlink(missing_ok=True)
+
+
+def _component(name: str, proc: ManagedProcess, *, essential: bool = False) -> Component:
+    """``proc`` as a supervised component; a restart keeps its command line, ports and log."""
+    return Component(
+        name=name,
+        alive=proc.alive,
+        returncode=proc.returncode,
+        restart=proc.restart,
+        pid=lambda: proc.pid,
+        log=str(proc.log_path),
+        essential=essential,
+    )
 
 
 def _http_get(url: str) -> str | None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kdelay.local.leftovers import Managed, managed
 from kdelay.local.process import ManagedProcess, python_argv, wait_until
 
 
@@ -58,3 +60,38 @@ def kdelay_up(workdir: Path, *args: str, timeout: float = 300) -> Iterator[UpPro
         wait_until(lambda: not proc.alive(), timeout=120, what="`kdelay up` to exit on SIGTERM")
         up.exit_code = proc.returncode()
         proc.stop()
+
+
+def read_state(up: UpProcess) -> dict[str, Any]:
+    """The state file as it is now (``kdelay up`` rewrites it after restarting a child)."""
+    doc: dict[str, Any] = json.loads(up.state_file.read_text())
+    return doc
+
+
+def replica_pid(up: UpProcess, name: str) -> int:
+    """The pid the state file gives for replica ``name`` now."""
+    [pid] = [int(r["pid"]) for r in read_state(up)["replicas"] if r["name"] == name]
+    return pid
+
+
+def cluster_status(zk_connect: str) -> dict[str, Any]:
+    """``kdelay status --json`` against ``zk_connect``, as a user would run it."""
+    result = subprocess.run(
+        python_argv("status", "--zk-connect", zk_connect, "--json"),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def roles(status: dict[str, Any]) -> dict[str, str]:
+    """Replica name -> role in a ``kdelay status --json`` document."""
+    return {str(r["name"]): str(r["role"]) for r in status["replicas"]}
+
+
+def children_of(owner: int) -> list[Managed]:
+    """Running processes that carry ``owner``'s kdelay.managed marker (its children)."""
+    return [m for m in managed() if m.owner == owner]
