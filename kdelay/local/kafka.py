@@ -36,7 +36,12 @@ logger.state.level = warn
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random cluster id that does not start with '-', which the format tool's argument
+    parser would take for a flag (Kafka's own ``Uuid.randomUuid`` avoids it for that reason)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 @dataclass
