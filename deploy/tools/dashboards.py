@@ -48,6 +48,21 @@ def q(expr: str, legend: str = "") -> tuple[str, str]:
     return (expr, legend)
 
 
+def by(
+    metric: str, *labels: str, fn: str = "rate", zero: bool = False, legend: str = ""
+) -> tuple[str, str]:
+    """``fn`` of ``metric`` summed by ``labels``, the labels as the legend unless given;
+    ``zero``: 0 instead of "No data" while no child exists yet (errors absent when healthy)."""
+    legend = legend or " ".join("{{" + label + "}}" for label in labels)
+    expr = f"sum by ({', '.join(labels)}) ({fn}({metric}[{RATE}]))"
+    return q(expr + (" or vector(0)" if zero else ""), legend)
+
+
+def total(metric: str, legend: str) -> tuple[str, str]:
+    """The rate of ``metric`` summed over everything, 0 while no child exists yet."""
+    return q(f"sum(rate({metric}[{RATE}])) or vector(0)", legend)
+
+
 def lateness(metric: str) -> list[tuple[str, str]]:
     return [
         q(
@@ -61,7 +76,7 @@ def lateness(metric: str) -> list[tuple[str, str]]:
 OVERVIEW = [
     Panel(
         "Produce rate (proxy)",
-        [q(f"sum by (kind) (rate(kdelay_proxy_records_total[{RATE}]))", "{{kind}}")],
+        [by("kdelay_proxy_records_total", "kind")],
         "rps",
         description="Records routed by the proxy, by kind (immediate, delayed, cancel, rejected).",
     ),
@@ -118,18 +133,9 @@ OVERVIEW = [
     Panel(
         "Errors",
         [
-            q(
-                f"sum(rate(kdelay_replica_dead_lettered_total[{RATE}])) or vector(0)",
-                "dead-lettered",
-            ),
-            q(
-                f"sum(rate(kdelay_replica_forward_errors_total[{RATE}])) or vector(0)",
-                "forward errors",
-            ),
-            q(
-                f"sum(rate(kdelay_proxy_upstream_errors_total[{RATE}])) or vector(0)",
-                "proxy upstream",
-            ),
+            total("kdelay_replica_dead_lettered_total", "dead-lettered"),
+            total("kdelay_replica_forward_errors_total", "forward errors"),
+            total("kdelay_proxy_upstream_errors_total", "proxy upstream"),
         ],
         "rps",
     ),
@@ -166,25 +172,58 @@ REPLICAS = [
     Panel("Pending messages", [q("kdelay_replica_pending_messages", "{{instance}}")], "short"),
     Panel(
         "Ingest rate by replica",
-        [q(f"sum by (instance) (rate(kdelay_replica_ingested_total[{RATE}]))", "{{instance}}")],
+        [by("kdelay_replica_ingested_total", "instance")],
         "rps",
     ),
     Panel(
         "Cancelled",
-        [q(f"sum by (instance) (rate(kdelay_replica_cancelled_total[{RATE}]))", "{{instance}}")],
+        [by("kdelay_replica_cancelled_total", "instance")],
         "rps",
+    ),
+    Panel(
+        "Ingest progress age",
+        [q("kdelay_replica_ingest_last_progress_seconds", "{{instance}}")],
+        "s",
+        description="Since ingest last applied records or found itself at the end of the "
+        "buffer topic; keeps growing while ingest is stuck (alert KdelayIngestStuck).",
+    ),
+    Panel(
+        "Invalid buffer records",
+        [by("kdelay_replica_invalid_records_total", "instance", "reason", fn="increase")],
+        "short",
+        description="Buffer records a replica could not decode or store; the master "
+        "dead-letters them (alert KdelayInvalidBufferRecords).",
+    ),
+    Panel(
+        "Thread failures",
+        [by("kdelay_component_failures_total", "instance", "component", fn="increase")],
+        "short",
+        description="Unexpected exceptions that ended a supervised thread; it was restarted "
+        "after a backoff (alert KdelayComponentFailing).",
+    ),
+    Panel(
+        "Held targets and records in flight",
+        [
+            q("kdelay_replica_targets_held", "{{instance}} targets held"),
+            q("kdelay_replica_in_flight_messages", "{{instance}} in flight"),
+        ],
+        "short",
+        description="Master only. Targets (topic, partition) that get no new records: records "
+        "in flight or a retry backoff after a failure; a failing target holds only itself.",
+    ),
+    Panel(
+        "Dead-letter write errors",
+        [by("kdelay_replica_dead_letter_errors_total", "instance", "error")],
+        "rps",
+        description="Writes to the dead-letter topic that failed; the entry backs off and is "
+        "tried again.",
     ),
 ]
 
 PROXY = [
     Panel(
         "Kafka requests",
-        [
-            q(
-                f"sum by (api, result) (rate(kdelay_proxy_requests_total[{RATE}]))",
-                "{{api}} {{result}}",
-            )
-        ],
+        [by("kdelay_proxy_requests_total", "api", "result")],
         "reqps",
     ),
     Panel(
@@ -207,38 +246,40 @@ PROXY = [
         description="Batches refused with INVALID_RECORD (bad or conflicting kdelay headers).",
     ),
     Panel(
-        "Kafka request errors",
+        "Rejected records by reason",
+        [by("kdelay_proxy_records_rejected_total", "reason")],
+        "rps",
+        description="Records refused, by limit setting (max_headers, ...) or invalid_record, "
+        "invalid_batch, producer_state (README: Limits).",
+    ),
+    Panel(
+        "Idempotent producer state",
         [
-            q(
-                f'sum by (api, result) (rate(kdelay_proxy_requests_total{{result!="ok"}}[{RATE}]))',
-                "{{api}} {{result}}",
-            )
+            q("sum(kdelay_proxy_producer_states)", "producers tracked"),
+            by("kdelay_proxy_producer_evictions_total", "reason", legend="evicted {{reason}}"),
         ],
+        "short",
+        description="Producers whose sequence numbers the proxy keeps, and those forgotten "
+        "(idle past producer_state_ttl_s, or beyond max_producer_states).",
+    ),
+    Panel(
+        "Kafka request errors",
+        [by('kdelay_proxy_requests_total{result!="ok"}', "api", "result")],
         "reqps",
     ),
     Panel(
         "Upstream errors",
-        [
-            q(
-                f"sum by (error) (rate(kdelay_proxy_upstream_errors_total[{RATE}])) or vector(0)",
-                "{{error}}",
-            )
-        ],
+        [by("kdelay_proxy_upstream_errors_total", "error", zero=True)],
         "rps",
     ),
     Panel(
         "HTTP API requests",
-        [
-            q(
-                f"sum by (route, status) (rate(kdelay_proxy_http_requests_total[{RATE}]))",
-                "{{route}} {{status}}",
-            )
-        ],
+        [by("kdelay_proxy_http_requests_total", "route", "status")],
         "reqps",
     ),
     Panel(
         "Bytes",
-        [q(f"sum by (direction) (rate(kdelay_proxy_bytes_total[{RATE}]))", "{{direction}}")],
+        [by("kdelay_proxy_bytes_total", "direction")],
         "Bps",
     ),
 ]
