@@ -24,8 +24,6 @@ def test_three_replicas_deliver_every_message_once_in_due_order(
     for t in topics:
         create_topic(kafka.bootstrap_servers, t, partitions=4)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect) as rs:
-        rs.start_all()
-        rs.wait_master(timeout=90)
         start = int(time.time() * 1000) + 3_000
         messages = [
             Scheduled(
@@ -39,7 +37,13 @@ def test_three_replicas_deliver_every_message_once_in_due_order(
             )
             for i in range(N)
         ]
+        # Everything is in the buffer before any replica starts, and a replica becomes master
+        # only once it has read it all: no entry can arrive after a later-due one was released
+        # (a late arrival, which the design releases at once), however slow the machine is.
+        rs.create_buffer_topic()
         produce_buffer(kafka.bootstrap_servers, rs.buffer_topic, rs.partitions, messages)
+        rs.start_all()
+        rs.wait_master(timeout=90)
         records = consume_until(
             kafka.bootstrap_servers,
             topics,

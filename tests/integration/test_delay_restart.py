@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
+
 from kdelay.buffer import Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
@@ -30,10 +32,27 @@ def records_for(records: list[Record], prefix: str) -> list[Record]:
     return [r for r in records if (r.header("kdelay-id") or b"").decode().startswith(prefix)]
 
 
-def assert_due_order(records: list[Record]) -> None:
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark now."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("marks")})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def assert_due_order(records: list[Record], since: dict[int, int]) -> None:
+    """Due order per partition among the records written at or after ``since``: those a master
+    released from a store that held the whole batch. Before the stop, a batch still being
+    ingested may release an entry that arrives late (after a later-due one), which the design
+    releases at once (DESIGN.md); how long ingest takes depends on the machine."""
     by_partition: dict[int, list[Record]] = defaultdict(list)
     for r in records:
-        by_partition[r.partition].append(r)
+        if r.offset >= since[r.partition]:
+            by_partition[r.partition].append(r)
     for p, recs in by_partition.items():
         first_seen: dict[str, int] = {}
         for r in sorted(recs, key=lambda r: r.offset):
@@ -76,13 +95,14 @@ def test_restarting_every_replica_loses_nothing(
                 timeout=30,
                 what="the batch to fall due during the downtime",
             )
+            since = end_offsets(bs, topic, 2)
             rs.start_all()
             ids = {m.id for m in msgs}
             records = consume_until(bs, [topic], covers(ids), timeout=90)
             mine = records_for(records, kind)
             assert set(delivered_ids(mine)) == ids, kind
             assert_not_early(mine)
-            assert_due_order(mine)
+            assert_due_order(mine, since)
             if kind == "graceful":
                 dupes = sum(c - 1 for c in delivered_ids(mine).values())
                 assert dupes == 0, f"{dupes} duplicates after a graceful restart"

@@ -19,7 +19,9 @@ from kazoo.client import KazooClient
 
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.local import ManagedProcess, wait_until
+from kdelay.local.kafka_tools import create_topic
 from kdelay.local.replica import ReplicaSpec
+from kdelay.topics import BUFFER_TOPIC_CONFIG
 from zk import Paths, cluster_status, read_checkpoint
 
 KDELAY = str(Path(sys.executable).with_name("kdelay"))
@@ -86,6 +88,10 @@ class ReplicaSet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def create_buffer_topic(self) -> None:
+        """Create this set's buffer topic as a replica would, to fill it before any starts."""
+        create_topic(self.bootstrap, self.buffer_topic, self.partitions, config=BUFFER_TOPIC_CONFIG)
 
     # -- processes ---------------------------------------------------------------------------
 
