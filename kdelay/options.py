@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import click
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,7 +46,7 @@ def _scalar(annotation: object) -> type | None:
 def _default_text(info: FieldInfo) -> str | None:
     if info.default_factory is not None:
         return None  # computed at start-up (e.g. the host name): the description says what
-    if info.default in (PydanticUndefined, None, ""):
+    if info.is_required() or info.default in (None, ""):
         return None
     if isinstance(info.default, bool):
         return "yes" if info.default else "no"
