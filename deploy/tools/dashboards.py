@@ -9,9 +9,8 @@ The chart cannot read files outside its directory, so helm/kdelay/files/ holds b
 copies of deploy/grafana/*.json and deploy/prometheus/rules.yml. ``--check`` exits 1 when any
 generated or copied file is out of date (the tests run it).
 
-Every PromQL expression uses only metric names from docs/metrics.md (a test checks). Panels for
-errors that are absent in a healthy system add ``or vector(0)``: an unlabelled counter child
-does not exist until the first error, and "0" reads better than "No data" there.
+Every PromQL expression uses only metric names from docs/metrics.md (a test checks). Error
+panels (:func:`errs`) add ``or vector(0)``: no child exists before the first error.
 """
 
 from __future__ import annotations
@@ -48,14 +47,16 @@ def q(expr: str, legend: str = "") -> tuple[str, str]:
     return (expr, legend)
 
 
-def by(
-    metric: str, *labels: str, fn: str = "rate", zero: bool = False, legend: str = ""
-) -> tuple[str, str]:
-    """``fn`` of ``metric`` summed by ``labels``, the labels as the legend unless given;
-    ``zero``: 0 instead of "No data" while no child exists yet (errors absent when healthy)."""
+def by(metric: str, *labels: str, fn: str = "rate", legend: str = "") -> tuple[str, str]:
+    """``fn`` of ``metric`` summed by ``labels``, the labels as the legend unless given."""
     legend = legend or " ".join("{{" + label + "}}" for label in labels)
-    expr = f"sum by ({', '.join(labels)}) ({fn}({metric}[{RATE}]))"
-    return q(expr + (" or vector(0)" if zero else ""), legend)
+    return q(f"sum by ({', '.join(labels)}) ({fn}({metric}[{RATE}]))", legend)
+
+
+def errs(metric: str, *labels: str, fn: str = "rate", legend: str = "") -> tuple[str, str]:
+    """:func:`by` for errors, absent in a healthy system: 0 rather than "No data"."""
+    expr, legend = by(metric, *labels, fn=fn, legend=legend)
+    return q(expr + " or vector(0)", legend)
 
 
 def total(metric: str, legend: str) -> tuple[str, str]:
@@ -189,14 +190,14 @@ REPLICAS = [
     ),
     Panel(
         "Invalid buffer records",
-        [by("kdelay_replica_invalid_records_total", "instance", "reason", fn="increase")],
+        [errs("kdelay_replica_invalid_records_total", "instance", "reason", fn="increase")],
         "short",
         description="Buffer records a replica could not decode or store; the master "
         "dead-letters them (alert KdelayInvalidBufferRecords).",
     ),
     Panel(
         "Thread failures",
-        [by("kdelay_component_failures_total", "instance", "component", fn="increase")],
+        [errs("kdelay_component_failures_total", "instance", "component", fn="increase")],
         "short",
         description="Unexpected exceptions that ended a supervised thread; it was restarted "
         "after a backoff (alert KdelayComponentFailing).",
@@ -213,7 +214,7 @@ REPLICAS = [
     ),
     Panel(
         "Dead-letter write errors",
-        [by("kdelay_replica_dead_letter_errors_total", "instance", "error")],
+        [errs("kdelay_replica_dead_letter_errors_total", "instance", "error")],
         "rps",
         description="Writes to the dead-letter topic that failed; the entry backs off and is "
         "tried again.",
@@ -247,7 +248,7 @@ PROXY = [
     ),
     Panel(
         "Rejected records by reason",
-        [by("kdelay_proxy_records_rejected_total", "reason")],
+        [errs("kdelay_proxy_records_rejected_total", "reason")],
         "rps",
         description="Records refused, by limit setting (max_headers, ...) or invalid_record, "
         "invalid_batch, producer_state (README: Limits).",
@@ -256,7 +257,7 @@ PROXY = [
         "Idempotent producer state",
         [
             q("sum(kdelay_proxy_producer_states)", "producers tracked"),
-            by("kdelay_proxy_producer_evictions_total", "reason", legend="evicted {{reason}}"),
+            errs("kdelay_proxy_producer_evictions_total", "reason", legend="evicted {{reason}}"),
         ],
         "short",
         description="Producers whose sequence numbers the proxy keeps, and those forgotten "
@@ -269,7 +270,7 @@ PROXY = [
     ),
     Panel(
         "Upstream errors",
-        [by("kdelay_proxy_upstream_errors_total", "error", zero=True)],
+        [errs("kdelay_proxy_upstream_errors_total", "error")],
         "rps",
     ),
     Panel(
