@@ -5,9 +5,8 @@ deploy/grafana/*.json are the dashboards users import or provision (Grafana 10+,
 file works for provisioning, the Grafana sidecar and manual import). They are written from the
 panel lists below; edit here, run ``python deploy/tools/dashboards.py``, commit both.
 
-The chart cannot read files outside its directory, so helm/kdelay/files/ holds byte-identical
-copies of deploy/grafana/*.json and deploy/prometheus/rules.yml. ``--check`` exits 1 when any
-generated or copied file is out of date (the tests run it).
+helm/kdelay/files/ holds byte-identical copies of them and of deploy/prometheus/rules.yml (a
+chart reads no file outside it); ``--check`` (run by the tests) exits 1 when one is stale.
 
 Every PromQL expression uses only metric names from docs/metrics.md (a test checks). Error
 panels (:func:`errs`) add ``or vector(0)``: no child exists before the first error.
