@@ -33,38 +33,15 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from bench.delay_service import Lateness, Reader, _produce, paced, producer
-from bench.replicas import KDELAY, PARTITIONS, Replicas
+from bench.replicas import PARTITIONS, Replicas
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, encode
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
-from kdelay.local.replica import ReplicaSpec
+from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.stats import percentile
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 
 pct = functools.partial(percentile, empty=math.nan)
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 FAILING = 2  # LocalKafka.nodes index of the broker that holds X: broker id 3
-
-
-class IsolationReplicas(Replicas):
-    """Bench replicas that keep the dead-letter topic and buffer where the test puts them."""
-
-    def start(self, name: str) -> ManagedProcess:
-        spec = ReplicaSpec(
-            name,
-            self.bootstrap,
-            self.zk,
-            self.base / name,
-            zk_root=self.root,
-            zk_session_timeout=4,
-            buffer_topic=self.buffer,
-            buffer_partitions=PARTITIONS,
-            status_interval_ms=200,
-            log_level="WARNING",
-        )
-        proc = ManagedProcess(f"bench {name}", [KDELAY, *spec.args()], self.base / f"{name}.log")
-        proc.start()
-        self.procs[name] = proc
-        return proc
 
 
 def create(admin: AdminClient, name: str, brokers: list[int], config: dict[str, str]) -> None:
@@ -150,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         zk.start()
         bs = kafka.bootstrap_servers
         admin = AdminClient({"bootstrap.servers": bs})
-        rs = IsolationReplicas(base / "set", bs, zk.connect_string, 1)
+        rs = Replicas(base / "set", bs, zk.connect_string, 1)
         # Fresh topics per phase: each phase's readers see only that phase's records.
         phases = {}
         for name in ("a", "b"):

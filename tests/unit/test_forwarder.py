@@ -489,14 +489,16 @@ def test_tombstones_are_written_early_when_many_are_queued(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("delay_service.tombstones.FLUSH_AT", 3)
-    store.apply([(0, i, msg(i, 100 + i)) for i in range(3)], {0: 3})
     producer = FakeProducer()
     rig = make(store, producer, checkpoint_interval_ms=60_000)
     cps = FakeCheckpoints()
     gen = rig.fwd.activate(cps)
-    rig.fwd._last_cp_mono = rig.clock.mono  # a checkpoint was just written
+    rig.clock.advance(60_000)
+    rig.fwd.forward_once(cps, gen)  # the interval has passed: a checkpoint; it starts again
+    assert len(cps.writes) == 1
+    store.apply([(0, i, msg(i, 100 + i)) for i in range(3)], {0: 3})
     rig.fwd.forward_once(cps, gen)
-    assert len(cps.writes) == 1  # the interval has not passed, but the queue is full
+    assert len(cps.writes) == 2  # the interval has not passed, but the queue is full
     assert len(producer.to("__kdelay_buffer")) == 3
 
 
