@@ -50,6 +50,7 @@ from delay_service.sender import Sender
 from delay_service.store import Store
 from delay_service.supervisor import RestartPolicy, Supervisor
 from kdelay import logs
+from kdelay.backoff import Backoff
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
 from kdelay.errors import InfrastructureError
@@ -104,8 +105,7 @@ class Replica:
         self.supervisor = Supervisor(
             self.metrics,
             RestartPolicy(
-                backoff_s=cfg.restart_backoff_ms / 1000,
-                backoff_max_s=cfg.restart_backoff_max_ms / 1000,
+                Backoff(cfg.restart_backoff_ms / 1000, cfg.restart_backoff_max_ms / 1000),
                 max_failures=cfg.max_component_failures,
             ),
             on_fatal=self._on_fatal,

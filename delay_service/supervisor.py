@@ -5,7 +5,7 @@ Each component (``ingest``, ``forwarder``) runs its loop in a thread of its own 
 with the traceback, counts ``kdelay_component_failures_total{component}``, calls the
 component's ``on_failure`` (the replica uses it to make a failed master step down), waits out
 an exponential backoff and runs the loop again. ``max_failures`` consecutive failures (a run
-shorter than ``healthy_after_s`` does not reset the count) call ``on_fatal`` instead: the
+shorter than ``backoff.reset_after_s`` does not reset the count) call ``on_fatal`` instead: the
 replica then shuts down and the process exits non-zero, so the orchestrator restarts it.
 
 A loop that *returns* has stopped on purpose (shutdown) and is not run again.
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from delay_service.metrics import Metrics
 from kdelay import logs
+from kdelay.backoff import Backoff
 
 log = logs.get(__name__)
 
@@ -33,10 +34,8 @@ log = logs.get(__name__)
 class RestartPolicy:
     """When to run a failed component again, and when to give up."""
 
-    backoff_s: float = 1.0  # after the first failure; doubled after each further one
-    backoff_max_s: float = 30.0
+    backoff: Backoff = field(default_factory=Backoff)  # reset_after_s also resets the count
     max_failures: int = 5  # consecutive failures before on_fatal
-    healthy_after_s: float = 60.0  # a run this long resets the consecutive count
 
 
 @dataclass(slots=True)
@@ -124,9 +123,9 @@ class Supervisor:
     def _failed(self, comp: _Component, exc: Exception, ran_s: float) -> bool:
         """Count, report and back off; False when the component is given up."""
         p = self._policy
-        comp.failures = comp.failures + 1 if ran_s < p.healthy_after_s else 1
+        comp.failures = comp.failures + 1 if ran_s < p.backoff.reset_after_s else 1
         self._metrics.component_failures.labels(comp.name).inc()
-        backoff = min(p.backoff_s * 2 ** (comp.failures - 1), p.backoff_max_s)
+        backoff = p.backoff.delay(comp.failures)
         give_up = comp.failures >= p.max_failures
         log.error(
             "supervisor.component_failed",

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Awaitable, Callable
 
 from kdelay import logs
+from kdelay.backoff import Backoff
 from kdelay.errors import KdelayError
 from proxy.metrics import ProxyMetrics
 
@@ -56,7 +57,7 @@ class Supervisor:
         on_give_up: Callable[[str], None] | None = None,
     ) -> None:
         self.metrics = metrics
-        self.backoff_s = backoff_s
+        self.backoff = Backoff(backoff_s, MAX_BACKOFF_S)
         self.max_failures = max_failures
         self.on_give_up = on_give_up
         self._lock = threading.Lock()
@@ -87,7 +88,7 @@ class Supervisor:
             if first and self.on_give_up is not None:
                 self.on_give_up(component)
             return None
-        return float(min(self.backoff_s * 2.0 ** (n - 1), MAX_BACKOFF_S))
+        return self.backoff.delay(n)
 
     def recovered(self, component: str) -> None:
         """``component`` runs again: ready as far as it is concerned, backoff reset."""

@@ -22,25 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kdelay.backoff import Backoff
 from kdelay.errors import InfrastructureError
 
 
 class ComponentLostError(InfrastructureError):
     """An essential component could not be kept running."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Delays between restarts: ``initial * 2**(n-1)`` for the n-th restart in a row, capped."""
-
-    initial: float = 1.0
-    cap: float = 30.0
-    #: A component that stayed up this long starts its back-off over.
-    reset_after: float = 60.0
-
-    def delay(self, consecutive: int) -> float:
-        """The wait before the ``consecutive``-th restart in a row (1-based)."""
-        return min(self.cap, self.initial * 2.0 ** max(0, consecutive - 1))
 
 
 @dataclass
@@ -123,7 +110,7 @@ class Supervisor:
 
     def _check(self, component: Component, track: _Track, now: float) -> None:
         if component.alive():
-            if track.consecutive and now - track.started_at >= self.backoff.reset_after:
+            if track.consecutive and now - track.started_at >= self.backoff.reset_after_s:
                 track.consecutive = 0
             return
         track.last_exit = describe_exit(component.returncode())

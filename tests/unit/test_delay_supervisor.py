@@ -13,8 +13,9 @@ from delay_service import health
 from delay_service.config import ReplicaConfig
 from delay_service.metrics import Metrics
 from delay_service.supervisor import RestartPolicy, Supervisor
+from kdelay.backoff import Backoff
 
-FAST = RestartPolicy(backoff_s=0.001, backoff_max_s=0.002, max_failures=3)
+FAST = RestartPolicy(Backoff(0.001, 0.002), max_failures=3)
 
 
 class Flaky:
@@ -76,9 +77,7 @@ def test_a_loop_that_returns_is_not_restarted_and_stop_ends_a_backoff() -> None:
     sup = Supervisor(Metrics(), FAST, on_fatal=lambda _n: None)
     sup.start("quiet", lambda: None)
     assert sup.join("quiet", 30)
-    slow = Supervisor(
-        Metrics(), RestartPolicy(backoff_s=3600, backoff_max_s=3600), on_fatal=lambda _n: None
-    )
+    slow = Supervisor(Metrics(), RestartPolicy(Backoff(3600, 3600)), on_fatal=lambda _n: None)
     failed = threading.Event()
     slow.start("ingest", Flaky(failures=1), on_failure=lambda _e: failed.set())
     assert failed.wait(30)

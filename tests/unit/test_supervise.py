@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from kdelay.backoff import Backoff
 from kdelay.errors import InfrastructureError
 from kdelay.local.process import ManagedProcess, wait_until
 from kdelay.local.supervise import (
-    Backoff,
     Component,
     ComponentLostError,
     Supervisor,
