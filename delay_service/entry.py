@@ -1,13 +1,17 @@
 """A pending entry: its sort key and its value format in the store (see store.py's layout).
 
-Key = ``deliver_at_ms (8, big-endian) | buffer partition (4) | buffer offset (8)``, so byte order
-is due time, then arrival. Value = :func:`encode_entry`, a compact versioned serialization of the
-scheduled message. Both are persisted: changing them needs a new format version.
+Key = ``deliver_at_ms (8) | order (8) | buffer partition (4) | buffer offset (8)``, all
+big-endian, so byte order is due time, then the order the proxy accepted the messages in (the
+buffer record's ``s``), then arrival. Keys written before the order field existed are 20 bytes
+(no order); both kinds sort by due time first and :func:`split_key` reads both. Value =
+:func:`encode_entry`, a compact versioned serialization of the scheduled message. Both are
+persisted: changing them needs a new format version.
 
-Value format version 2 (written): ``version (1) | deliver_at_ms (8, signed) | partition (4,
-signed) | header count (4)``, then id, topic, key, value and each header's name and value as
-``length (4) | bytes`` (length ``0xFFFFFFFF``: null). Version 1 (read only) had a 2-byte header
-count, so a record with 65,536 headers could not be stored at all. Every field is as wide as
+Value format version 3 (written): ``version (1) | deliver_at_ms (8, signed) | partition (4,
+signed) | header count (4)``, then id, buffer key (uid), topic, key, value and each header's
+name and value as ``length (4) | bytes`` (length ``0xFFFFFFFF``: null). Version 2 (read only)
+had no buffer key; version 1 also had a 2-byte header count, so a record with 65,536 headers
+could not be stored at all. Every field is as wide as
 Kafka's own (int32 counts and sizes, int64 times): whatever one Kafka record can carry encodes;
 :func:`check_storable` names what cannot (a due time beyond int64, a string that is not
 encodable as UTF-8), and ingest dead-letters such records instead of storing them.
@@ -23,28 +27,37 @@ from dataclasses import dataclass
 from delay_service.errors import StoreError, UnstorableError
 from kdelay.buffer import Scheduled
 
-_KEY = struct.Struct(">QIQ")
-KEY_SIZE = _KEY.size  # 20
+_KEY = struct.Struct(">QQIQ")
+_KEY_V1 = struct.Struct(">QIQ")  # before the order field; read only
 _HEAD_V1 = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
-_HEAD = struct.Struct("<BqiI")  # version 2: the header count as wide as Kafka's
-_HEADS = {1: _HEAD_V1, 2: _HEAD}
+_HEAD = struct.Struct("<BqiI")  # versions 2 and 3: the header count as wide as Kafka's
+_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD}
 _LEN = struct.Struct("<I")
 _NULL = 0xFFFFFFFF
 #: The largest length field: ``_NULL`` marks a null.
 MAX_FIELD_BYTES = _NULL - 1
-ENTRY_VERSION = 2
+ENTRY_VERSION = 3
+_U64_MAX = 2**64 - 1
 _I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
 
 
-def entry_key(deliver_at_ms: int, partition: int, offset: int) -> bytes:
-    """The sort key of a pending entry: due time, then buffer partition and offset."""
-    return _KEY.pack(max(0, deliver_at_ms), partition, offset)
+def entry_key(deliver_at_ms: int, partition: int, offset: int, seq: int = 0) -> bytes:
+    """The sort key of a pending entry: due time, then order, buffer partition and offset."""
+    return _KEY.pack(max(0, deliver_at_ms), min(max(0, seq), _U64_MAX), partition, offset)
+
+
+def due_bound(deliver_at_ms: int) -> bytes:
+    """A key below every entry due at ``deliver_at_ms`` or later and above every earlier one."""
+    return _KEY_V1.pack(max(0, deliver_at_ms), 0, 0)
 
 
 def split_key(key: bytes) -> tuple[int, int, int]:
     """``(deliver_at_ms, partition, offset)`` of an entry key."""
-    deliver_at, partition, offset = _KEY.unpack(key)
+    if len(key) == _KEY_V1.size:
+        deliver_at, partition, offset = _KEY_V1.unpack(key)
+    else:
+        deliver_at, _, partition, offset = _KEY.unpack(key)
     return int(deliver_at), int(partition), int(offset)
 
 
@@ -83,6 +96,7 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
     out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
     fields: list[bytes | None] = [
         _utf8("id", msg.id),
+        _utf8("buffer key", msg.uid),
         _utf8("topic", msg.topic),
         _checked("key", msg.key),
         _checked("value", msg.value),
@@ -108,8 +122,9 @@ def encode_entry(msg: Scheduled) -> bytes:
 
 
 def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry` (format versions 1 and 2); StoreError on anything else."""
+    """Inverse of :func:`encode_entry` (format versions 1-3); StoreError on anything else."""
     head = _HEADS.get(data[0]) if data else None
+    with_uid = bool(data) and data[0] >= 3
     if head is None:
         version = data[0] if data else None
         raise StoreError(
@@ -132,6 +147,7 @@ def decode_entry(data: bytes) -> Scheduled:
             return chunk
 
         msg_id = (take() or b"").decode()
+        uid = (take() or b"").decode() if with_uid else ""
         topic = (take() or b"").decode()
         key = take()
         value = take()
@@ -140,7 +156,7 @@ def decode_entry(data: bytes) -> Scheduled:
         raise StoreError(f"store entry is corrupt: {exc}") from None
     if pos != len(data):
         raise StoreError(f"store entry is corrupt: {len(data) - pos} bytes after the last field")
-    return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers)
+    return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers, uid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
     KafkaException,
@@ -38,6 +39,7 @@ from delay_service.errors import UnstorableError
 from delay_service.metrics import Metrics
 from delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
 from delay_service.store import Incoming, Store
+from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
 from kdelay.errors import BufferFormatError
@@ -69,7 +71,8 @@ class Ingest:
         self._metrics = metrics
         #: Set before :meth:`run` starts; called from the ingest thread, must not block.
         self.on_new: Callable[[int], None] = lambda _at: None
-        self.on_cancelled: Callable[[list[tuple[str, int, int]]], None] = lambda _r: None
+        self.on_cancelled: Callable[[list[Retired]], None] = lambda _r: None
+        self._warned_create_time = False
         self.caught_up = threading.Event()
         self._progress = threading.Condition()
         self._lag = 0
@@ -245,7 +248,16 @@ class Ingest:
         """The record to apply, and whether it is poison (then a dead-letter entry)."""
         headers = _headers(msg)
         try:
-            record = decode(msg.key(), msg.value(), headers)
+            kind, timestamp = msg.timestamp()
+            if kind != TIMESTAMP_LOG_APPEND_TIME and not self._warned_create_time:
+                self._warned_create_time = True
+                log.warning(
+                    "ingest.buffer_not_log_append_time",
+                    topic=self._cfg.buffer_topic,
+                    setting="message.timestamp.type",
+                    consequence="delays count from the producing proxy's clock",
+                )
+            record = decode(msg.key(), msg.value(), headers, timestamp)
             if isinstance(record, Scheduled):
                 check_storable(record)
         except BufferFormatError as exc:
@@ -307,8 +319,9 @@ class Ingest:
         m.labels("tombstone").inc(sum(1 for _, _, r in records if isinstance(r, Tombstone)))
         m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
-            self._metrics.cancelled.inc(len(result.cancelled))
-            self.on_cancelled(result.cancelled)
+            self._metrics.cancelled.inc(result.cancelled)
+        if result.retired:
+            self.on_cancelled(result.retired)
         if result.duplicates:
             log.info("ingest.duplicate_ids_ignored", count=result.duplicates)
         self._metrics.pending.set(self._store.pending)

@@ -27,7 +27,7 @@ from delay_service.retry import RetryPolicy
 from delay_service.round import Target, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
 from delay_service.store import Store
-from delay_service.tombstones import TombstoneQueue
+from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
 
 log = logs.get(__name__)
@@ -156,4 +156,6 @@ class Settler:
         self._retries.forget(e.key for e in done)
         self._store.remove(done)
         self._metrics.pending.set(self._store.pending)
-        self._tombstones.add((e.message.id, e.partition, e.offset) for e in done)
+        self._tombstones.add(
+            Retired(e.message.id, e.message.uid, e.partition, e.offset) for e in done
+        )

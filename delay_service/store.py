@@ -2,9 +2,10 @@
 
 Layout (three column families, keys and values raw bytes):
 
-- ``default`` (entries): key and value of ``entry.py`` (key = due time | buffer partition |
-  buffer offset, so iteration order is due time, then arrival).
-- ``ids``: message id (UTF-8) -> entry key, for cancel, tombstones and same-id duplicates.
+- ``default`` (entries): key and value of ``entry.py`` (key = due time | order | buffer
+  partition | buffer offset, so iteration order is due time, then acceptance order).
+- ``ids``: (message id, buffer key) -> entry key, for cancel, tombstones and records written
+  twice (``ids.py``).
 - ``meta``: ``offset/<partition>`` -> next buffer offset to consume (8, big-endian);
   ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied
   (``time_ms`` (8, signed), then ``partition (4) | offset (8)`` per partition). What a
@@ -26,23 +27,33 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
-from delay_service.entry import Entry, decode_entry, encode_entry, entry_key, split_key
+from delay_service.entry import (
+    Entry,
+    decode_entry,
+    due_bound,
+    entry_key,
+    split_key,
+)
 from delay_service.errors import StoreError
+from delay_service.ids import IndexedBatch, RecentlyDone, first_with_id, id_key, reindex, uid_of
 from delay_service.round import DueScan
+from delay_service.tombstones import Retired
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
 from kdelay.checkpoint import NOTHING, Checkpoint
 
 _U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
 _META_PENDING = b"pending"
 _META_CHECKPOINT = b"checkpoint"
 _META_OFFSET = b"offset/"
+_META_IDS = b"ids-format"
+_IDS_FORMAT = b"2"  # index key = len(id) | id | buffer key (ids.py)
 
 
 @dataclass(slots=True)
@@ -52,7 +63,8 @@ class ApplyResult:
     scheduled: int = 0
     duplicates: int = 0
     covered: int = 0
-    cancelled: list[tuple[str, int, int]] = field(default_factory=list)  # id, partition, offset
+    cancelled: int = 0  # entries a cancel removed
+    retired: list[Retired] = field(default_factory=list)  # records owed a tombstone
     tombstoned: int = 0
     invalid: int = 0
     earliest_new_ms: int | None = None
@@ -62,49 +74,8 @@ class ApplyResult:
 Incoming = tuple[int, int, BufferRecord | None]
 
 
-def _encode_checkpoint(cp: Checkpoint) -> bytes:
-    parts = [_I64.pack(cp.time_ms)]  # -1: "nothing delivered yet"
-    parts += [struct.pack(">IQ", p, o) for p, o in sorted(cp.offsets.items())]
-    return b"".join(parts)
-
-
-def _decode_checkpoint(data: bytes) -> Checkpoint:
-    (time_ms,) = _I64.unpack_from(data, 0)
-    offsets = {}
-    for pos in range(_U64.size, len(data), 12):
-        p, o = struct.unpack_from(">IQ", data, pos)
-        offsets[int(p)] = int(o)
-    return Checkpoint(int(time_ms), offsets)
-
-
-class _Txn:
-    """One WriteBatch being built, with the ids it touched (so a batch sees its own writes)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.batch = WriteBatch(raw_mode=True)
-        self.overlay: dict[str, bytes | None] = {}  # id -> entry key, None: deleted here
-        self.delta = 0
-        self.floor = store._floor
-
-    def lookup(self, msg_id: str) -> bytes | None:
-        if msg_id in self.overlay:
-            return self.overlay[msg_id]
-        found = self.store._ids.get(msg_id.encode())
-        return None if found is None else bytes(found)
-
-    def put(self, record: Scheduled, key: bytes) -> None:
-        self.batch.put(key, encode_entry(record))
-        self.batch.put(record.id.encode(), key, self.store._ids_cf)
-        self.overlay[record.id] = key
-        self.delta += 1
-        self.floor = min(self.floor, key)
-
-    def delete(self, msg_id: str, key: bytes) -> None:
-        self.batch.delete(key)
-        self.batch.delete(msg_id.encode(), self.store._ids_cf)
-        self.overlay[msg_id] = None
-        self.delta -= 1
+#: Memory all column families' memtables may hold before RocksDB flushes them.
+MEMTABLE_BYTES = 32 << 20
 
 
 class Store:
@@ -116,6 +87,8 @@ class Store:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
+        # One cap across the three families: RSS plateaus near it (bench/soak.py).
+        opts.set_db_write_buffer_size(MEMTABLE_BYTES)
         cfs = {"ids": Options(raw_mode=True), "meta": Options(raw_mode=True)}
         try:
             self._db = Rdict(str(path), opts, column_families=cfs)
@@ -127,6 +100,7 @@ class Store:
         self._meta_cf = self._db.get_column_family_handle("meta")
         self._lock = threading.Lock()
         self._closed = False
+        self._done = RecentlyDone()  # delivered records: a late copy is a duplicate
         raw = self._meta.get(_META_PENDING)
         self._pending = _U64.unpack(raw)[0] if raw else 0
         self._offsets: dict[int, int] = {}
@@ -139,8 +113,17 @@ class Store:
             self._offsets[int(key[len(_META_OFFSET) :])] = _U64.unpack(it.value())[0]
             it.next()
         raw_cp = self._meta.get(_META_CHECKPOINT)
-        self._checkpoint = _decode_checkpoint(raw_cp) if raw_cp else NOTHING
-        self._floor = self._first_key() or entry_key(0, 0, 0)
+        self._checkpoint = Checkpoint.from_bytes(bytes(raw_cp)) if raw_cp else NOTHING
+        self._floor = self._first_key() or due_bound(0)
+        if self._meta.get(_META_IDS) != _IDS_FORMAT:
+            self._index_again()
+
+    def _index_again(self) -> None:
+        """Rebuild the ids family: a store written when it was keyed by the id alone (before
+        buffer keys) opens with today's index keys."""
+        batch = reindex(self._db, self._ids, self._ids_cf)
+        batch.put(_META_IDS, _IDS_FORMAT, self._meta_cf)
+        self._db.write(batch)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -180,7 +163,7 @@ class Store:
         out: list[Entry] = []
         with self._lock:
             self._check_open()
-            for key, value in self._iter_from_floor(entry_key(now_ms + 1, 0, 0)):
+            for key, value in self._iter_from_floor(due_bound(now_ms + 1)):
                 _, partition, offset = split_key(key)
                 out.append(Entry(key, decode_entry(value), partition, offset))
                 if len(out) >= limit:
@@ -194,7 +177,7 @@ class Store:
         with self._lock:
             self._check_open()
             it = self._db.iter()
-            start = self._floor if after_ms is None else entry_key(after_ms + 1, 0, 0)
+            start = self._floor if after_ms is None else due_bound(after_ms + 1)
             it.seek(max(start, self._floor))
             if not it.valid():
                 return None
@@ -206,7 +189,7 @@ class Store:
         limit = now_ms + max(windows_ms)
         with self._lock:
             self._check_open()
-            for seen, (key, _) in enumerate(self._iter_from_floor(entry_key(limit + 1, 0, 0))):
+            for seen, (key, _) in enumerate(self._iter_from_floor(due_bound(limit + 1))):
                 if seen >= cap:
                     break
                 deliver_at = split_key(key)[0]
@@ -216,10 +199,10 @@ class Store:
         return counts
 
     def get(self, msg_id: str) -> Entry | None:
-        """The pending entry for ``msg_id``, if any."""
+        """A pending entry with id ``msg_id`` (the earliest-produced one), if any."""
         with self._lock:
             self._check_open()
-            key = self._ids.get(msg_id.encode())
+            key = first_with_id(self._ids, msg_id)
             if key is None:
                 return None
             value = self._db.get(key)
@@ -244,29 +227,35 @@ class Store:
     def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
         """Apply consumed buffer records and advance the consumed offsets, atomically.
 
-        Schedule of an id already pending: a duplicate, the first one stays. Cancel: removes
-        the id's entry. Tombstone: removes the id's entry only if it has exactly that offset.
-        A schedule the last checkpoint covers was delivered already and is skipped.
+        Schedule of a record already pending (same id and buffer key): a duplicate, the first
+        one stays; a schedule reusing a pending id with a new buffer key is a new message.
+        Cancel: removes every entry with its id. Tombstone: removes the entry of exactly that
+        record (id, buffer key and offset). A schedule the last checkpoint covers was delivered
+        already and is skipped.
         """
         result = ApplyResult()
         with self._lock:
             self._check_open()
-            txn = _Txn(self)
+            txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
             for partition, offset, record in records:
                 if record is None:
                     result.invalid += 1
                 elif isinstance(record, Scheduled):
                     self._apply_schedule(txn, result, partition, offset, record)
                 elif isinstance(record, Cancel):
-                    found = txn.lookup(record.id)
-                    if found is not None:
-                        txn.delete(record.id, found)
-                        _, p, o = split_key(found)
-                        result.cancelled.append((record.id, p, o))
+                    for index_key, entry_key_ in list(txn.with_id(record.id)):
+                        txn.delete(index_key, entry_key_)
+                        _, p, o = split_key(entry_key_)
+                        result.retired.append(Retired(record.id, uid_of(index_key), p, o))
+                        result.cancelled += 1
+                    if record.uid:  # format 2: the cancel has a key of its own to retire
+                        result.retired.append(Retired(record.id, record.uid, partition, offset))
                 else:
-                    found = txn.lookup(record.id)
-                    if found is not None and split_key(found)[2] == record.offset:
-                        txn.delete(record.id, found)
+                    index_key = id_key(record.id, record.uid)
+                    retiring = txn.lookup(index_key)
+                    if retiring is not None and split_key(retiring)[2] == record.offset:
+                        txn.delete(index_key, retiring)
+                        self._done.add(record.id, record.uid, time.monotonic())
                         result.tombstoned += 1
             new_offsets = dict(self._offsets)
             for partition, next_offset in offsets.items():
@@ -285,14 +274,21 @@ class Store:
         return result
 
     def _apply_schedule(
-        self, txn: _Txn, result: ApplyResult, partition: int, offset: int, record: Scheduled
+        self,
+        txn: IndexedBatch,
+        result: ApplyResult,
+        partition: int,
+        offset: int,
+        record: Scheduled,
     ) -> None:
         if self._checkpoint.covers(partition, offset, record.deliver_at_ms):
             result.covered += 1
-        elif txn.lookup(record.id) is not None:
+        elif (index_key := id_key(record.id, record.uid)) in self._done or txn.lookup(
+            index_key
+        ) is not None:
             result.duplicates += 1
         else:
-            txn.put(record, entry_key(record.deliver_at_ms, partition, offset))
+            txn.put(record, entry_key(record.deliver_at_ms, partition, offset, record.seq))
             result.scheduled += 1
             if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
                 result.earliest_new_ms = record.deliver_at_ms
@@ -304,11 +300,12 @@ class Store:
             self._check_open()
             batch = WriteBatch(raw_mode=True)
             for entry in entries:
-                raw_id = entry.message.id.encode()
-                if self._ids.get(raw_id) != entry.key:
+                index_key = id_key(entry.message.id, entry.message.uid)
+                if self._ids.get(index_key) != entry.key:
                     continue
                 batch.delete(entry.key)
-                batch.delete(raw_id, self._ids_cf)
+                batch.delete(index_key, self._ids_cf)
+                self._done.add(entry.message.id, entry.message.uid, time.monotonic())
                 removed += 1
             if removed:
                 batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
@@ -327,20 +324,22 @@ class Store:
             self._check_open()
             batch = WriteBatch(raw_mode=True)
             first_kept: bytes | None = None
-            for key, value in self._iter_from_floor(entry_key(cp.time_ms + 1, 0, 0)):
+            for key, value in self._iter_from_floor(due_bound(cp.time_ms + 1)):
                 deliver_at, partition, offset = split_key(key)
                 if cp.covers(partition, offset, deliver_at):
                     batch.delete(key)
-                    batch.delete(decode_entry(value).id.encode(), self._ids_cf)
+                    message = decode_entry(value)
+                    batch.delete(id_key(message.id, message.uid), self._ids_cf)
+                    self._done.add(message.id, message.uid, time.monotonic())
                     dropped += 1
                 elif first_kept is None:
                     first_kept = key
-            batch.put(_META_CHECKPOINT, _encode_checkpoint(cp), self._meta_cf)
+            batch.put(_META_CHECKPOINT, cp.to_bytes(), self._meta_cf)
             batch.put(_META_PENDING, _U64.pack(self._pending - dropped), self._meta_cf)
             self._db.write(batch)
             self._pending -= dropped
             self._checkpoint = cp
-            self._floor = first_kept or entry_key(cp.time_ms + 1, 0, 0)
+            self._floor = first_kept or due_bound(cp.time_ms + 1)
         return dropped
 
     def _check_open(self) -> None:
@@ -378,7 +377,7 @@ class Store:
         skipped, first_skipped_ms, last_ms, first, cut = 0, None, None, None, False
         with self._lock:
             self._check_open()
-            for key, value in self._iter_from_floor(entry_key(now_ms + 1, 0, 0)):
+            for key, value in self._iter_from_floor(due_bound(now_ms + 1)):
                 first = first or key
                 last_ms, partition, offset = split_key(key)
                 if known.get(key) not in skip:

@@ -1,7 +1,8 @@
 """Tombstones the master owes the buffer topic, so that compaction shrinks it to the pending set.
 
-Each tombstone names a buffer record (id, partition, offset) whose entry left the store because
-its target (or the dead-letter topic) acknowledged it, or because a cancel removed it. Producing
+Each tombstone names a buffer record (id, buffer key, partition, offset) whose entry left the
+store because its target (or the dead-letter topic) acknowledged it, because a cancel removed
+it, or, for a cancel itself, because it was applied. Producing
 it is therefore correct whoever is master and whenever it happens; it is only a matter of
 keeping the compacted topic small.
 
@@ -25,12 +26,20 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 #: Queued tombstones at which the forwarder writes its checkpoint early and produces them.
 FLUSH_AT = 100_000
 
-#: A tombstone to produce: message id, buffer partition, buffer offset.
-Retired = tuple[str, int, int]
+
+class Retired(NamedTuple):
+    """A buffer record whose tombstone is owed: its message id, buffer key (its Kafka key;
+    "" for a format-1 record, keyed by the id), partition and offset."""
+
+    id: str
+    uid: str
+    partition: int
+    offset: int
 
 
 class TombstoneQueue:

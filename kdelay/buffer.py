@@ -2,21 +2,32 @@
 
 The delay service owns this format; the proxy writes it, the replicas and the verifier read it.
 
-Buffer topic ``__kdelay_buffer`` (compacted), record key = the message id (UTF-8), so a cancel
-and the tombstone for an id land in the same partition after the message they refer to.
+Buffer topic ``__kdelay_buffer``: compacted, ``message.timestamp.type=LogAppendTime`` (a delay
+counts from the broker's append time, so every replica computes the same due time whatever the
+proxy's clock says). Three kinds of record, told apart by the routing header, which is always
+the *last* header and is named ``kdelay-route``; its value is compact JSON.
 
-Format version 1. Three kinds of record, told apart by value and the routing header, which is
-always the *last* header and is named ``kdelay-route``; its value is compact JSON:
+Format version 2 (written). Record key = the *buffer key* of that one record: unique per
+scheduled message and per cancel (32 hex characters; derived from the producer id, epoch,
+partition and sequence of an idempotent producer's record, so a retried batch writes the same
+keys and replicas drop the copy; random otherwise). The proxy chooses the partition itself, by
+:func:`partition_for` of the *message id*, so a message, its cancel and any later message that
+reuses the id are in one partition, in production order. Compaction then only ever removes a
+record whose own tombstone was written, never a later message that reuses its id.
 
 - schedule: value = the original value (``b""`` when it was null, flagged by ``"n": true``, so
   that a null-valued message is never mistaken for a compaction tombstone); headers = the
   producer's own headers minus the control headers, then ``kdelay-route`` =
-  ``{"v": 1, "op": OP_SCHEDULE, "t": topic, "p": partition (-1: by key), "k": base64 key or
-  null, "d": deliver-at epoch ms, "n": value was null}``.
-- cancel: value ``b""``; ``kdelay-route`` = ``{"v": 1, "op": "cancel"}``.
-- tombstone: value null (compaction removes the id); ``kdelay-route`` =
-  ``{"v": 1, "op": "done", "o": buffer offset of the delivered or cancelled record}``, so a
-  replica never deletes a later message that reuses the id.
+  ``{"v": 2, "op": "schedule", "i": id, "t": topic, "p": partition (-1: by key), "k": base64
+  key or null, "n": value was null, "d": deliver-at epoch ms or null, "r": delay ms after the
+  record's (append) timestamp or null, "s": order}``. Exactly one of ``d`` and ``r`` is set.
+  ``s`` orders messages due at the same millisecond: the proxy's acceptance order.
+- cancel: value ``b""``; ``kdelay-route`` = ``{"v": 2, "op": "cancel", "i": id}``: cancels
+  every message with that id produced before it.
+- tombstone: value null, key = the buffer key of the record it retires; ``kdelay-route`` =
+  ``{"v": 2, "op": "done", "i": id, "o": buffer offset of that record}``.
+
+Version 1 (read only): key = the message id; no ``i``, ``r``, ``s``; ``d`` always set.
 """
 
 from __future__ import annotations
@@ -27,18 +38,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafka.partitioner.default import murmur2
+
 from kdelay import headers as h
 from kdelay.errors import BufferFormatError
 
 BUFFER_TOPIC = "__kdelay_buffer"
 DEAD_LETTER_TOPIC = "__kdelay_dead_letter"
 ROUTE_HEADER = "kdelay-route"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The versions :func:`decode` reads.
+READ_VERSIONS = (1, 2)
 #: The ``op`` of each kind of record in ``kdelay-route``.
 OP_SCHEDULE = "schedule"
 OP_CANCEL = "cancel"
 OP_DONE = "done"
-#: Every ``kdelay-route`` field of format version 1 and its type in Spark SQL DDL, for readers
+#: Every ``kdelay-route`` field (format versions 1 and 2), its type in Spark SQL DDL, for readers
 #: that parse the header without :func:`decode` (the verifier's Spark job).
 ROUTE_FIELDS: dict[str, str] = {
     "v": "INT",
@@ -49,6 +64,9 @@ ROUTE_FIELDS: dict[str, str] = {
     "d": "BIGINT",
     "n": "BOOLEAN",
     "o": "BIGINT",
+    "i": "STRING",
+    "r": "BIGINT",
+    "s": "BIGINT",
 }
 
 
@@ -71,6 +89,14 @@ class Scheduled:
     value: bytes | None
     deliver_at_ms: int
     headers: tuple[tuple[str, bytes], ...] = field(default=())
+    uid: str = ""  # the buffer key; "" for a version-1 record, whose key is the id
+    seq: int = 0  # order among messages due at the same millisecond
+    delay_ms: int | None = None  # set: written as "r", due = append time + delay_ms
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic."""
+        return self.uid or self.id
 
     def delivered_headers(self) -> list[tuple[str, bytes]]:
         """Headers of the released record: the producer's own, plus the id and the due time."""
@@ -83,17 +109,30 @@ class Scheduled:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Cancels the pending message ``id``; a no-op when it was already delivered."""
+    """Cancels the pending messages ``id`` produced before it; a no-op for delivered ones."""
 
     id: str
+    uid: str = ""  # the buffer key; "" for a version-1 record
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic."""
+        return self.uid or self.id
 
 
 @dataclass(frozen=True, slots=True)
 class Tombstone:
-    """Marks ``id`` as delivered or cancelled; ``offset`` is the record it retires."""
+    """Retires the record at ``offset`` (message ``id``, buffer key ``uid``): delivered or
+    cancelled."""
 
     id: str
     offset: int
+    uid: str = ""  # the retired record's buffer key; "" for version 1 (the id)
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic: the retired record's."""
+        return self.uid or self.id
 
 
 BufferRecord = Scheduled | Cancel | Tombstone
@@ -112,31 +151,49 @@ def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
     return ROUTE_HEADER, json.dumps({"v": FORMAT_VERSION, **obj}, separators=(",", ":")).encode()
 
 
+def partition_for(msg_id: str, partitions: int) -> int:
+    """The buffer partition of every record about ``msg_id``: Kafka's own murmur2 key hash
+    (what the Java client's default partitioner does with the id as key)."""
+    hashed: int = murmur2(msg_id.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
+
+
 def encode(record: BufferRecord) -> Encoded:
-    """The Kafka key, value and headers for a buffer record."""
-    key = record.id.encode()
+    """The Kafka key, value and headers for a buffer record (format version 2)."""
+    key = record.buffer_key.encode()
     if isinstance(record, Scheduled):
+        relative = record.delay_ms is not None
         route = _route(
             {
                 "op": OP_SCHEDULE,
+                "i": record.id,
                 "t": record.topic,
                 "p": record.partition,
                 "k": None if record.key is None else base64.b64encode(record.key).decode(),
-                "d": record.deliver_at_ms,
                 "n": record.value is None,
+                "d": None if relative else record.deliver_at_ms,
+                "r": record.delay_ms,
+                "s": record.seq,
             }
         )
         value = b"" if record.value is None else record.value
         return Encoded(key, value, [*record.headers, route])
     if isinstance(record, Cancel):
-        return Encoded(key, b"", [_route({"op": OP_CANCEL})])
-    return Encoded(key, None, [_route({"op": OP_DONE, "o": record.offset})])
+        return Encoded(key, b"", [_route({"op": OP_CANCEL, "i": record.id})])
+    return Encoded(key, None, [_route({"op": OP_DONE, "i": record.id, "o": record.offset})])
 
 
 def decode(
-    key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]] | None,
+    timestamp_ms: int | None = None,
 ) -> BufferRecord:
-    """Parse a buffer-topic record; raises BufferFormatError with the reason."""
+    """Parse a buffer-topic record; raises BufferFormatError with the reason.
+
+    ``timestamp_ms`` is the record's timestamp (its append time on the buffer topic): a
+    relative delay counts from it, so a schedule with ``"r"`` cannot be decoded without it.
+    """
     if not key:
         raise BufferFormatError("buffer record has no key (the message id)")
     try:
@@ -153,34 +210,54 @@ def decode(
     if not isinstance(route, dict):
         raise BufferFormatError(f"buffer record {msg_id!r}: {ROUTE_HEADER} is not an object")
     version = route.get("v")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise BufferFormatError(
             f"buffer record {msg_id!r} has format version {version!r}; "
-            f"this kdelay reads version {FORMAT_VERSION}"
+            f"this kdelay reads versions {list(READ_VERSIONS)}"
         )
     try:
-        return _decode_route(msg_id, value, hdrs[:-1], route)
+        if version == 1:
+            return _decode_route(msg_id, "", value, hdrs[:-1], route, None)
+        return _decode_route(str(route["i"]), msg_id, value, hdrs[:-1], route, timestamp_ms)
     except (KeyError, TypeError, ValueError, OverflowError, binascii.Error) as exc:
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc!r}") from None
 
 
-def _decode_route(
-    msg_id: str, value: bytes | None, own: list[tuple[str, bytes | None]], route: dict[str, Any]
+def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private call
+    msg_id: str,
+    uid: str,
+    value: bytes | None,
+    own: list[tuple[str, bytes | None]],
+    route: dict[str, Any],
+    timestamp_ms: int | None,
 ) -> BufferRecord:
     op = route["op"]
     if op == OP_SCHEDULE:
         key_b64 = route["k"]
+        delay = route.get("r")
+        if delay is None:
+            due, delay_ms = int(route["d"]), None
+        elif timestamp_ms is None or timestamp_ms < 0:
+            raise ValueError("a relative delay needs the record's timestamp")
+        else:
+            delay_ms = int(delay)
+            if delay_ms < 0:
+                raise ValueError(f"negative delay {delay_ms}")
+            due = timestamp_ms + delay_ms
         return Scheduled(
             id=msg_id,
             topic=str(route["t"]),
             partition=int(route["p"]),
             key=None if key_b64 is None else base64.b64decode(key_b64, validate=True),
             value=None if route["n"] else (value or b""),
-            deliver_at_ms=int(route["d"]),
+            deliver_at_ms=due,
             headers=tuple((n, v if v is not None else b"") for n, v in own),
+            uid=uid,
+            seq=int(route.get("s") or 0),
+            delay_ms=delay_ms,
         )
     if op == OP_CANCEL:
-        return Cancel(msg_id)
+        return Cancel(msg_id, uid)
     if op == OP_DONE:
-        return Tombstone(msg_id, int(route["o"]))
+        return Tombstone(msg_id, int(route["o"]), uid)
     raise ValueError(f"unknown op {op!r}")

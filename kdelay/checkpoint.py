@@ -18,11 +18,15 @@ Values only: immutable and safe to share between threads.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kdelay.errors import KdelayError
+
+_TIME = struct.Struct(">q")
+_PART = struct.Struct(">IQ")
 
 
 class CheckpointFormatError(KdelayError):
@@ -39,6 +43,23 @@ class Checkpoint:
     def covers(self, partition: int, offset: int, deliver_at_ms: int) -> bool:
         """Whether the record at ``partition``/``offset`` due at ``deliver_at_ms`` was delivered."""
         return deliver_at_ms <= self.time_ms and offset < self.offsets.get(partition, 0)
+
+    def to_bytes(self) -> bytes:
+        """The binary form a replica's store keeps: ``time_ms`` (8, signed), then
+        ``partition (4) | offset (8)`` per partition, all big-endian."""
+        parts = [_TIME.pack(self.time_ms)]  # -1: "nothing delivered yet"
+        parts += [_PART.pack(p, o) for p, o in sorted(self.offsets.items())]
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Checkpoint:
+        """Inverse of :meth:`to_bytes`."""
+        (time_ms,) = _TIME.unpack_from(data, 0)
+        offsets = {}
+        for pos in range(_TIME.size, len(data), _PART.size):
+            p, o = _PART.unpack_from(data, pos)
+            offsets[int(p)] = int(o)
+        return cls(int(time_ms), offsets)
 
 
 #: The claim of a master that has delivered nothing yet.

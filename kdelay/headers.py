@@ -6,10 +6,11 @@ same inputs with the same message. Values are ASCII; the id may be any 1-255 byt
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from kdelay.errors import InvalidHeaderError
 
@@ -31,16 +32,21 @@ DEFAULT_LEVELS_MS: tuple[int, ...] = tuple(
 )
 DEFAULT_MAX_HORIZON_MS = 365 * 24 * 3600 * 1000
 MAX_ID_BYTES = 255
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FRACTION = re.compile(r"[.,](\d+)")
 
 Headers = Sequence[tuple[str, bytes | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class Delay:
-    """A record that asks to be delivered at ``deliver_at_ms`` (epoch ms)."""
+    """A record that asks to be delivered at ``deliver_at_ms`` (epoch ms); ``delay_ms`` is set
+    when it asked for a delay rather than a time (it then counts from the buffer record's
+    append time, and ``deliver_at_ms`` is the estimate by the clock classify was given)."""
 
     deliver_at_ms: int
     id: str | None
+    delay_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +101,12 @@ def parse_deliver_at(header: str, raw: bytes | None) -> int:
         ) from None
     if parsed.tzinfo is None:
         raise InvalidHeaderError(header, f"{text!r} has no UTC offset (RFC 3339 needs one)")
-    return round(parsed.timestamp() * 1000)
+    micros = (parsed - _EPOCH) // timedelta(microseconds=1)
+    millis = -(-micros // 1000)  # ceiled: a due time is never rounded earlier
+    fraction = _FRACTION.search(text)
+    if micros % 1000 == 0 and fraction is not None and fraction[1][6:].strip("0"):
+        millis += 1  # digits beyond microseconds, which datetime dropped
+    return millis
 
 
 def validate_id(header: str, raw: bytes | None) -> str:
@@ -110,8 +121,12 @@ def validate_id(header: str, raw: bytes | None) -> str:
         raise InvalidHeaderError(header, "id is not UTF-8") from None
 
 
-def resolve_timing(header: str, raw: bytes | None, now_ms: int, policy: DelayPolicy) -> int:
-    """The due time (epoch ms) asked for by one timing header."""
+def resolve_timing(
+    header: str, raw: bytes | None, now_ms: int, policy: DelayPolicy
+) -> tuple[int, int | None]:
+    """The due time (epoch ms) asked for by one timing header, and the delay (ms) when it asks
+    for a delay rather than a time."""
+    delay: int | None = None
     if header == DELAY_MS:
         delay = _int(header, raw)
         if delay < 0:
@@ -123,7 +138,8 @@ def resolve_timing(header: str, raw: bytes | None, now_ms: int, policy: DelayPol
         level = _int(header, raw)
         if level < 1:
             raise InvalidHeaderError(header, f"level {level} is below 1")
-        due = now_ms + policy.levels_ms[min(level, len(policy.levels_ms)) - 1]
+        delay = policy.levels_ms[min(level, len(policy.levels_ms)) - 1]
+        due = now_ms + delay
     else:  # pragma: no cover - callers pass TIMING_HEADERS only
         raise InvalidHeaderError(header, "not a timing header")
     if due - now_ms > policy.max_horizon_ms:
@@ -132,7 +148,7 @@ def resolve_timing(header: str, raw: bytes | None, now_ms: int, policy: DelayPol
             f"due time is {(due - now_ms) // 1000} s ahead, beyond the maximum horizon "
             f"of {policy.max_horizon_ms // 1000} s",
         )
-    return due
+    return due, delay
 
 
 def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | CancelRequest | None:
@@ -159,7 +175,8 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
         raise InvalidHeaderError(timing[1], f"only one of {', '.join(TIMING_HEADERS)} may be set")
     if not timing:
         raise InvalidHeaderError(ID, f"an id needs one of {', '.join(TIMING_HEADERS)}")
-    return Delay(resolve_timing(timing[0], seen[timing[0]], now_ms, policy), msg_id)
+    due, delay = resolve_timing(timing[0], seen[timing[0]], now_ms, policy)
+    return Delay(due, msg_id, delay)
 
 
 def strip_control(headers: Iterable[tuple[str, bytes | None]]) -> tuple[tuple[str, bytes], ...]:

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import kafka.errors as kerr
+from confluent_kafka import KafkaException
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from kdelay import logs
+from kdelay.buffer import BUFFER_TOPIC
 from kdelay.headers import DelayPolicy
 from proxy import protocol as p
 from proxy import records as rec
@@ -35,7 +37,9 @@ from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
 from proxy.routing import (
     DEFAULT_LIMITS,
+    BufferUnavailableError,
     Kind,
+    Origin,
     Outgoing,
     RejectedRecordError,
     route,
@@ -253,18 +257,48 @@ class Broker:
             )
         return batch, rec.uncompressed(data, batch, self.max_decompressed_bytes)
 
-    def _route(
-        self, topic: str, partition: int, parts: tuple[bytes | memoryview, ...]
+    async def _route(
+        self,
+        topic: str,
+        partition: int,
+        parts: tuple[bytes | memoryview, ...],
+        origin: Origin | None,
     ) -> tuple[list[Outgoing], dict[Kind, int]]:
         """The batch's records parsed and routed; raises BatchError."""
         records = rec.read_records(parts)
-        try:
-            now = self.clock_ms()
-            return route(topic, partition, records, now, self.policy, limits=self.limits)
-        except RejectedRecordError as exc:
-            raise rec.BatchError(
-                kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
-            ) from None
+        buffer_partitions = self.topics.partitions_cached(BUFFER_TOPIC)
+        for attempt in (1, 2):
+            try:
+                now = self.clock_ms()
+                return route(
+                    topic,
+                    partition,
+                    records,
+                    now,
+                    self.policy,
+                    limits=self.limits,
+                    buffer_partitions=buffer_partitions,
+                    origin=origin,
+                )
+            except RejectedRecordError as exc:
+                raise rec.BatchError(
+                    kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
+                ) from None
+            except BufferUnavailableError as exc:
+                try:
+                    info = await self.topics.info(BUFFER_TOPIC)  # not cached yet, or expired
+                except KafkaException as lookup:
+                    raise rec.BatchError(
+                        kerr.LeaderNotAvailableError.errno,
+                        f"{BUFFER_TOPIC}: upstream Kafka unreachable: {lookup}",
+                        reason="buffer_unavailable",
+                    ) from None
+                buffer_partitions = info.partitions if info.error_code == 0 else 0
+                if attempt == 2 or buffer_partitions == 0:
+                    raise rec.BatchError(
+                        kerr.LeaderNotAvailableError.errno, str(exc), reason="buffer_unavailable"
+                    ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
@@ -305,8 +339,11 @@ class Broker:
             self.producers.complete(pid, topic, partition, entry, result)
             return entry.result
 
+        origin = None
+        if pid is not None and pid != NO_PRODUCER_ID:
+            origin = Origin(pid, batch.producer_epoch, batch.base_sequence)
         try:
-            routed, counts = self._route(topic, partition, parts)
+            routed, counts = await self._route(topic, partition, parts, origin)
         except rec.BatchError as exc:
             self.metrics.rejected(exc.reason, count)
             log.info(

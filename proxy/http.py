@@ -157,7 +157,11 @@ def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
 
 
 def _route_message(
-    msg: MessageIn, now_ms: int, policy: DelayPolicy, limits: RecordLimits = DEFAULT_LIMITS
+    msg: MessageIn,
+    now_ms: int,
+    policy: DelayPolicy,
+    limits: RecordLimits = DEFAULT_LIMITS,
+    buffer_partitions: int = 1,
 ) -> Outgoing:
     """The buffer record for a posted message; BadRequestError names the bad field,
     OverLimitError the limit it is over."""
@@ -176,6 +180,7 @@ def _route_message(
             now_ms,
             policy,
             limits=limits,
+            buffer_partitions=buffer_partitions,
         )
     except RejectedRecordError as exc:
         if exc.limit is not None:
@@ -186,6 +191,17 @@ def _route_message(
         field = _FIELD_OF_HEADER.get(bad.header, bad.header)
         raise BadRequestError(f"{field}: {bad.problem}") from None
     return routed
+
+
+async def _buffer_partitions(topics: Topics) -> int:
+    """The buffer topic's partition count (cached), or UnavailableError (503)."""
+    try:
+        info = await topics.info(buffer.BUFFER_TOPIC)
+    except KafkaException as exc:
+        raise UnavailableError(f"upstream Kafka unreachable: {exc}") from None
+    if info.error_code != 0 or info.partitions <= 0:
+        raise UnavailableError(f"{buffer.BUFFER_TOPIC} is not available upstream")
+    return info.partitions
 
 
 def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
@@ -269,8 +285,10 @@ def create_app(
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
     async def post_message(msg: MessageIn) -> Accepted:
-        """Schedule one message for delivery at a later time."""
-        routed = _route_message(msg, now_ms(), policy, limits)
+        """Schedule one message for delivery at a later time. ``deliver_at`` in the answer is
+        exact for ``deliver_at``; for a delay it is the proxy's estimate (the due time counts
+        from the buffer record's append time; the delivered ``kdelay-deliver-at`` is exact)."""
+        routed = _route_message(msg, now_ms(), policy, limits, await _buffer_partitions(topics))
         assert routed.kind is Kind.DELAYED
         assert routed.id is not None
         assert routed.deliver_at_ms is not None
@@ -291,7 +309,9 @@ def create_app(
             msg_id = h.validate_id("id", _utf8("id", message_id))
         except InvalidHeaderError as exc:
             raise BadRequestError(f"id: {exc.problem}") from None
-        await write([cancel(msg_id)])
+        await write(
+            [cancel(msg_id, uid=h.new_id(), buffer_partitions=await _buffer_partitions(topics))]
+        )
         metrics.records.labels(Kind.CANCEL.value).inc()
         return CancelAccepted(id=msg_id)
 

@@ -9,7 +9,7 @@ from proxy.limits import LIMIT_SETTINGS
 #: Reasons besides a limit (whose reason is the limit's setting name): a malformed control
 #: header or a plain record for the buffer topic; a batch refused before its records are read
 #: (framing, CRC, codec, unknown partition, transactional); a sequence or epoch refused.
-REJECT_REASONS = ("invalid_record", "invalid_batch", "producer_state")
+REJECT_REASONS = ("invalid_record", "invalid_batch", "producer_state", "buffer_unavailable")
 #: The supervised components (proxy/supervision.py).
 COMPONENTS = ("upstream_poll", "http", "kafka_listener")
 

@@ -6,12 +6,22 @@ cannot be routed raises RejectedRecordError and nothing of the batch is written.
 first held to the proxy's limits (proxy/limits.py), here and nowhere else, so both listeners
 enforce them alike.
 
-Pure functions; safe from any thread.
+Buffer records (CONTRACT.md, ``kdelay/buffer.py``): each delayed record and cancel gets a
+buffer key of its own and goes to the buffer partition of its *id*. For a batch of an
+idempotent producer the keys (and the ids of records without ``kdelay-id``) are derived from
+(producer id, epoch, topic, partition, sequence), so a batch retried through a restarted proxy
+or another proxy replica writes the same keys again and the replicas keep one copy. Records of
+other producers and of the HTTP API get random keys. Each delayed record also carries its
+acceptance order (:class:`AcceptanceOrder`), which orders messages due at the same millisecond.
+
+Functions of their arguments; :class:`AcceptanceOrder` is thread-safe; safe from any thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,7 +35,6 @@ from kdelay.headers import (
     Delay,
     DelayPolicy,
     classify,
-    new_id,
     strip_control,
 )
 from proxy.limits import LimitExceededError, RecordLimits, Violation
@@ -86,6 +95,54 @@ class RejectedRecordError(KdelayError):
 DEFAULT_LIMITS = RecordLimits()
 
 
+#: Namespace of the buffer keys derived from an idempotent producer's identity.
+_DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
+_SEQUENCES = 2**31  # Kafka's sequence numbers wrap at int32
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The idempotent producer of a batch: its records' buffer keys derive from it."""
+
+    producer_id: int
+    epoch: int
+    base_sequence: int
+
+
+def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) -> str:
+    """The buffer key of record ``index`` of a batch: derived from the producer's identity and
+    the record's sequence number when the producer is idempotent, random otherwise."""
+    if origin is None or origin.base_sequence < 0:
+        return uuid.uuid4().hex
+    seq = (origin.base_sequence + index) % _SEQUENCES
+    name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/{seq}"
+    return uuid.uuid5(_DERIVED, name).hex
+
+
+class AcceptanceOrder:
+    """Increasing numbers in the order records were accepted: ``wall ms << 20 | counter``, so
+    numbers keep rising across a restart and numbers of different proxies interleave by time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self, count: int = 1) -> int:
+        """The first of ``count`` consecutive numbers, reserved for the caller."""
+        with self._lock:
+            first = max(self._last + 1, (time.time_ns() // 1_000_000) << 20)
+            self._last = first + count - 1
+            return first
+
+
+#: The order of every record this process accepts (Kafka listener and HTTP API alike).
+ACCEPTANCE_ORDER = AcceptanceOrder()
+
+
+class BufferUnavailableError(KdelayError):
+    """A delayed record or cancel came while the buffer topic's partitions are unknown."""
+
+
 def wall_clock_ms() -> int:
     """Now in epoch milliseconds: a delay counts from the moment the proxy accepted a record."""
     return time.time_ns() // 1_000_000
@@ -109,6 +166,14 @@ class Outgoing(NamedTuple):
     deliver_at_ms: int | None = None
 
 
+def _buffer_partition(msg_id: str, partitions: int) -> int:
+    if partitions <= 0:
+        raise BufferUnavailableError(
+            f"{buffer.BUFFER_TOPIC} is not available upstream (its partitions are unknown)"
+        )
+    return buffer.partition_for(msg_id, partitions)
+
+
 def scheduled(
     msg_id: str,
     *,
@@ -118,8 +183,13 @@ def scheduled(
     value: bytes | None,
     deliver_at_ms: int,
     headers: Iterable[tuple[str, bytes | None]],
+    uid: str,
+    buffer_partitions: int,
+    delay_ms: int | None = None,
+    seq: int = 0,
 ) -> Outgoing:
-    """The buffer-topic record of a delayed message."""
+    """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
+    ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate)."""
     enc = buffer.encode(
         buffer.Scheduled(
             id=msg_id,
@@ -129,12 +199,15 @@ def scheduled(
             value=value,
             deliver_at_ms=deliver_at_ms,
             headers=strip_control(headers),
+            uid=uid,
+            seq=seq,
+            delay_ms=delay_ms,
         )
     )
     return Outgoing(
         Kind.DELAYED,
         buffer.BUFFER_TOPIC,
-        -1,
+        _buffer_partition(msg_id, buffer_partitions),
         enc.key,
         enc.value,
         list(enc.headers),
@@ -144,11 +217,18 @@ def scheduled(
     )
 
 
-def cancel(msg_id: str) -> Outgoing:
-    """The buffer-topic record that cancels ``msg_id``."""
-    enc = buffer.encode(buffer.Cancel(msg_id))
+def cancel(msg_id: str, *, uid: str, buffer_partitions: int) -> Outgoing:
+    """The buffer-topic record that cancels ``msg_id``: in the id's partition, after it."""
+    enc = buffer.encode(buffer.Cancel(msg_id, uid))
     return Outgoing(
-        Kind.CANCEL, buffer.BUFFER_TOPIC, -1, enc.key, enc.value, list(enc.headers), None, msg_id
+        Kind.CANCEL,
+        buffer.BUFFER_TOPIC,
+        _buffer_partition(msg_id, buffer_partitions),
+        enc.key,
+        enc.value,
+        list(enc.headers),
+        None,
+        msg_id,
     )
 
 
@@ -166,11 +246,16 @@ def route(
     policy: DelayPolicy,
     *,
     limits: RecordLimits = DEFAULT_LIMITS,
+    buffer_partitions: int = 0,
+    origin: Origin | None = None,
+    order: AcceptanceOrder = ACCEPTANCE_ORDER,
 ) -> tuple[list[Outgoing], dict[Kind, int]]:
     """The records to write upstream for ``records`` produced to ``topic``/``partition``, in
     order, and how many of each kind; raises RejectedRecordError for the first record that
     cannot be routed (over one of ``limits``, a malformed control header, or no control header
-    on a record for the buffer topic, which only the proxy writes)."""
+    on a record for the buffer topic, which only the proxy writes), BufferUnavailableError when
+    a record is for the buffer and ``buffer_partitions`` is unknown (0). ``origin``: the batch's
+    idempotent producer, from which buffer keys derive (see the module docstring)."""
     out: list[Outgoing] = []
     append = out.append
     immediate = Kind.IMMEDIATE
@@ -228,17 +313,23 @@ def route(
                 )
             routed = passed  # names with the control prefix that are no control header
         elif isinstance(asked, CancelRequest):
-            routed = cancel(asked.id)
+            uid = buffer_key(origin, topic, partition, i)
+            routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)
         else:
             assert isinstance(asked, Delay)
+            uid = buffer_key(origin, topic, partition, i)
             routed = scheduled(
-                asked.id or new_id(),
+                asked.id or uid,
                 topic=topic,
                 partition=partition,
                 key=key,
                 value=value,
                 deliver_at_ms=asked.deliver_at_ms,
                 headers=headers,
+                uid=uid,
+                buffer_partitions=buffer_partitions,
+                delay_ms=asked.delay_ms,
+                seq=order.next(),
             )
         counts[routed.kind] += 1
         append(routed)

@@ -78,6 +78,13 @@ class Topics:
             self._cache[name] = (info, now + self.ttl_s)
         return info
 
+    def partitions_cached(self, name: str) -> int:
+        """``name``'s partition count as cached (0 when not cached or expired); never waits."""
+        cached = self._cache.get(name)
+        if cached is None or cached[1] <= time.monotonic():
+            return 0
+        return cached[0].partitions
+
     async def lookup(
         self, names: Iterable[str | None] | None, *, create: bool
     ) -> dict[str, TopicInfo]:

@@ -6,7 +6,7 @@ librdkafka's delivery and error callbacks through ``poll``. A delivery callback 
 its batch; the batch's asyncio future is resolved with one ``call_soon_threadsafe`` when its
 last record is acknowledged, so the loop is woken once per batch, not per record. The records of
 a batch share one delivery callback (bound once per batch, not a closure per record); only the
-first record written to a fixed partition has its own, which keeps its offset. Metadata lookups
+first immediate record has its own, which keeps its offset. Metadata lookups
 block and run in worker threads.
 
 Every record is written with acks=all by an idempotent producer, so a future that resolves
@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from kdelay import logs
 from kdelay.errors import KdelayError
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
+from proxy.routing import Kind, Outgoing
 from proxy.supervision import Supervisor
 from proxy.topics import TopicInfo
 
@@ -80,7 +80,7 @@ class _Batch:
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, generation: int = 0) -> None:
         self.loop = loop
         self.future: asyncio.Future[int] = loop.create_future()
-        #: Offset of the first record written to a fixed partition (-1: none, or not yet).
+        #: Offset of the first immediate record (-1: none, or not yet).
         self.base = -1
         self.remaining = size
         self.error: KafkaError | None = None
@@ -242,8 +242,8 @@ class Upstream:
 
     async def submit(self, records: Sequence[Outgoing]) -> asyncio.Future[int]:
         """Hand ``records`` to librdkafka in order; once every one is acknowledged the returned
-        future yields the offset of the first record with a fixed partition (``partition`` >=
-        0), or -1 when none has one; it raises UpstreamError (with the Kafka error code for the
+        future yields the offset of the first immediate record (in its own partition), or -1
+        when there is none; it raises UpstreamError (with the Kafka error code for the
         client) when any failed.
 
         Returns as soon as all are queued, so a caller that awaits it before reading its next
@@ -251,6 +251,7 @@ class Upstream:
         queue is full: that wait is the backpressure on the client.
         """
         loop = asyncio.get_running_loop()
+        immediate = Kind.IMMEDIATE
         batch = _Batch(loop, len(records), self.generation)
         if not records:
             batch.future.set_result(-1)
@@ -262,7 +263,7 @@ class Upstream:
         deadline = time.monotonic() + self.timeout_ms / 1000
         produce = producer.produce
         delivered = batch.delivered
-        base = next((i for i, rec in enumerate(records) if rec.partition >= 0), -1)
+        base = next((i for i, rec in enumerate(records) if rec.kind is immediate), -1)
         for i, rec in enumerate(records):
             ts = rec.timestamp_ms
             while True:

@@ -21,7 +21,13 @@ from kdelay import headers as h
 from proxy import running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import (
+    Record,
+    consume_until,
+    create_topic,
+    decode_buffer,
+    unique_topic,
+)
 from tests.support.proxies import loopback_config
 
 JAVA_PRODUCER = Path(__file__).parents[1] / "support" / "java" / "ProxyProducer.java"
@@ -45,11 +51,9 @@ def _buffer_records(bootstrap: str, ids: set[str]) -> dict[str, buffer.Scheduled
 
     def done(records: list[Record]) -> bool:
         for r in records:
-            key = (r.key or b"").decode(errors="replace")
-            if key in ids and key not in found:
-                decoded = buffer.decode(r.key, r.value, list(r.headers))
-                assert isinstance(decoded, buffer.Scheduled)
-                found[key] = decoded
+            decoded = decode_buffer(r)
+            if isinstance(decoded, buffer.Scheduled) and decoded.id in ids:
+                found.setdefault(decoded.id, decoded)
         return set(found) == ids
 
     consume_until(bootstrap, [buffer.BUFFER_TOPIC], done, timeout=60)

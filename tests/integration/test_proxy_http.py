@@ -18,7 +18,12 @@ from kdelay.local import free_port
 from proxy import ProxyConfig, running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import (
+    about,
+    consume_until,
+    create_topic,
+    unique_topic,
+)
 from tests.support.proxies import loopback_config
 
 
@@ -44,11 +49,10 @@ def topic(kafka: KafkaInfra) -> str:
 
 
 def _buffered(bootstrap: str, msg_id: str, n: int = 1) -> list[buffer.BufferRecord]:
-    def mine(rs: list[Record]) -> list[Record]:
-        return [r for r in rs if r.key == msg_id.encode()]
-
-    records = consume_until(bootstrap, [buffer.BUFFER_TOPIC], lambda rs: len(mine(rs)) >= n)
-    return [buffer.decode(r.key, r.value, list(r.headers)) for r in mine(records)]
+    records = consume_until(
+        bootstrap, [buffer.BUFFER_TOPIC], lambda rs: len(about(rs, msg_id)) >= n
+    )
+    return about(records, msg_id)
 
 
 def test_post_then_delete(kafka: KafkaInfra, http: httpx.Client, topic: str) -> None:
@@ -71,10 +75,25 @@ def test_post_then_delete(kafka: KafkaInfra, http: httpx.Client, topic: str) -> 
     assert body["deliver_at"] > 0
     assert http.delete(f"/v1/messages/{msg_id}").status_code == 202
     first, second = _buffered(kafka.bootstrap_servers, msg_id, 2)
+    assert isinstance(first, buffer.Scheduled)
+    # The due time counts from the buffer record's append time (the broker's clock); the
+    # answer's deliver_at is the proxy's estimate of it.
+    assert abs(first.deliver_at_ms - body["deliver_at"]) < 10_000
     assert first == buffer.Scheduled(
-        msg_id, topic, 1, b"k", b"\x00\x01", body["deliver_at"], (("app", b"yes"),)
+        msg_id,
+        topic,
+        1,
+        b"k",
+        b"\x00\x01",
+        first.deliver_at_ms,
+        (("app", b"yes"),),
+        uid=first.uid,
+        seq=first.seq,
+        delay_ms=60_000,
     )
-    assert second == buffer.Cancel(msg_id)
+    assert isinstance(second, buffer.Cancel)
+    assert second.id == msg_id
+    assert second.uid != first.uid
 
 
 def test_id_is_assigned_when_absent(kafka: KafkaInfra, http: httpx.Client, topic: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -18,10 +19,12 @@ from kdelay.buffer import (
     Tombstone,
     decode,
     encode,
+    partition_for,
 )
 from kdelay.errors import BufferFormatError
 
 ids = st.text(min_size=1, max_size=40)
+uids = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
 header_names = st.text(max_size=20).filter(lambda n: n != ROUTE_HEADER)
 headers = st.lists(st.tuples(header_names, st.binary(max_size=30)), max_size=6).map(tuple)
 scheduled = st.builds(
@@ -33,11 +36,13 @@ scheduled = st.builds(
     value=st.none() | st.binary(max_size=200),
     deliver_at_ms=st.integers(min_value=0, max_value=2**62),
     headers=headers,
+    uid=uids,
+    seq=st.integers(min_value=0, max_value=2**62),
 )
 records: st.SearchStrategy[BufferRecord] = (
     scheduled
-    | st.builds(Cancel, id=ids)
-    | st.builds(Tombstone, id=ids, offset=st.integers(min_value=0, max_value=2**62))
+    | st.builds(Cancel, id=ids, uid=uids)
+    | st.builds(Tombstone, id=ids, offset=st.integers(min_value=0, max_value=2**62), uid=uids)
 )
 
 
@@ -57,7 +62,35 @@ def test_route_header_is_last_and_value_is_never_a_compaction_tombstone(msg: Sch
     enc = encode(msg)
     assert enc.headers[-1][0] == ROUTE_HEADER
     assert enc.value is not None  # a null value would be compacted away
-    assert enc.key == msg.id.encode()
+    assert enc.key == msg.uid.encode()
+
+
+@given(scheduled, st.integers(min_value=0, max_value=2**40), st.integers(0, 2**40))
+def test_a_relative_delay_counts_from_the_record_timestamp(
+    msg: Scheduled, delay: int, appended: int
+) -> None:
+    enc = encode(dataclasses.replace(msg, delay_ms=delay, deliver_at_ms=-1))
+    back = decode(enc.key, enc.value, list(enc.headers), appended)
+    assert back == dataclasses.replace(msg, delay_ms=delay, deliver_at_ms=appended + delay)
+    with pytest.raises(BufferFormatError, match="needs the record's timestamp"):
+        decode(enc.key, enc.value, list(enc.headers))
+
+
+def test_format_1_records_are_still_read() -> None:
+    route = {"v": 1, "op": "schedule", "t": "t", "p": 2, "k": None, "d": 5, "n": False}
+    back = decode(b"old-id", b"v", [(ROUTE_HEADER, json.dumps(route).encode())])
+    assert back == Scheduled("old-id", "t", 2, None, b"v", 5)
+    assert back.buffer_key == "old-id"
+    assert decode(b"old-id", b"", _route(v=1, op="cancel")) == Cancel("old-id")
+    assert decode(b"old-id", None, _route(v=1, op="done", o=4)) == Tombstone("old-id", 4)
+
+
+def test_every_record_about_an_id_goes_to_one_partition() -> None:
+    assert partition_for("order-1", 6) == partition_for("order-1", 6)
+    spread = {partition_for(f"order-{i}", 6) for i in range(200)}
+    assert spread == set(range(6))
+    # Kafka's murmur2 (the Java client's default partitioner) on the id as a key.
+    assert partition_for("abc", 2**31 - 1) == 479470107
 
 
 @pytest.mark.parametrize(
@@ -65,7 +98,7 @@ def test_route_header_is_last_and_value_is_never_a_compaction_tombstone(msg: Sch
     [(None, None), (b"", b""), (None, b""), (b"", None), (b"k", b"v")],
 )
 def test_null_and_empty_key_and_value_stay_distinct(key: bytes | None, value: bytes | None) -> None:
-    msg = Scheduled("id-1", "t", 3, key, value, 1_700_000_000_000)
+    msg = Scheduled("id-1", "t", 3, key, value, 1_700_000_000_000, uid="u")
     back = roundtrip(msg)
     assert isinstance(back, Scheduled)
     assert back.key == key
@@ -73,15 +106,18 @@ def test_null_and_empty_key_and_value_stay_distinct(key: bytes | None, value: by
 
 
 def test_unicode_ids_and_headers() -> None:
-    msg = Scheduled("ключ-🔑-鍵", "topic.ü", -1, b"k", b"v", 5, (("hé", b"\xff\x00"), ("", b"")))
+    msg = Scheduled(
+        "ключ-🔑-鍵", "topic.ü", -1, b"k", b"v", 5, (("hé", b"\xff\x00"), ("", b"")), uid="u"
+    )
     assert roundtrip(msg) == msg
 
 
 def test_cancel_and_tombstone() -> None:
-    assert roundtrip(Cancel("x")) == Cancel("x")
-    tomb = encode(Tombstone("x", 42))
-    assert tomb.value is None  # compaction removes the id
-    assert decode(tomb.key, tomb.value, list(tomb.headers)) == Tombstone("x", 42)
+    assert roundtrip(Cancel("x", "c1")) == Cancel("x", "c1")
+    tomb = encode(Tombstone("x", 42, "u1"))
+    assert tomb.value is None  # compaction removes the record keyed u1
+    assert tomb.key == b"u1"
+    assert decode(tomb.key, tomb.value, list(tomb.headers)) == Tombstone("x", 42, "u1")
 
 
 def test_delivered_headers_add_id_and_due_time() -> None:
@@ -116,7 +152,8 @@ def _route(**obj: object) -> list[tuple[str, bytes | None]]:
         (b"id", b"", [(ROUTE_HEADER, None)], "lacks a trailing"),
         (b"id", b"", [(ROUTE_HEADER, b"{not json")], "bad kdelay-route"),
         (b"id", b"", [(ROUTE_HEADER, b"[1]")], "not an object"),
-        (b"id", b"", _route(v=2, op="cancel"), "version 2"),
+        (b"id", b"", _route(v=3, op="cancel", i="x"), "version 3"),
+        (b"id", b"", _route(v=2, op="cancel"), "bad kdelay-route"),
         (b"id", b"", _route(op="cancel"), "version None"),
         (b"id", b"", _route(v=1, op="explode"), "unknown op"),
         (b"id", b"", _route(v=1), "bad kdelay-route"),

@@ -23,8 +23,8 @@ def test_no_control_header_passes_through() -> None:
 
 
 def test_delay_ms() -> None:
-    assert classify((h.DELAY_MS, b"1500")) == h.Delay(NOW + 1500, None)
-    assert classify((h.DELAY_MS, b" 0 ")) == h.Delay(NOW, None)
+    assert classify((h.DELAY_MS, b"1500")) == h.Delay(NOW + 1500, None, 1500)
+    assert classify((h.DELAY_MS, b" 0 ")) == h.Delay(NOW, None, 0)
 
 
 @pytest.mark.parametrize(
@@ -50,12 +50,12 @@ def test_deliver_at_rejects(raw: bytes | None) -> None:
     ("level", "delay"), [(1, 1000), (4, 30_000), (18, 7_200_000), (99, 7_200_000)]
 )
 def test_levels_including_above_the_maximum(level: int, delay: int) -> None:
-    assert classify((h.DELAY_LEVEL, str(level).encode())) == h.Delay(NOW + delay, None)
+    assert classify((h.DELAY_LEVEL, str(level).encode())) == h.Delay(NOW + delay, None, delay)
 
 
 def test_custom_level_table() -> None:
     policy = h.DelayPolicy(levels_ms=(10, 20))
-    assert h.classify([(h.DELAY_LEVEL, b"5")], NOW, policy) == h.Delay(NOW + 20, None)
+    assert h.classify([(h.DELAY_LEVEL, b"5")], NOW, policy) == h.Delay(NOW + 20, None, 20)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_malformed_values_name_the_header(header: str, raw: bytes | None) -> Non
 
 def test_horizon() -> None:
     limit = h.DEFAULT_MAX_HORIZON_MS
-    assert classify((h.DELAY_MS, str(limit).encode())) == h.Delay(NOW + limit, None)
+    assert classify((h.DELAY_MS, str(limit).encode())) == h.Delay(NOW + limit, None, limit)
     with pytest.raises(InvalidHeaderError, match="horizon"):
         classify((h.DELAY_MS, str(limit + 1).encode()))
     with pytest.raises(InvalidHeaderError, match="horizon"):
@@ -105,9 +105,9 @@ def test_duplicates_are_rejected(name: str) -> None:
 
 
 def test_id_bounds() -> None:
-    assert classify((h.DELAY_MS, b"1"), (h.ID, b"a")) == h.Delay(NOW + 1, "a")
+    assert classify((h.DELAY_MS, b"1"), (h.ID, b"a")) == h.Delay(NOW + 1, "a", 1)
     long_id = "é" * 127  # 254 bytes
-    assert classify((h.DELAY_MS, b"1"), (h.ID, long_id.encode())) == h.Delay(NOW + 1, long_id)
+    assert classify((h.DELAY_MS, b"1"), (h.ID, long_id.encode())) == h.Delay(NOW + 1, long_id, 1)
     for bad in (b"", None, b"x" * 256, b"\xff"):
         with pytest.raises(InvalidHeaderError, match=h.ID):
             classify((h.DELAY_MS, b"1"), (h.ID, bad))
@@ -145,3 +145,23 @@ def test_classify_never_fails_otherwise(headers: list[tuple[str, bytes | None]])
     except InvalidHeaderError as exc:
         named = exc.header
     assert named is None or named in h.CONTROL_HEADERS
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-01-01T00:00:00Z", 1_767_225_600_000),
+        ("2026-01-01T00:00:00.999Z", 1_767_225_600_999),
+        ("2026-01-01T00:00:00.0004Z", 1_767_225_600_001),  # rounding would give ...000
+        ("2026-01-01T00:00:00.0000001Z", 1_767_225_600_001),  # beyond microseconds
+        ("2026-01-01T00:00:00.9995+01:00", 1_767_222_001_000),
+    ],
+)
+def test_sub_millisecond_times_are_ceiled_never_early(text: str, expected: int) -> None:
+    assert h.parse_deliver_at(h.DELIVER_AT, text.encode()) == expected
+
+
+def test_delays_and_levels_say_they_are_relative_and_times_do_not() -> None:
+    assert classify((h.DELAY_MS, b"1500")).delay_ms == 1500  # type: ignore[union-attr]
+    assert classify((h.DELAY_LEVEL, b"1")).delay_ms == 1000  # type: ignore[union-attr]
+    assert classify((h.DELIVER_AT, b"5")).delay_ms is None  # type: ignore[union-attr]

@@ -147,9 +147,9 @@ def _route(msg: Scheduled) -> dict[str, object]:
     return dict(json.loads(headers[-1][1]))
 
 
-GOOD = Scheduled("ok", "t", 0, None, b"v", 5_000)
+GOOD = Scheduled("ok", "t", 0, None, b"v", 5_000, uid="u-ok")
 #: 65,536 headers: the record that stopped every replica's ingest with entry format version 1.
-MANY = Scheduled("many", "t", 0, None, b"", 6_000, (("", b""),) * 65_536)
+MANY = Scheduled("many", "t", 0, None, b"", 6_000, (("", b""),) * 65_536, uid="u-many")
 POISON = [
     # no route header at all, a null value among the headers
     FakeMessage(0, 0, b"a", b"x", [("h", None)]),

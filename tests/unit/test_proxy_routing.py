@@ -7,10 +7,19 @@ import pytest
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
-from proxy.routing import Incoming, Kind, Outgoing, RejectedRecordError, route
+from proxy.routing import (
+    BufferUnavailableError,
+    Incoming,
+    Kind,
+    Origin,
+    Outgoing,
+    RejectedRecordError,
+    route,
+)
 
 NOW = 1_700_000_000_000
 POLICY = h.DelayPolicy()
+PARTITIONS = 6
 
 
 def route_record(
@@ -18,7 +27,7 @@ def route_record(
 ) -> Outgoing:
     """``route`` for a batch of one record; raises the InvalidHeaderError of a header at fault."""
     try:
-        (out,), _ = route(topic, partition, [rec], now_ms, policy)
+        (out,), _ = route(topic, partition, [rec], now_ms, policy, buffer_partitions=PARTITIONS)
     except RejectedRecordError as exc:
         if exc.header_error is None:
             raise
@@ -40,9 +49,59 @@ def test_delayed_record_becomes_a_buffer_record(key: bytes | None) -> None:
     rec = Incoming(key, None, [("a", b"1"), (h.DELAY_MS, b"1500"), (h.ID, b"m-1")])
     out = route_record("t", 3, rec, NOW, POLICY)
     assert out.kind is Kind.DELAYED
-    assert (out.topic, out.partition, out.key) == (buffer.BUFFER_TOPIC, -1, b"m-1")
-    decoded = buffer.decode(out.key, out.value, list(out.headers))
-    assert decoded == buffer.Scheduled("m-1", "t", 3, key, None, NOW + 1500, (("a", b"1"),))
+    assert (out.topic, out.partition) == (buffer.BUFFER_TOPIC, buffer.partition_for("m-1", 6))
+    assert out.key is not None
+    assert len(out.key) == 32  # a buffer key of its own, not the id
+    appended = NOW + 7  # the broker's append time: the delay counts from it
+    decoded = buffer.decode(out.key, out.value, list(out.headers), appended)
+    assert isinstance(decoded, buffer.Scheduled)
+    assert decoded == buffer.Scheduled(
+        "m-1",
+        "t",
+        3,
+        key,
+        None,
+        appended + 1500,
+        (("a", b"1"),),
+        uid=out.key.decode(),
+        seq=decoded.seq,
+        delay_ms=1500,
+    )
+    assert out.deliver_at_ms == NOW + 1500  # the proxy's estimate
+
+
+def test_an_idempotent_batch_retried_writes_the_same_buffer_keys() -> None:
+    records = [
+        Incoming(None, b"a", [(h.DELAY_MS, b"10")]),
+        Incoming(None, b"b", [(h.DELAY_MS, b"10"), (h.ID, b"mine")]),
+        Incoming(None, b"c", [(h.CANCEL, b"mine")]),
+    ]
+
+    def keys(origin: Origin | None, topic: str = "t") -> list[tuple[bytes | None, str | None]]:
+        out, _ = route(topic, 1, records, NOW, POLICY, buffer_partitions=6, origin=origin)
+        return [(o.key, o.id) for o in out]
+
+    first = keys(Origin(7, 0, 100))
+    assert keys(Origin(7, 0, 100)) == first  # the same batch through another proxy
+    assert first[0][0] == first[0][1].encode()  # type: ignore[union-attr]  # derived id
+    assert first[1][1] == "mine"
+    assert len({k for k, _ in first}) == 3
+    for other in (Origin(8, 0, 100), Origin(7, 1, 100), Origin(7, 0, 103)):
+        assert not set(keys(other)) & set(first)
+    assert not set(keys(Origin(7, 0, 100), "u")) & set(first)
+    assert keys(None) != keys(None)  # not idempotent: random keys
+
+
+def test_equal_delays_keep_the_order_they_were_accepted_in() -> None:
+    records = [Incoming(None, bytes([i]), [(h.DELAY_MS, b"10")]) for i in range(50)]
+    out, _ = route("t", 1, records, NOW, POLICY, buffer_partitions=6)
+    seqs = []
+    for o in out:
+        decoded = buffer.decode(o.key, o.value, list(o.headers), NOW)
+        assert isinstance(decoded, buffer.Scheduled)
+        seqs.append(decoded.seq)
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs)
 
 
 def test_id_is_assigned_when_absent() -> None:
@@ -54,11 +113,20 @@ def test_id_is_assigned_when_absent() -> None:
     assert a.deliver_at_ms == NOW + h.DEFAULT_LEVELS_MS[-1]  # above the maximum: the maximum
 
 
-def test_cancel_goes_to_the_buffer_keyed_by_id() -> None:
+def test_cancel_goes_to_the_partition_of_its_id() -> None:
     out = route_record("any", 0, Incoming(None, b"", [(h.CANCEL, b"m-9")]), NOW, POLICY)
     assert out.kind is Kind.CANCEL
-    assert out.key == b"m-9"
-    assert buffer.decode(out.key, out.value, list(out.headers)) == buffer.Cancel("m-9")
+    assert out.partition == buffer.partition_for("m-9", PARTITIONS)  # where m-9's messages are
+    assert out.key is not None
+    assert buffer.decode(out.key, out.value, list(out.headers)) == buffer.Cancel(
+        "m-9", out.key.decode()
+    )
+
+
+def test_a_delayed_record_needs_the_buffer_partitions() -> None:
+    rec = Incoming(None, b"v", [(h.DELAY_MS, b"1")])
+    with pytest.raises(BufferUnavailableError, match="__kdelay_buffer"):
+        route("t", 0, [rec], NOW, POLICY)
 
 
 def test_one_bad_record_rejects_the_batch() -> None:

@@ -17,6 +17,7 @@ from delay_service.sender import (
     Sender,
     is_permanent,
 )
+from delay_service.tombstones import Retired
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled
 
 Callback = Callable[[KafkaError | None, Message], None]
@@ -200,10 +201,10 @@ def test_dead_letters_carry_the_error_and_the_target() -> None:
 
 def test_tombstones_are_not_waited_for() -> None:
     r = rig(answer=lambda _t: ...)
-    r.sender.tombstones([("a", 2, 7), ("b", 0, 9)])
+    r.sender.tombstones([Retired("a", "", 2, 7), Retired("b", "k" * 32, 0, 9)])
     assert [(t, k, p) for t, k, p, _, _ in r.producers[0].produced] == [
         ("buf", b"a", 2),
-        ("buf", b"b", 0),
+        ("buf", b"k" * 32, 0),
     ]
     assert r.clock.mono == 0  # no acknowledgement wait
     r.sender.close()

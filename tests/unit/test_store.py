@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from delay_service.entry import (
     check_storable,
     decode_entry,
+    due_bound,
     encode_entry,
     entry_key,
     split_key,
@@ -34,11 +36,17 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def test_keys_sort_by_due_time_then_partition_then_offset() -> None:
+def test_keys_sort_by_due_time_then_order_then_partition_then_offset() -> None:
     keys = [entry_key(2, 0, 0), entry_key(1, 5, 9), entry_key(1, 5, 10), entry_key(1, 6, 0)]
     assert sorted(keys) == [keys[1], keys[2], keys[3], keys[0]]
+    # Among equal due times the order field (acceptance order) comes before the partition.
+    assert entry_key(1, 6, 0, seq=1) < entry_key(1, 0, 0, seq=2)
     assert split_key(entry_key(123, 4, 2**40)) == (123, 4, 2**40)
-    assert len(entry_key(0, 0, 0)) == 20
+    assert len(entry_key(0, 0, 0)) == 28
+    # Keys of stores written before the order field (20 bytes) still split and sort by due.
+    old = struct.pack(">QIQ", 7, 3, 9)
+    assert split_key(old) == (7, 3, 9)
+    assert entry_key(6, 9, 9, 2**40) < due_bound(7) <= old < due_bound(8) < entry_key(8, 0, 0)
 
 
 #: What the proxy can accept (and a Kafka record carry): ids of 1-255 bytes, any topic name,
@@ -91,7 +99,9 @@ def test_entries_of_format_version_1_still_decode() -> None:
     )
     v1 = struct.pack("<BqiH", 1, 42, 3, 2) + body
     assert decode_entry(v1) == msg
-    assert encode_entry(msg)[0] == 2  # written as version 2 from now on
+    assert encode_entry(msg)[0] == 3  # written as version 3 from now on (with the buffer key)
+    v2 = struct.pack("<BqiI", 2, 42, 3, 2) + body
+    assert decode_entry(v2) == msg
 
 
 @pytest.mark.parametrize(
@@ -170,7 +180,8 @@ def test_same_id_keeps_the_first_and_counts_duplicates(store: Store) -> None:
 def test_cancel_removes_the_pending_entry_and_reports_it(store: Store) -> None:
     store.apply([(2, 5, sched("x", 100))], {2: 6})
     result = store.apply([(2, 6, Cancel("x")), (2, 7, Cancel("unknown"))], {2: 8})
-    assert result.cancelled == [("x", 2, 5)]
+    assert result.cancelled == 1
+    assert result.retired == [("x", "", 2, 5)]
     assert store.get("x") is None
     assert store.pending == 0
     assert store.due(1000, 10) == []
@@ -178,11 +189,53 @@ def test_cancel_removes_the_pending_entry_and_reports_it(store: Store) -> None:
 
 def test_cancel_and_reschedule_in_one_batch(store: Store) -> None:
     result = store.apply([(0, 0, sched("x", 1)), (0, 1, Cancel("x")), (0, 2, sched("x", 2))], {})
-    assert result.cancelled == [("x", 0, 0)]
+    assert result.retired == [("x", "", 0, 0)]
     entry = store.get("x")
     assert entry is not None
     assert entry.offset == 2
     assert store.pending == 1
+
+
+def test_a_reused_id_with_a_new_buffer_key_is_a_second_message(store: Store) -> None:
+    a = dataclasses.replace(sched("x", 100), uid="a" * 32)
+    b = dataclasses.replace(sched("x", 200), uid="b" * 32)
+    result = store.apply([(0, 0, a), (0, 1, b)], {0: 2})
+    assert (result.scheduled, result.duplicates, store.pending) == (2, 0, 2)
+    # The same record read again (a producer's retry through another proxy) is a duplicate.
+    again = store.apply([(0, 2, dataclasses.replace(b, deliver_at_ms=300))], {0: 3})
+    assert (again.scheduled, again.duplicates, store.pending) == (0, 1, 2)
+    due = store.due(1000, 10)
+    assert [(e.message.uid[0], e.offset) for e in due] == [("a", 0), ("b", 1)]
+    # Delivering A (tombstone by its buffer key) leaves B.
+    store.apply([(0, 3, Tombstone("x", 0, "a" * 32))], {0: 4})
+    assert [e.offset for e in store.due(1000, 10)] == [1]
+
+
+def test_a_cancel_removes_every_earlier_message_with_its_id_and_retires_itself(
+    store: Store,
+) -> None:
+    a = dataclasses.replace(sched("x", 100), uid="a" * 32)
+    b = dataclasses.replace(sched("x", 200), uid="b" * 32)
+    other = dataclasses.replace(sched("xy", 100), uid="c" * 32)
+    store.apply([(1, 0, a), (1, 1, b), (1, 2, other)], {1: 3})
+    result = store.apply([(1, 3, Cancel("x", "d" * 32))], {1: 4})
+    assert result.cancelled == 2
+    assert sorted(result.retired) == [
+        ("x", "a" * 32, 1, 0),
+        ("x", "b" * 32, 1, 1),
+        ("x", "d" * 32, 1, 3),
+    ]
+    later = dataclasses.replace(sched("x", 300), uid="e" * 32)
+    store.apply([(1, 4, later)], {1: 5})
+    assert sorted(e.message.uid[0] for e in store.due(1000, 10)) == ["c", "e"]
+
+
+def test_equal_due_times_leave_in_acceptance_order(store: Store) -> None:
+    # Four messages due at the same millisecond, accepted in the order s = 1..4, spread over
+    # buffer partitions whose numbers run the other way.
+    records = [(4 - s, 0, dataclasses.replace(sched(f"m{s}", 50), seq=s)) for s in (1, 2, 3, 4)]
+    store.apply(records, dict.fromkeys(range(4), 1))
+    assert [e.message.id for e in store.due(50, 10)] == ["m1", "m2", "m3", "m4"]
 
 
 def test_tombstone_deletes_only_the_matching_offset(store: Store) -> None:
@@ -324,3 +377,21 @@ def test_initial_checkpoint_claim_of_nothing_persists(tmp_path: Path) -> None:
         assert s.pending == 1
     finally:
         s.close()
+
+
+def test_a_copy_arriving_after_its_record_was_delivered_is_a_duplicate(store: Store) -> None:
+    # An idempotent producer's retry through a restarted proxy can reach the buffer after the
+    # first copy was delivered: same id and buffer key, a later offset.
+    first = dataclasses.replace(sched("d-1", 10), uid="k" * 32)
+    store.apply([(0, 0, first)], {0: 1})
+    store.remove(store.due(10, 10))
+    late = store.apply([(0, 5, dataclasses.replace(first, deliver_at_ms=40))], {0: 6})
+    assert (late.scheduled, late.duplicates, store.pending) == (0, 1, 0)
+    # Covered by a checkpoint on a follower: the same.
+    other = dataclasses.replace(sched("d-2", 10), uid="m" * 32)
+    store.apply([(1, 0, other)], {1: 1})
+    store.apply_checkpoint(Checkpoint(10, {1: 1}))
+    assert store.apply([(1, 3, other)], {1: 4}).duplicates == 1
+    # A new message reusing the id (another buffer key) is not a copy.
+    reuse = dataclasses.replace(first, uid="n" * 32)
+    assert store.apply([(0, 7, reuse)], {0: 8}).scheduled == 1
