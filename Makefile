@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install jvm deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+.PHONY: help install jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
@@ -25,7 +25,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev,verifier]'
 	@touch $@
 
-install: $(STAMP) jvm
+install: $(STAMP) jvm faketime
+
+# Debian's libfaketime: the clock-skew tests run real replicas and proxies with a skewed clock.
+faketime:
+	@command -v faketime >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "faketime missing: apt-get install faketime (needs root)"; exit 1; }; \
+	  echo "==> apt-get install faketime (clock-skew tests)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends faketime; }
 
 jvm: $(STAMP)
 	$(BIN)/kdelay jvm fetch

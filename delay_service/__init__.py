@@ -1,9 +1,11 @@
 """The delay service: a replica that stores the buffer topic in RocksDB and, as master, forwards.
 
-Modules: ``entry`` (an entry's key and value format), ``store`` (RocksDB pending set),
+Modules: ``entry`` (an entry's key and value format), ``store`` (RocksDB pending set) with
+``ids`` (its index by id and buffer key),
 ``ingest`` (buffer topic -> store), ``forwarder`` (master loop) with ``round`` (planning a
 round), ``retry`` (retry and dead-letter policy) and ``sender`` (every produce to Kafka),
-``clock``, ``replica`` (wiring, election), ``metrics``, ``config``, ``cli``.
+``clock`` and ``broker_clock`` (the broker's time, never ahead), ``replica`` (wiring,
+election), ``metrics``, ``config``, ``cli``.
 """
 
 from __future__ import annotations

@@ -80,6 +80,13 @@ class ReplicaConfig(BaseSettings):
     ingest_stall_s: float = Field(
         default=60.0, gt=0, description="seconds without ingest progress before /readyz fails"
     )
+    # -- the broker's clock (broker_clock.py) ----------------------------------------------
+    max_clock_skew_ms: int = Field(
+        default=10_000,
+        ge=0,
+        description="the master releases nothing while its wall clock is further than this "
+        "from the broker's (releases follow the broker's clock either way; 0: no limit)",
+    )
     # -- per-target isolation (forwarder.py, round.py, sender.py) ---------------------------
     round_ack_wait_ms: int = Field(
         default=20,

@@ -47,7 +47,7 @@ from delay_service.round import RoundResult, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
 from delay_service.settle import Settler
 from delay_service.store import Store
-from delay_service.tombstones import TombstoneQueue
+from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from zk.errors import CoordinationError, FencedError
@@ -87,6 +87,7 @@ class Forwarder:
         sender: Sender,
         on_fenced: Callable[[str], None],
         clock: Clock = SYSTEM_CLOCK,
+        hold: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._cfg = cfg
         self._store = store
@@ -95,6 +96,7 @@ class Forwarder:
         self._sender = sender
         self._on_fenced = on_fenced
         self._clock = clock
+        self._hold = hold  # a reason to release nothing this round (clock skew), or None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         # State flipped by other threads, guarded by _cond.
@@ -181,8 +183,8 @@ class Forwarder:
                 self._wake_at_ms = deliver_at_ms
                 self._cond.notify_all()
 
-    def add_tombstones(self, retired: Iterable[tuple[str, int, int]]) -> None:
-        """Cancelled ids (id, buffer partition, offset) whose tombstones the master writes."""
+    def add_tombstones(self, retired: Iterable[Retired]) -> None:
+        """Cancelled records whose tombstones the master writes."""
         with self._cond:
             if self._checkpoints is not None and self._tombstones.add(retired):
                 self._wake_at_ms = 0  # full: the next round writes the checkpoint and them
@@ -264,7 +266,11 @@ class Forwarder:
                     self.forward_once(checkpoints, generation)
                 if not self._sleep(generation):
                     break
-            # Leaving: a final claim for what was delivered; rejected if a newer master exists.
+            # Leaving: a final claim for what was delivered (refused if a newer master exists);
+            # on a graceful stop it covers what was in flight too, settled with a bounded wait.
+            if self._stop.is_set() and self._sender.in_flight:
+                self._sender.wait_all(self._clock.monotonic() + self._cfg.produce_timeout_ms / 1000)
+                self.forward_once(checkpoints, generation)  # settles; sends nothing (stopping)
             if self._unwritten:
                 self._write_checkpoint(checkpoints)
         finally:
@@ -321,7 +327,7 @@ class Forwarder:
         """
         with self._cond:
             self._wake_at_ms = None  # consumed: later announcements wake the next sleep
-        may_send = self._may_forward(generation)
+        may_send = self._may_forward(generation) and self._hold() is None
         # 1. plan: first what completed since the last round, so its targets are free again
         self._sender.pump(0)
         settled = self._settler.settle(self._sender.take_completed(), may_send=may_send)

@@ -121,6 +121,29 @@ class Metrics:
             ["error"],
             registry=r,
         )
+        # -- one clock: Kafka's (issue 11): probes of the broker's clock (broker_clock.py) -----
+        self.clock_skew = Gauge(
+            "kdelay_clock_skew_seconds",
+            "this process's wall clock minus the broker's clock (positive: local clock ahead)",
+            registry=r,
+        )
+        self.clock_uncertainty = Gauge(
+            "kdelay_clock_uncertainty_seconds",
+            "round trip of the latest broker-clock probe: the width of the broker-time bounds",
+            registry=r,
+        )
+        self.release_held = Gauge(
+            "kdelay_replica_release_held",
+            "1 while the master holds every release (its clock is past --max-clock-skew-ms "
+            "from the broker's, or the broker's clock is not known yet)",
+            registry=r,
+        )
+        self.clock_probe_failures = Counter(
+            "kdelay_clock_probe_failures",
+            "broker-clock probes that failed (Kafka unreachable, timed out, topic not "
+            "LogAppendTime)",
+            registry=r,
+        )
         for reason in ("undecodable", "unstorable"):
             self.invalid_records.labels(reason)
         for component in ("ingest", "forwarder"):

@@ -40,6 +40,7 @@ from confluent_kafka.cimpl import NewTopic
 from kazoo.recipe.watchers import DataWatch
 
 from delay_service import health
+from delay_service.broker_clock import BrokerClock, SkewHold
 from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
 from delay_service.errors import ComponentFailedError
@@ -175,14 +176,7 @@ class Replica:
         self.metrics.set_zk_state(CONNECTED)
         registry = Registry(session.client, self.paths, cfg.name)
         ingest = self.health.ingest = Ingest(cfg, store, self.metrics)
-        forwarder = Forwarder(
-            cfg,
-            store,
-            ingest,
-            self.metrics,
-            sender=Sender.for_replica(cfg),
-            on_fenced=self._on_fenced,
-        )
+        forwarder = self._forwarder(store, ingest)
         ingest.on_new = forwarder.notify_new
         ingest.on_cancelled = forwarder.add_tombstones
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
@@ -202,6 +196,7 @@ class Replica:
             self.supervisor.stop()
             forwarder.shutdown()
             self.supervisor.join("forwarder", timeout=60)
+            self.broker_clock.close()
             election.leave()
             try:
                 registry.withdraw()
@@ -217,6 +212,23 @@ class Replica:
                 f"the {self.health.fatal} thread failed {cfg.max_component_failures} times in a "
                 "row (see supervisor.component_failed in the log); exiting for a restart"
             )
+
+    def _forwarder(self, store: Store, ingest: Ingest) -> Forwarder:
+        """The forwarder, on the broker's clock: a due time is reached when *Kafka's* clock
+        reaches it, not this machine's (broker_clock.py)."""
+        cfg = self.cfg
+        clock = self.broker_clock = BrokerClock(cfg.bootstrap_servers, metrics=self.metrics)
+        clock.start()
+        return Forwarder(
+            cfg,
+            store,
+            ingest,
+            self.metrics,
+            sender=Sender.for_replica(cfg, clock),
+            on_fenced=self._on_fenced,
+            clock=clock,
+            hold=SkewHold(clock, cfg.max_clock_skew_ms, self.metrics),
+        )
 
     def _supervise(
         self, ingest: Ingest, forwarder: Forwarder, ingest_stop: threading.Event
@@ -282,6 +294,7 @@ class Replica:
                 state == CONNECTED
                 and not self._joined
                 and ingest.caught_up.is_set()
+                and self.broker_clock.now_ms() is not None  # a master needs broker time
                 and "forwarder" not in self.supervisor.backing_off()
             ):
                 try:
@@ -357,7 +370,7 @@ class Replica:
             role = "follower"
         else:
             role = "catching-up"
-        now = now_ms()
+        now = self.broker_clock.now_ms() or now_ms()
         m = self.metrics
         m.pending.set(pending)
         m.store_bytes.set(store.size_bytes())

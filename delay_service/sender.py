@@ -41,6 +41,7 @@ from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.entry import Entry
 from delay_service.round import Target
+from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
 
@@ -175,12 +176,13 @@ class Sender:
         self._broken = False  # a fatal error: the producer must go
 
     @classmethod
-    def for_replica(cls, cfg: ReplicaConfig) -> Sender:
-        """A sender with a real producer configured for ``cfg``."""
+    def for_replica(cls, cfg: ReplicaConfig, clock: Clock = SYSTEM_CLOCK) -> Sender:
+        """A sender with a real producer configured for ``cfg``, stamping records by ``clock``."""
         return cls(
             lambda: make_producer(cfg),
             buffer_topic=cfg.buffer_topic,
             produce_timeout_ms=cfg.produce_timeout_ms,
+            clock=clock,
         )
 
     def start(self) -> None:
@@ -231,6 +233,10 @@ class Sender:
             if remaining <= 0:
                 break
             self.pump(min(remaining, 0.05))
+
+    def wait_all(self, deadline: float) -> None:
+        """Pump until nothing is in flight, or until the monotonic ``deadline``."""
+        self.wait(list(self._flights), deadline)
 
     def abandon(self) -> None:
         """Forget every record in flight (the term as master ended): their reports, if any
@@ -284,11 +290,11 @@ class Sender:
         if failures:
             self.pump(0)
 
-    def tombstones(self, retired: Iterable[tuple[str, int, int]]) -> None:
-        """Tombstones for ids (id, buffer partition, offset) that were delivered or cancelled."""
+    def tombstones(self, retired: Iterable[Retired]) -> None:
+        """Tombstones for buffer records that were delivered or cancelled."""
         producer = self._get_producer()
-        for msg_id, partition, offset in retired:
-            enc = encode(Tombstone(msg_id, offset))
+        for msg_id, uid, partition, offset in retired:
+            enc = encode(Tombstone(msg_id, offset, uid))
             record = _Record(
                 self._buffer_topic, enc.key, enc.value, partition, list(enc.headers), 0
             )

@@ -26,3 +26,15 @@ class InvalidHeaderError(KdelayError):
 
 class BufferFormatError(KdelayError):
     """A buffer-topic record does not follow the buffer-record contract."""
+
+
+class BrokerClockError(KdelayError):
+    """The probe topic cannot tell broker time: it does not use LogAppendTime."""
+
+    def __init__(self, topic: str, found: str) -> None:
+        setting = "message.timestamp.type"
+        super().__init__(
+            f"topic {topic} has {setting}={found}; broker-clock probes need "
+            f"{setting}=LogAppendTime (kafka-configs.sh --alter --entity-type topics "
+            f"--entity-name {topic} --add-config {setting}=LogAppendTime)"
+        )

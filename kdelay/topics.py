@@ -10,14 +10,20 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported in the stubs
 from confluent_kafka.cimpl import NewTopic
 
+from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
-from kdelay.errors import InfrastructureError
+from kdelay.errors import BrokerClockError, InfrastructureError
+
+log = logs.get(__name__)
 
 BUFFER_TOPIC_CONFIG = {
     # Delivered and cancelled ids get tombstones: compaction keeps about the pending set.
     "cleanup.policy": "compact",
+    # The broker's clock stamps each record: a delay counts from it (kdelay/buffer.py).
+    "message.timestamp.type": "LogAppendTime",
     # Pending messages must never age out, however long their delay.
     "retention.ms": "-1",
     "min.compaction.lag.ms": "60000",
@@ -57,3 +63,46 @@ def ensure_internal_topics(
                 raise InfrastructureError(
                     f"cannot create topic {name} on {bootstrap}: {exc}"
                 ) from None
+
+
+CLOCK_TOPIC = "__kdelay_clock"
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
+CLOCK_TOPIC_CONFIG = {
+    TIMESTAMP_TYPE: LOG_APPEND_TIME,  # the broker stamps each probe with its own clock
+    "cleanup.policy": "delete",
+    "retention.ms": "3600000",  # probes are worthless once acknowledged: keep little
+    "segment.bytes": "1048576",
+    "segment.ms": "600000",
+}
+
+
+def ensure_clock_topic(admin: AdminClient, topic: str = CLOCK_TOPIC, timeout: float = 30.0) -> bool:
+    """Create the probe topic when missing (1 partition, replication min(3, brokers)); True if
+    created here. :class:`BrokerClockError` if it exists without LogAppendTime (if its config is
+    unreadable, each probe's timestamp type is checked instead); InfrastructureError."""
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise InfrastructureError(f"Kafka is unreachable for {topic}: {exc}") from None
+    if topic not in meta.topics:
+        replication = min(3, max(1, len(meta.brokers)))
+        new = NewTopic(topic, 1, replication, config=CLOCK_TOPIC_CONFIG)
+        try:
+            admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise InfrastructureError(f"cannot create {topic}: {exc}") from None
+        else:
+            log.info("clock.topic_created", topic=topic, replication=replication)
+            return True
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
+    except (KafkaException, TimeoutError) as exc:
+        log.debug("clock.topic_config_unreadable", topic=topic, error=str(exc))
+        return False
+    entry = entries.get(TIMESTAMP_TYPE)
+    if entry is not None and entry.value != LOG_APPEND_TIME:
+        raise BrokerClockError(topic, str(entry.value))
+    return False

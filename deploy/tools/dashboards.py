@@ -170,22 +170,20 @@ REPLICAS = [
     ),
     Panel("Store size (RocksDB)", [q("kdelay_replica_store_bytes", "{{instance}}")], "bytes"),
     Panel("Pending messages", [q("kdelay_replica_pending_messages", "{{instance}}")], "short"),
-    Panel(
-        "Ingest rate by replica",
-        [by("kdelay_replica_ingested_total", "instance")],
-        "rps",
-    ),
-    Panel(
-        "Cancelled",
-        [by("kdelay_replica_cancelled_total", "instance")],
-        "rps",
-    ),
+    Panel("Ingest rate by replica", [by("kdelay_replica_ingested_total", "instance")], "rps"),
+    Panel("Cancelled", [by("kdelay_replica_cancelled_total", "instance")], "rps"),
     Panel(
         "Ingest progress age",
         [q("kdelay_replica_ingest_last_progress_seconds", "{{instance}}")],
         "s",
         description="Since ingest last applied records or found itself at the end of the "
         "buffer topic; keeps growing while ingest is stuck (alert KdelayIngestStuck).",
+    ),
+    Panel(
+        "Clock vs the broker's; releases held",
+        [q("kdelay_clock_skew_seconds", "skew {{instance}}"), q("kdelay_replica_release_held")],
+        "s",
+        description="Wall clock minus the broker's; 1 = releases held (KdelayReleaseHeld).",
     ),
     Panel(
         "Invalid buffer records",

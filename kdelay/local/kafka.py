@@ -127,6 +127,9 @@ class LocalKafka:
             "num.network.threads": "2",
             "num.io.threads": "4",
             "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
+            # Look for compactable logs every second (Kafka's default is 15 s): tombstones of
+            # the buffer topic take effect while a local test or demo still watches.
+            "log.cleaner.backoff.ms": "1000",
             "log.segment.bytes": str(64 * 1024 * 1024),
             **self.settings.extra,
         }

@@ -72,6 +72,8 @@ class ReplicaSet:
     root: str = field(default_factory=lambda: f"/kdelay-test/{uuid.uuid4().hex[:10]}")
     buffer_topic: str = field(default_factory=lambda: f"buffer-{uuid.uuid4().hex[:10]}")
     replicas: dict[str, Replica] = field(default_factory=dict)
+    #: Per replica, a command to run it under and its environment (``faketime -f +5s``).
+    wrap: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.paths = Paths(self.root)
@@ -113,8 +115,10 @@ class ReplicaSet:
 
     def start(self, name: str) -> Replica:
         r = self.replicas[name]
-        env = {**os.environ, "KDELAY_MANAGED_ROLE": "replica"}
-        r.proc = ManagedProcess(f"replica {name}", self.argv(name), r.log_path, env=env)
+        prefix, extra_env = self.wrap.get(name, ([], {}))
+        env = {**os.environ, "KDELAY_MANAGED_ROLE": "replica", **extra_env}
+        argv = [*prefix, *self.argv(name)]
+        r.proc = ManagedProcess(f"replica {name}", argv, r.log_path, env=env)
         r.proc.start()
         return r
 

@@ -16,6 +16,7 @@ from delay_service.forwarder import Forwarder
 from delay_service.metrics import Metrics
 from delay_service.sender import ERROR_HEADER, Sender
 from delay_service.store import Store
+from delay_service.tombstones import Retired
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled, decode
 from kdelay.checkpoint import CheckpointRecord
 from zk.errors import FencedError
@@ -385,10 +386,10 @@ def test_fenced_write_deactivates_and_reports(store: Store) -> None:
 def test_cancelled_ids_get_tombstones_only_on_the_master(store: Store) -> None:
     producer = FakeProducer()
     rig = make(store, producer)
-    rig.fwd.add_tombstones([("x", 3, 7)])  # not master: ignored
+    rig.fwd.add_tombstones([Retired("x", "", 3, 7)])  # not master: ignored
     cps = FakeCheckpoints()
     gen = rig.fwd.activate(cps)
-    rig.fwd.add_tombstones([("y", 2, 9)])
+    rig.fwd.add_tombstones([Retired("y", "", 2, 9)])
     store.apply([(2, 9, Cancel("y"))], {2: 10})
     rig.fwd.forward_once(cps, gen)
     tombs = producer.to("__kdelay_buffer")

@@ -1,0 +1,132 @@
+"""Kafka's clock is the authority (issue 11): a master whose wall clock runs ahead, and a
+proxy whose clock runs behind, deliver nothing early by the *broker's* clock.
+
+The skewed processes run under Debian's libfaketime (``apt-get install faketime``, which
+``make install`` does) with only the wall clock shifted (``FAKETIME_DONT_FAKE_MONOTONIC=1``).
+Target topics use LogAppendTime, so a delivered record's timestamp is the broker's clock.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from kdelay import headers as h
+from kdelay.buffer import BUFFER_TOPIC, Scheduled
+from kdelay.local import wait_until
+from kdelay.local.process import ManagedProcess, free_port
+from tests.support.infra import KafkaInfra, ZooKeeperInfra
+from tests.support.kafka_helpers import consume_until, unique_topic
+from tests.support.replicas import ReplicaSet
+from tests.support.schedule import assert_not_early, create_target, produce_buffer
+
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
+SKEW_S = 5
+
+
+def faketime(offset: str) -> tuple[list[str], dict[str, str]]:
+    """The command prefix and environment that shift only the wall clock by ``offset``."""
+    found = shutil.which("faketime")
+    assert found, "faketime is missing: apt-get install faketime (make install does it)"
+    return [found, "-f", offset], {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def _accepting(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_a_master_whose_clock_runs_ahead_releases_nothing_early(
+    kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
+) -> None:
+    target = unique_topic("skew-master")
+    create_target(kafka.bootstrap_servers, target, partitions=2)
+    with ReplicaSet(
+        tmp_path,
+        kafka.bootstrap_servers,
+        zookeeper.connect,
+        count=2,
+        wrap={"replica-1": faketime(f"+{SKEW_S}s")},
+    ) as rs:
+        rs.start("replica-1")  # alone, so the skewed replica is the master
+        assert rs.wait_master(timeout=90) == "replica-1"
+        rs.start("replica-2")
+        wait_until(
+            lambda: (
+                (rs.metric("replica-1", "kdelay_clock_skew_seconds") or 0) > SKEW_S - 1
+                and rs.metric("replica-2", "kdelay_clock_skew_seconds") is not None
+            ),
+            timeout=60,
+            what="both replicas to show their skew in kdelay_clock_skew_seconds",
+        )
+        skew = rs.metric("replica-1", "kdelay_clock_skew_seconds")
+        normal = rs.metric("replica-2", "kdelay_clock_skew_seconds")
+        start = now_ms() + 1_000
+        messages = [
+            Scheduled(f"m-{i}", target, i % 2, None, b"x", start + i * 5, uid=f"u-{i}")
+            for i in range(600)  # due over 3 s: all within the master's 5 s lead
+        ]
+        produce_buffer(kafka.bootstrap_servers, rs.buffer_topic, rs.partitions, messages)
+        records = consume_until(
+            kafka.bootstrap_servers, [target], lambda rs_: len(rs_) >= len(messages), timeout=90
+        )
+    print(f"\nmaster skew {skew} s, follower skew {normal} s")
+    assert skew is not None
+    assert SKEW_S - 1 < skew < SKEW_S + 1
+    assert normal is not None
+    assert abs(normal) < 1
+    assert {(r.header("kdelay-id") or b"").decode() for r in records} == {m.id for m in messages}
+    assert_not_early(records)  # by the broker's LogAppendTime, not the master's stamp
+
+
+def test_a_proxy_whose_clock_runs_behind_delays_from_the_broker_append_time(
+    kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
+) -> None:
+    target = unique_topic("skew-proxy")
+    create_target(kafka.bootstrap_servers, target)
+    port = free_port()
+    prefix, env = faketime(f"-{SKEW_S}s")
+    argv = [
+        *prefix, KDELAY, "proxy", "--listen", f"127.0.0.1:{port}",
+        "--http-listen", f"127.0.0.1:{free_port()}",
+        "--bootstrap-servers", kafka.bootstrap_servers,
+    ]  # fmt: skip
+    proxy = ManagedProcess("proxy", argv, tmp_path / "proxy.log", env=env)
+    delay_ms = 2_000
+    with ReplicaSet(
+        tmp_path, kafka.bootstrap_servers, zookeeper.connect, count=1, buffer_topic=BUFFER_TOPIC
+    ) as rs:
+        proxy.start()
+        try:
+            rs.start_all()
+            rs.wait_master(timeout=90)
+            wait_until(lambda: _accepting(port), timeout=60, what="the proxy to listen")
+            producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 5})
+            sent_ms = now_ms()  # this process's clock is not skewed
+            for i in range(300):
+                producer.produce(
+                    target, f"v-{i}".encode(), headers=[(h.DELAY_MS, str(delay_ms).encode())]
+                )
+            assert producer.flush(60) == 0
+            records = consume_until(
+                kafka.bootstrap_servers, [target], lambda rs_: len(rs_) >= 300, timeout=90
+            )
+        finally:
+            proxy.stop()
+    # The proxy's clock is 5 s behind: had the delay counted from it, everything would have
+    # been released about 3 s before it was even sent.
+    first = min(r.timestamp_ms for r in records)
+    assert first >= sent_ms + delay_ms, f"released {sent_ms + delay_ms - first} ms early"
+    assert_not_early(records)
