@@ -2,11 +2,13 @@
 
 Continuous: runs until SIGINT/SIGTERM, publishing window results (stdout, ``--output-dir``,
 ``--output-topic``, Prometheus on ``--metrics-port``). ``--once``: a bounded run over what the
-topics hold now; writes the report to ``--report FILE`` (exactly the CONTRACT.md keys), and
-next to it ``<stem>.details.json`` (pending, cancelled, unmatched deliveries, per-window
-results, the end instant), ``<stem>.lateness.png`` (per-window lateness over time) and
-``<stem>.histogram.png`` (lateness histogram). Exit status 1 when an SLO given on the command
-line is missed (each missed SLO is named on stderr), 2 on a configuration error.
+topics hold now; writes the report to ``--report FILE`` (exactly the CONTRACT.md keys, with
+the v2 ``clock``, see :mod:`verifier.report`, and ``isolation``, the ``--isolation-level`` the
+topics were read with), and next to it ``<stem>.details.json`` (pending, cancelled, unmatched
+deliveries, per-window results, the end instant), ``<stem>.lateness.png`` (per-window
+lateness over time) and ``<stem>.histogram.png`` (lateness histogram). Exit status 1 when an
+SLO given on the command line is missed (each missed SLO is named on stderr), 2 on a
+configuration error.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def verify_once(
     from verifier import chart, job
 
     result = job.run_once(spark, cfg)
-    report = result.summary.report()
+    report = {**result.summary.report(), "isolation": cfg.isolation_level}
     details = {
         **result.summary.details(),
         "unmatched_deliveries": result.unmatched_deliveries,

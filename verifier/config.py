@@ -12,6 +12,8 @@ from kdelay.config import component_config
 from kdelay.durations import duration_ms
 
 OUTPUT_TOPIC = "__kdelay_verifier"
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
 
 
 class VerifierConfig(BaseSettings):
@@ -30,8 +32,9 @@ class VerifierConfig(BaseSettings):
         description="missing only when due + grace < end of input; the streaming watermark delay",
     )
     window: str = Field(default="10s", description="event-time window (over due time) of results")
-    # Streaming: an earlier delivery stays unmatched (its message counts missing); it bounds the
-    # join state, and window results come out about max(grace, horizon) after the due time.
+    # Streaming: an earlier delivery stays unmatched (its message counts missing, the delivery
+    # still counts early); it bounds the join state, and window results come out about
+    # max(grace, horizon) after the due time.
     early_horizon_ms: int = Field(
         default=60_000, ge=0, description="streaming: how early a delivery still matches"
     )
@@ -50,6 +53,13 @@ class VerifierConfig(BaseSettings):
     trigger: str = Field(default="2s", description="streaming micro-batch interval")
     starting_offsets: str = Field(
         default="earliest", description="where a new streaming query starts: earliest or latest"
+    )
+    # Kafka's consumer isolation.level, passed to Spark's Kafka source as kafka.isolation.level:
+    # read_committed hides records of aborted (and still open) transactions, as a
+    # read_committed consumer of the target topics would see them.
+    isolation_level: str = Field(
+        default=READ_UNCOMMITTED,
+        description="consumer isolation level: read_uncommitted or read_committed",
     )
     end_ms: int | None = Field(
         default=None,
@@ -72,6 +82,13 @@ class VerifierConfig(BaseSettings):
     def _offsets(cls, value: str) -> str:
         if value not in ("earliest", "latest"):
             raise ValueError("must be 'earliest' or 'latest'")
+        return value
+
+    @field_validator("isolation_level")
+    @classmethod
+    def _isolation(cls, value: str) -> str:
+        if value not in (READ_UNCOMMITTED, READ_COMMITTED):
+            raise ValueError(f"must be {READ_UNCOMMITTED!r} or {READ_COMMITTED!r}")
         return value
 
     @property

@@ -1,17 +1,23 @@
-"""The Spark side of the verifier: read the topics, match deliveries to messages, aggregate.
+"""The Spark side of the verifier: match deliveries to messages, aggregate.
 
-One pipeline, two drivers (definitions of every count are in :mod:`verifier.report`):
+One pipeline, two drivers (definitions of every count are in :mod:`verifier.report`; reading
+and parsing the topics, and the delivery time, in :mod:`verifier.source`):
 
-1. ``parse_buffer`` / ``parse_delivered`` turn Kafka rows into *schedules* (id, due),
-   *cancels* (id) and *deliveries* (id, record timestamp).
-2. ``match`` joins schedules with deliveries by id (left outer, so a message nobody delivered
-   still yields its row) and aggregates per message: deliveries, first delivery, early
-   deliveries. Event time is the due time for schedules and the record timestamp for
-   deliveries; both get a watermark of ``grace_ms``. In the streaming job the join is also
-   bounded in time (a delivery matches when its timestamp is within [due - early_horizon,
-   due + grace]) so Spark can drop old state; an unmatched message comes out (and counts
-   missing) once the watermark has passed due + grace. ``with_cancels`` then marks messages
-   with a cancel record.
+1. ``parse_buffer`` / ``parse_delivered`` turn Kafka rows into *schedules* (id, due, buffer
+   position), *cancels* (id, buffer position) and *deliveries* (id, their own due time,
+   delivery time).
+2. Deliveries are matched to messages by (id, due time), and aggregated per message:
+   deliveries, first delivery, early deliveries. ``--once`` (here: ``messages``, ``match_batch``):
+   a full outer join, so a message nobody delivered still yields its row, and so does a
+   delivery of no known message (it can still be early). Streaming (:mod:`verifier.stream`:
+   ``match_stream``): a left
+   outer join also bounded in time (a delivery matches when its delivery time is within
+   [due - early_horizon, due + grace]) so Spark can drop old state; event time is the due time
+   for schedules and the delivery time for deliveries, both with a watermark of ``grace_ms``;
+   an unmatched message comes out (and counts missing) once the watermark has passed
+   due + grace. There every early delivery is counted on its own, at once, by
+   ``early_deliveries`` (one early delivery outside the horizon would otherwise be invisible).
+   ``with_cancels`` then marks messages followed by a cancel record.
 3. ``summarise`` aggregates per-message rows per event-time window (over the due time) and
    overall, with Spark's exact ``percentile`` (linear interpolation, like numpy's default).
 
@@ -21,8 +27,8 @@ emits an unmatched message after the watermark (max event time - grace) has pass
 watermark never reaches the end of the input when the run stops, so messages due near the end
 would be silently left out instead of being judged missing or pending against the run's end
 instant. The batch plan also starts faster (no checkpoint, no state store) and aggregates the
-whole input at once, so percentiles are exact for the whole run. In batch, ``withWatermark`` is
-a no-op and the join is by id alone: no horizon limits what matches.
+whole input at once, so percentiles are exact for the whole run. In batch no horizon limits
+what matches.
 
 ``run_continuous`` (``kdelay verify``, in :mod:`verifier.stream`) runs the streaming plan.
 
@@ -46,17 +52,18 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
-from kdelay import headers as h
 from kdelay import jars, logs
-from kdelay.buffer import FORMAT_VERSION, OP_CANCEL, OP_SCHEDULE, ROUTE_HEADER, route_schema
 from kdelay.errors import KdelayError
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
+from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
 
 log = logs.get(__name__)
 
-#: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
-_ROUTE_SCHEMA = route_schema("v", "op", "t", "p", "d")
+#: The columns run_once reads from target topics (and an empty read has).
+_EMPTY_TARGET = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, timestamp TIMESTAMP, " + (
+    "timestampType INT"
+)
 #: Topics the streaming job reads when none are named or known: all but internal ones.
 ALL_USER_TOPICS = "^(?!__).+"
 #: At most this many lateness values are collected for the histogram chart.
@@ -111,134 +118,100 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
     return spark
 
 
-# -- reading -------------------------------------------------------------------------------
-
-
-def _kafka_options(cfg: VerifierConfig) -> dict[str, str]:
-    return {
-        "kafka.bootstrap.servers": cfg.bootstrap_servers,
-        "includeHeaders": "true",
-        # The buffer topic is compacted: offsets have gaps by design.
-        "failOnDataLoss": "false",
-    }
-
-
-def read_batch(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
-    """A bounded read (earliest..latest) of ``subscribe=``/``subscribePattern=`` topics."""
-    return (
-        spark.read.format("kafka")
-        .options(**_kafka_options(cfg))
-        .options(startingOffsets="earliest", endingOffsets="latest", **source)
-        .load()
-    )
-
-
-def read_stream(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
-    """An unbounded read of ``subscribe=``/``subscribePattern=`` topics."""
-    return (
-        spark.readStream.format("kafka")
-        .options(**_kafka_options(cfg))
-        .options(startingOffsets=cfg.starting_offsets, **source)
-        .load()
-    )
-
-
-@dataclass(frozen=True)
-class BufferRows:
-    """The buffer topic, parsed: schedules (id, due, due_ms, topic) and cancels (id, ts)."""
-
-    schedules: DataFrame
-    cancels: DataFrame
-
-
-def parse_buffer(raw: DataFrame) -> BufferRows:
-    """Schedule and cancel records of the buffer-record contract (version 1); others dropped."""
-    last = F.try_element_at(F.col("headers"), F.lit(-1))
-    route = F.when(
-        last.getField("key") == ROUTE_HEADER,
-        F.from_json(last.getField("value").cast("string"), _ROUTE_SCHEMA),
-    )
-    parsed = raw.select(
-        F.col("key").cast("string").alias("id"),
-        route.alias("r"),
-        F.col("timestamp").alias("ts"),
-    ).where(F.col("id").isNotNull() & (F.col("r.v") == FORMAT_VERSION))
-    schedules = parsed.where(
-        (F.col("r.op") == OP_SCHEDULE) & F.col("r.d").isNotNull() & F.col("r.t").isNotNull()
-    ).select(
-        "id",
-        F.timestamp_millis(F.col("r.d")).alias("due"),
-        F.col("r.d").alias("due_ms"),
-        F.col("r.t").alias("topic"),
-    )
-    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select("id", "ts")
-    return BufferRows(schedules, cancels)
-
-
-def only_topics(schedules: DataFrame, topics: list[str]) -> DataFrame:
-    """With ``--topics``, only messages bound for those topics are judged: the deliveries of
-    any other topic are not read, so its messages would all look missing."""
-    return schedules.where(F.col("topic").isin(topics)) if topics else schedules
-
-
-def _header(name: str) -> Column:
-    found = F.filter(F.col("headers"), lambda hdr: hdr.getField("key") == name)
-    return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
-
-
-def parse_delivered(raw: DataFrame) -> DataFrame:
-    """Deliveries (id, ts): target-topic records that carry a ``kdelay-id`` header."""
-    return raw.select(_header(h.ID).alias("id"), F.col("timestamp").alias("ts")).where(
-        F.col("id").isNotNull()
-    )
-
-
 # -- matching and aggregation ---------------------------------------------------------------
 
+#: The per-message rows both drivers summarise.
+PER_MESSAGE = (
+    "id",
+    "due",
+    "due_ms",
+    "has_schedule",
+    "bpart",
+    "boff",
+    "deliveries",
+    "first_ms",
+    "early",
+    "receipt",
+)
 
-def match(
-    schedules: DataFrame, deliveries: DataFrame, *, grace_ms: int, horizon_ms: int | None
-) -> DataFrame:
-    """Per-message rows: id, due, due_ms, deliveries, first_ms, early.
 
-    ``horizon_ms`` None: match by id alone (batch). Otherwise the time-bounded streaming join
-    described in the module docstring.
+def messages(schedules: DataFrame) -> DataFrame:
+    """Batch: one row per message (id, due_ms), from schedule rows (see parse_buffer).
+
+    Copies of one buffer record (same ``dkey``) are the first copy; then the schedule records
+    with the same id and due time are one message, at the position (bpart, boff) of the last
+    of them, so only a cancel after that one cancels it.
     """
-    delay = f"{grace_ms} milliseconds"
-    s = schedules.select("id", "due", "due_ms").withWatermark("due", delay)
-    # A record written twice to the buffer (a producer retry) is one message.
-    s = s.dropDuplicates(["id", "due"])
-    d = deliveries.select(F.col("id").alias("did"), "ts").withWatermark("ts", delay)
-    condition = "did = id"
-    if horizon_ms is not None:
-        condition += (
-            f" AND ts >= due - INTERVAL {horizon_ms} MILLISECONDS"
-            f" AND ts <= due + INTERVAL {grace_ms} MILLISECONDS"
-        )
-    joined = s.join(d, F.expr(condition), "leftOuter").select(
-        "id",
-        "due",
-        "due_ms",
-        # A new column (not ``ts`` itself) carries no event-time metadata, so the aggregation
-        # below has exactly one event-time key: ``due``.
-        F.unix_millis(F.col("ts")).alias("ts_ms"),
+    first_pos = F.struct("bpart", "boff")
+    first = (
+        schedules.groupBy("dkey")
+        .agg(F.min_by(F.struct("id", "due_ms", "topic", "bpart", "boff"), first_pos).alias("m"))
+        .select("m.*")
     )
-    return joined.groupBy("id", "due", "due_ms").agg(
-        F.count("ts_ms").alias("deliveries"),
-        F.min("ts_ms").alias("first_ms"),
-        F.count(F.when(F.col("ts_ms") < F.col("due_ms"), 1)).alias("early"),
-    )
-
-
-def with_cancels(per_id: DataFrame, cancelled_ids: DataFrame | None) -> DataFrame:
-    """``per_id`` plus a ``cancelled`` column: a cancel record exists for the id."""
-    if cancelled_ids is None:
-        return per_id.withColumn("cancelled", F.lit(False))
-    ids = cancelled_ids.select(F.col("id").alias("cid")).distinct()
+    last = F.max(F.struct("bpart", "boff", "topic")).alias("last")
     return (
-        per_id.join(ids, per_id["id"] == ids["cid"], "left")
-        .withColumn("cancelled", F.col("cid").isNotNull())
-        .drop("cid")
+        first.groupBy("id", "due_ms")
+        .agg(last)
+        .select(
+            "id",
+            F.timestamp_millis(F.col("due_ms")).alias("due"),
+            "due_ms",
+            F.col("last.topic").alias("topic"),
+            F.col("last.bpart").alias("bpart"),
+            F.col("last.boff").alias("boff"),
+        )
+    )
+
+
+def per_message(joined: DataFrame, keys: list[str]) -> DataFrame:
+    """Group (message, delivery) pairs by ``keys``: deliveries, first_ms, early, receipt."""
+    at_ms = F.col("at_ms")
+    return joined.groupBy(*keys).agg(
+        F.count(at_ms).alias("deliveries"),
+        F.min(at_ms).alias("first_ms"),
+        F.count(F.when(at_ms < F.col("due_ms"), 1)).alias("early"),
+        F.coalesce(F.max("receipt"), F.lit(False)).alias("receipt"),
+    )
+
+
+def match_batch(msgs: DataFrame, deliveries: DataFrame) -> DataFrame:
+    """Batch: :data:`PER_MESSAGE` rows, one per message and one per (id, due) delivered but
+    never scheduled (``has_schedule`` false; it counts only as early). A full outer join on
+    (id, due_ms); deliveries without a due time match nothing and are left out."""
+    d = deliveries.where(F.col("due_ms").isNotNull()).select(
+        F.col("id").alias("did"),
+        F.col("due_ms").alias("ddue"),
+        F.unix_millis(F.col("at")).alias("at_ms"),
+        "receipt",
+    )
+    s = msgs.select("id", "due_ms", "bpart", "boff")
+    on = (s["id"] == d["did"]) & (s["due_ms"] == d["ddue"])
+    joined = s.join(d, on, "full_outer").select(
+        F.coalesce("id", "did").alias("id"),
+        F.coalesce("due_ms", "ddue").alias("due_ms"),
+        F.col("id").isNotNull().alias("has_schedule"),
+        "bpart",
+        "boff",
+        "at_ms",
+        "receipt",
+    )
+    per = per_message(joined, ["id", "due_ms", "has_schedule", "bpart", "boff"])
+    return per.withColumn("due", F.timestamp_millis(F.col("due_ms"))).select(*PER_MESSAGE)
+
+
+def with_cancels(per_id: DataFrame, cancels: DataFrame | None) -> DataFrame:
+    """``per_id`` plus a ``cancelled`` column: a cancel record for the id follows the
+    message's schedule record (same buffer partition, higher offset)."""
+    if cancels is None:
+        return per_id.withColumn("cancelled", F.lit(False))
+    last = cancels.groupBy(F.col("id").alias("cid"), F.col("bpart").alias("cpart")).agg(
+        F.max("boff").alias("coff")
+    )
+    on = (per_id["id"] == last["cid"]) & (per_id["bpart"] == last["cpart"])
+    return (
+        per_id.join(last, on, "left")
+        .withColumn("cancelled", F.coalesce(F.col("coff") > F.col("boff"), F.lit(False)))
+        .drop("cid", "cpart", "coff")
     )
 
 
@@ -250,9 +223,10 @@ def summarise(
     Columns: :data:`verifier.report.SUMMARY_COLUMNS`, plus ``window_start_ms``/``window_end_ms``
     per window. ``end_ms`` None: every row is settled (the streaming job emits only those).
     """
-    delivered = F.col("deliveries") > 0
-    cancelled = ~delivered & F.col("cancelled")
-    undecided = ~delivered & ~cancelled
+    known = F.col("has_schedule")
+    delivered = known & (F.col("deliveries") > 0)
+    cancelled = known & ~delivered & F.col("cancelled")
+    undecided = known & ~delivered & ~cancelled
     overdue = F.lit(True) if end_ms is None else (F.col("due_ms") + grace_ms < F.lit(end_ms))
     missing = undecided & overdue
     pending = undecided & ~overdue
@@ -267,11 +241,14 @@ def summarise(
         count(delivered).alias("delivered"),
         count(missing).alias("missing"),
         F.sum(F.when(delivered, F.col("deliveries") - 1).otherwise(0)).alias("duplicates"),
-        F.sum(F.when(delivered, F.col("early")).otherwise(0)).alias("early"),
+        F.sum("early").alias("early"),
         quantiles.alias("q"),
         F.max(lateness).cast("double").alias("max"),
         count(pending).alias("pending"),
         count(cancelled).alias("cancelled"),
+        F.max(F.col("receipt") & ((F.col("deliveries") > 0) | (F.col("early") > 0))).alias(
+            "receipt"
+        ),
     ]
     q = [F.col("q")[i].alias(name) for i, name in enumerate(("p50", "p95", "p99"))]
     rest = [c for c in SUMMARY_COLUMNS if c not in ("p50", "p95", "p99")]
@@ -299,7 +276,7 @@ def window_results(summary: DataFrame) -> list[WindowResult]:
 def lateness_values(per_id: DataFrame, limit: int = CHART_SAMPLE) -> list[float]:
     """Lateness (ms) of delivered messages, at most ``limit`` of them (for charts)."""
     rows = (
-        per_id.where(F.col("deliveries") > 0)
+        per_id.where(F.col("has_schedule") & (F.col("deliveries") > 0))
         .select((F.col("first_ms") - F.col("due_ms")).alias("l"))
         .limit(limit)
         .collect()
@@ -322,29 +299,37 @@ class OnceResult:
     unmatched_deliveries: int
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
     """Verify what the topics hold now (see the module docstring for why this is a batch read)."""
-    end_ms = cfg.end_ms if cfg.end_ms is not None else int(time.time() * 1000)
+    end_ms = cfg.end_ms if cfg.end_ms is not None else _now_ms()
     # The buffer snapshot is taken (and pinned in memory) before the target topics are read,
     # so every delivery of a message in the snapshot that happened before it is seen.
     buffer = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
-    schedules = only_topics(buffer.schedules, cfg.topic_list).persist()
-    cancels = buffer.cancels.select("id").distinct().persist()
-    cached = [schedules, cancels]
+    msgs = messages(only_topics(buffer.schedules, cfg.topic_list)).persist()
+    cancels = buffer.cancels.persist()
+    cached = [msgs, cancels]
     try:
-        found = sorted(str(r["topic"]) for r in schedules.select("topic").distinct().collect())
+        found = sorted(str(r["topic"]) for r in msgs.select("topic").distinct().collect())
         cancels.count()
         topics = cfg.topic_list or found
         log.info("verifier.once_topics", topics=topics, end_ms=end_ms)
         if topics:
-            deliveries = parse_delivered(read_batch(spark, cfg, subscribe=",".join(topics)))
+            raw = read_batch(spark, cfg, subscribe=",".join(topics))
         else:
-            deliveries = spark.createDataFrame([], "id STRING, ts TIMESTAMP")
-        deliveries = deliveries.persist()
+            raw = spark.createDataFrame([], _EMPTY_TARGET)
+        # Read (and pinned) first: the instant after is the receipt time of every record in
+        # it, an upper bound of its append time (verifier.source).
+        raw = raw.select("headers", "timestamp", "timestampType").persist()
+        cached.append(raw)
+        raw.count()
+        received = F.timestamp_millis(F.lit(_now_ms()))
+        deliveries = parse_delivered(raw, received).persist()
         cached.append(deliveries)
-        per_id = with_cancels(
-            match(schedules, deliveries, grace_ms=cfg.grace_ms, horizon_ms=None), cancels
-        ).persist()
+        per_id = with_cancels(match_batch(msgs, deliveries), cancels).persist()
         cached.append(per_id)
         overall = summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=None)
         row = overall.collect()[0].asDict()
@@ -352,7 +337,7 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
             summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=cfg.window_ms)
         )
         sample = lateness_values(per_id)
-        unmatched = deliveries.join(schedules, "id", "left_anti").count()
+        unmatched = deliveries.join(msgs, ["id", "due_ms"], "left_anti").count()
     finally:
         for df in reversed(cached):
             df.unpersist()

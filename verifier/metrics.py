@@ -47,10 +47,14 @@ class Metrics:
             "kdelay_verifier_delivered", "deliveries matched to a scheduled message", registry=r
         )
         self.early = Counter(
-            "kdelay_verifier_early", "deliveries before their due time", registry=r
+            "kdelay_verifier_early",
+            "deliveries before their due time (broker or receipt time)",
+            registry=r,
         )
         self.duplicates = Counter(
-            "kdelay_verifier_duplicates", "deliveries beyond the first for an id", registry=r
+            "kdelay_verifier_duplicates",
+            "deliveries beyond the first of a message (id, due time)",
+            registry=r,
         )
         self.missing = Counter(
             "kdelay_verifier_missing",
@@ -59,7 +63,7 @@ class Metrics:
         )
         self.lateness = Histogram(
             "kdelay_verifier_lateness_seconds",
-            "delivery timestamp - due time",
+            "first delivery time (broker or receipt time) - due time",
             buckets=LATENESS_BUCKETS,
             registry=r,
         )

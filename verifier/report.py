@@ -1,24 +1,41 @@
-"""The verifier's arithmetic, free of Spark: outcomes per id, percentiles, summaries, SLOs.
+"""The verifier's arithmetic, free of Spark: outcomes per message, percentiles, summaries, SLOs.
 
 Definitions (the Spark job in :mod:`verifier.job` computes exactly these; :func:`summarise` is
 the executable specification the unit tests pin down):
 
-- A *message* is a ``schedule`` record in the buffer topic, identified by its id; its due time
-  is the record's deliver-at. A *delivery* is a record on a target topic whose ``kdelay-id``
-  header names that id; its time is the Kafka record timestamp (the release time).
-- *cancelled*: a ``cancel`` record for the id exists and the message was never delivered. It
-  is left out of every count (reported on its own as ``cancelled``). A message delivered
-  despite a cancel counts as delivered: the cancel came too late, which the contract allows.
-- *delivered*: messages delivered at least once (distinct ids, not deliveries).
-- *duplicates*: deliveries beyond the first per id, summed over messages.
-- *early*: deliveries (first or repeated) whose timestamp is before the due time.
+- A *message* is a ``schedule`` record in the buffer topic, identified by its id *and* its due
+  time in epoch ms: an id may be reused (delivered, then scheduled again with a new due time),
+  and each use is a message of its own. Its due time is the record's ``d`` (deliver-at), or,
+  for a relative delay (format version 2, ``r``), the buffer record's timestamp (its
+  LogAppendTime) + ``r``. Copies of one buffer record (same buffer key: a client's retried
+  produce) are one message, the first copy's.
+- A *delivery* is a record on a target topic with ``kdelay-id`` and ``kdelay-deliver-at``
+  headers; it belongs to the message with that id and that due time. Its *delivery time* is
+  the broker's clock when it can be had: the record timestamp on a topic with
+  ``message.timestamp.type=LogAppendTime``; on a ``CreateTime`` topic (where the timestamp is
+  whatever the releasing master's clock said) the verifier's own receipt time, an upper bound
+  of the append time (see :mod:`verifier.source`). The report's ``clock`` says which:
+  ``"receipt"`` as soon as any delivery counted used receipt time, else ``"log-append-time"``
+  (also when nothing was delivered).
+- *early*: deliveries whose delivery time is before the due time their own
+  ``kdelay-deliver-at`` header carries, whether or not a schedule record exists for them (a
+  record written straight to a target topic with a future due time is early).
+- *cancelled*: a ``cancel`` record for the id follows the message's schedule record in the
+  buffer (same partition, higher offset: the proxy puts every record of an id in one
+  partition) and the message was never delivered. It is left out of every count (reported on
+  its own as ``cancelled``). A message delivered despite a cancel counts as delivered: the
+  cancel came too late, which the contract allows.
+- *delivered*: messages delivered at least once (messages, not deliveries).
+- *duplicates*: deliveries beyond the first per message, summed over messages.
 - *missing*: never delivered, not cancelled, and due + grace < end of input (the ``--once``
   run's end instant; in the streaming job, the watermark).
 - *pending*: never delivered, not cancelled, not yet missing. Not a verdict either way, so it
   is left out of ``scheduled`` and reported on its own; hence always
   ``scheduled == delivered + missing``.
-- *lateness* of a delivered message: its first delivery's timestamp - due time, in ms (early
-  deliveries give negative lateness). Percentiles are over delivered messages, exact, by
+- Deliveries of no known message (no schedule record with that id and due time) count in
+  nothing but ``early`` (and, in ``--once`` details, ``unmatched_deliveries``).
+- *lateness* of a delivered message: its first delivery's delivery time - due time, in ms
+  (early deliveries give negative lateness). Percentiles are over delivered messages, exact, by
   :func:`kdelay.stats.percentile` (linear interpolation between closest ranks: numpy's
   default, Hyndman & Fan type 7; also Spark's exact ``percentile``); with no delivered message
   every percentile is 0.0.
@@ -34,6 +51,10 @@ from kdelay.stats import percentile
 
 #: The quantiles of the report, in the order of ``Lateness``'s fields.
 QUANTILES = (0.5, 0.95, 0.99)
+#: The report's ``clock``: every delivery timed by the broker (LogAppendTime topics) ...
+CLOCK_LOG_APPEND = "log-append-time"
+#: ... or at least one by the verifier's receipt time (a CreateTime topic).
+CLOCK_RECEIPT = "receipt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +89,11 @@ class Summary:
     lateness: Lateness = field(default_factory=Lateness)
     pending: int = 0
     cancelled: int = 0
+    clock: str = CLOCK_LOG_APPEND
 
     def report(self) -> dict[str, Any]:
-        """The CONTRACT.md report: exactly these keys."""
+        """The CONTRACT.md report's verdicts, with the v2 ``clock`` (``isolation`` is a setting:
+        :mod:`verifier.cli` adds it)."""
         return {
             "scheduled": self.scheduled,
             "delivered": self.delivered,
@@ -78,6 +101,7 @@ class Summary:
             "duplicates": self.duplicates,
             "early": self.early,
             "lateness_ms": self.lateness.as_dict(),
+            "clock": self.clock,
         }
 
     def details(self) -> dict[str, Any]:
@@ -102,6 +126,7 @@ class Summary:
             lateness=Lateness(num("p50"), num("p95"), num("p99"), num("max")),
             pending=int(row["pending"] or 0),
             cancelled=int(row["cancelled"] or 0),
+            clock=CLOCK_RECEIPT if row.get("receipt") else CLOCK_LOG_APPEND,
         )
 
 
@@ -118,28 +143,35 @@ SUMMARY_COLUMNS = (
     "max",
     "pending",
     "cancelled",
+    "receipt",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one message: its due time and its deliveries."""
+    """What happened to one (id, due time): its deliveries, and whether it is a message."""
 
     id: str
     due_ms: int
-    deliveries: tuple[int, ...] = ()  # delivery timestamps, epoch ms
+    deliveries: tuple[int, ...] = ()  # delivery times, epoch ms
     cancelled: bool = False
+    scheduled: bool = True  # False: deliveries of no schedule record (they count only as early)
+    receipt: bool = False  # some delivery was timed by the verifier's receipt time
 
 
 def summarise(outcomes: Iterable[Outcome], *, end_ms: int | None, grace_ms: int) -> Summary:
     """The summary of ``outcomes`` by the module's definitions (``end_ms`` None: all settled)."""
     scheduled = delivered = missing = duplicates = early = pending = cancelled = 0
+    receipt = False
     lateness: list[float] = []
     for o in outcomes:
+        early += sum(1 for t in o.deliveries if t < o.due_ms)
+        receipt = receipt or (o.receipt and bool(o.deliveries))
+        if not o.scheduled:
+            continue
         if o.deliveries:
             delivered += 1
             duplicates += len(o.deliveries) - 1
-            early += sum(1 for t in o.deliveries if t < o.due_ms)
             lateness.append(float(min(o.deliveries) - o.due_ms))
         elif o.cancelled:
             cancelled += 1
@@ -150,8 +182,17 @@ def summarise(outcomes: Iterable[Outcome], *, end_ms: int | None, grace_ms: int)
             pending += 1
             continue
         scheduled += 1
+    clock = CLOCK_RECEIPT if receipt else CLOCK_LOG_APPEND
     return Summary(
-        scheduled, delivered, missing, duplicates, early, Lateness.of(lateness), pending, cancelled
+        scheduled,
+        delivered,
+        missing,
+        duplicates,
+        early,
+        Lateness.of(lateness),
+        pending,
+        cancelled,
+        clock,
     )
 
 

@@ -1,11 +1,13 @@
 """The continuous verifier (``kdelay verify``): the streaming plan of :mod:`verifier.job`.
 
-``run_continuous`` runs the streaming plan: per-message rows in append mode
-into ``foreachBatch``, which summarises the rows each micro-batch finalised per window and
-hands them to the sinks. A window's messages may be finalised over several micro-batches, so
-a window result is per (batch, window): counts add up across batches, percentiles do not.
-Cancels are not joined in the stream (see :class:`CancelRegistry`): a second small query keeps
-the set of cancelled ids, seeded by a bounded read of the buffer topic at start-up.
+``run_continuous`` runs the streaming plan: per-message rows in append mode (the time-bounded
+join of ``match_stream``, and one row per early delivery from ``early_deliveries``, as soon as
+it is read) into ``foreachBatch``, which summarises the rows each micro-batch finalised per
+window and hands them to the sinks. A window's messages may be finalised over several
+micro-batches, so a window result is per (batch, window): counts add up across batches,
+percentiles do not. Cancels are not joined in the stream (see :class:`CancelRegistry`): a
+second small query keeps the cancel records' positions, seeded by a bounded read of the buffer
+topic at start-up.
 
 Threading: ``run_continuous`` is called from one thread; it returns when ``stop`` is set or a
 query fails (raising). Spark calls each ``foreachBatch`` function on a thread of its own.
@@ -28,43 +30,123 @@ from verifier.job import (
     ALL_USER_TOPICS,
     VerifierError,
     lateness_values,
-    match,
-    only_topics,
-    parse_buffer,
-    parse_delivered,
-    read_batch,
-    read_stream,
+    per_message,
     summarise,
     window_results,
     with_cancels,
 )
 from verifier.report import WindowResult
+from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch, read_stream
 
 log = logs.get(__name__)
 
 BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
+#: A buffer record's place: (id, buffer partition, offset).
+Position = tuple[str, int, int]
+_CANCELS_DDL = "id STRING, bpart INT, boff BIGINT"
+
+
+def match_stream(
+    schedules: DataFrame, deliveries: DataFrame, *, grace_ms: int, horizon_ms: int
+) -> DataFrame:
+    """Streaming: :data:`verifier.job.PER_MESSAGE` rows of scheduled messages, by the
+    time-bounded join of :mod:`verifier.job`'s docstring (``early`` is 0 here:
+    :func:`early_deliveries` counts every early delivery, matched or not, so none is counted
+    twice)."""
+    delay = f"{grace_ms} milliseconds"
+    s = (
+        schedules.select("id", "due", "due_ms", "bpart", "boff", "dkey")
+        .withWatermark("due", delay)
+        # Copies of one buffer record (a client's retried produce) are one message; then one
+        # row per (id, due), so that no delivery is joined twice.
+        .dropDuplicatesWithinWatermark(["dkey"])
+        .dropDuplicates(["id", "due"])
+    )
+    d = deliveries.select(
+        F.col("id").alias("did"), F.col("due_ms").alias("ddue"), "at", "receipt"
+    ).withWatermark("at", delay)
+    condition = (
+        "did = id AND ddue = due_ms"
+        f" AND at >= due - INTERVAL {horizon_ms} MILLISECONDS"
+        f" AND at <= due + INTERVAL {grace_ms} MILLISECONDS"
+    )
+    joined = s.join(d, F.expr(condition), "leftOuter").select(
+        "id",
+        "due",
+        "due_ms",
+        "bpart",
+        "boff",
+        # A new column (not ``at`` itself) carries no event-time metadata, so the aggregation
+        # below has exactly one event-time key: ``due``.
+        F.unix_millis(F.col("at")).alias("at_ms"),
+        "receipt",
+    )
+    per = per_message(joined, ["id", "due", "due_ms", "bpart", "boff"])
+    return per.select(
+        "id",
+        "due",
+        "due_ms",
+        F.lit(True).alias("has_schedule"),
+        "bpart",
+        "boff",
+        "deliveries",
+        "first_ms",
+        F.lit(0).cast("long").alias("early"),
+        "receipt",
+    )
+
+
+def early_deliveries(deliveries: DataFrame) -> DataFrame:
+    """Streaming: one :data:`verifier.job.PER_MESSAGE` row per early delivery (``early`` 1,
+    ``has_schedule`` false, no deliveries), stateless, so it is counted as soon as it is read."""
+    due = F.timestamp_millis(F.col("due_ms"))
+    return deliveries.where(F.col("at") < due).select(
+        "id",
+        due.alias("due"),
+        "due_ms",
+        F.lit(False).alias("has_schedule"),
+        F.lit(None).cast("int").alias("bpart"),
+        F.lit(None).cast("long").alias("boff"),
+        F.lit(0).cast("long").alias("deliveries"),
+        F.lit(None).cast("long").alias("first_ms"),
+        F.lit(1).cast("long").alias("early"),
+        "receipt",
+    )
 
 
 class CancelRegistry:
-    """Ids with a cancel record, fed by a small streaming query over the buffer topic.
+    """The last cancel record of each (id, buffer partition), fed by a small streaming query
+    over the buffer topic.
 
     Why not a join: a cancel may come any time before its message's due time, so a
     time-bounded stream-stream join would have to keep cancels (and hold back every result)
-    for the longest delay in use. Cancels are rare; a set on the driver is cheap. Written by
+    for the longest delay in use. Cancels are rare; a map on the driver is cheap. Written by
     the cancels query's foreachBatch thread, read by the main query's: guarded by a lock.
     """
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._last: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
-    def add(self, ids: list[str]) -> None:
+    def add(self, cancels: list[Position]) -> None:
         with self._lock:
-            self._ids.update(ids)
+            for msg_id, part, off in cancels:
+                key = (msg_id, part)
+                self._last[key] = max(off, self._last.get(key, off))
 
-    def among(self, ids: list[str]) -> list[str]:
+    def following(self, schedules: list[Position]) -> list[Position]:
+        """The last cancel of each schedule position it follows (a later offset there)."""
         with self._lock:
-            return [i for i in ids if i in self._ids]
+            found = {
+                (msg_id, part): off
+                for msg_id, part, boff in schedules
+                if (off := self._last.get((msg_id, part), -1)) > boff
+            }
+        return [(msg_id, part, off) for (msg_id, part), off in found.items()]
+
+
+def _positions(df: DataFrame) -> list[Position]:
+    return [(str(r["id"]), int(r["bpart"]), int(r["boff"])) for r in df.collect()]
 
 
 def start_continuous(
@@ -78,7 +160,7 @@ def start_continuous(
     # so that no message is judged before the cancels query has caught up.
     snapshot = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
     registry = CancelRegistry()
-    registry.add([str(r["id"]) for r in snapshot.cancels.select("id").distinct().collect()])
+    registry.add(_positions(snapshot.cancels))
     found = snapshot.schedules.select("topic").distinct().collect()
     topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
     source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
@@ -86,7 +168,7 @@ def start_continuous(
     trigger = f"{cfg.trigger_ms} milliseconds"
 
     def each_cancels(batch: DataFrame, _batch_id: int) -> None:
-        registry.add([str(r["id"]) for r in batch.select("id").distinct().collect()])
+        registry.add(_positions(batch))
 
     # From the earliest offset, without a checkpoint: the set lives in memory only.
     cancels_cfg = cfg.model_copy(update={"starting_offsets": "earliest"})
@@ -100,24 +182,20 @@ def start_continuous(
 
     buffer = parse_buffer(read_stream(spark, cfg, subscribe=cfg.buffer_topic))
     deliveries = parse_delivered(read_stream(spark, cfg, **source))
-    per_id = match(
+    per_id = match_stream(
         only_topics(buffer.schedules, cfg.topic_list),
         deliveries,
         grace_ms=cfg.grace_ms,
         horizon_ms=cfg.early_horizon_ms,
-    )
+    ).unionByName(early_deliveries(deliveries))
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         batch = batch.persist()
         try:
-            undelivered = [
-                str(r["id"]) for r in batch.where(F.col("deliveries") == 0).select("id").collect()
-            ]
-            cancelled = registry.among(undelivered)
-            ids = (
-                spark.createDataFrame([(i,) for i in cancelled], "id STRING") if cancelled else None
-            )
-            marked = with_cancels(batch, ids)
+            undelivered = batch.where(F.col("has_schedule") & (F.col("deliveries") == 0))
+            after = registry.following(_positions(undelivered.select("id", "bpart", "boff")))
+            cancels = spark.createDataFrame(after, _CANCELS_DDL) if after else None
+            marked = with_cancels(batch, cancels)
             windows = window_results(
                 summarise(marked, grace_ms=cfg.grace_ms, end_ms=None, window_ms=cfg.window_ms)
             )

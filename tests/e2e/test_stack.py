@@ -27,7 +27,8 @@ from kdelay import buffer
 from kdelay import headers as h
 from kdelay.local.process import MARKER, ManagedProcess, python_argv, wait_until
 from tests.support import oracle
-from tests.support.kafka_helpers import HeaderList, create_topic, produce_all, unique_topic
+from tests.support.kafka_helpers import HeaderList, produce_all, unique_topic
+from tests.support.schedule import create_target
 from tests.support.up import kdelay_up
 
 GRACE_MS = 3000
@@ -163,7 +164,7 @@ def _assert_matches(report: dict[str, Any], truth: dict[str, Any]) -> None:
 def test_report_matches_an_independent_count(up: Up) -> None:
     topics = [unique_topic("e2e-a"), unique_topic("e2e-b")]
     for topic in topics:
-        create_topic(up.kafka, topic, partitions=4)
+        create_target(up.kafka, topic, partitions=4)
     ids = _send_through_proxy(up, topics, 1200, seed=1)
     wait_until(
         lambda: len(oracle.compute(up.kafka, topics, end_ms=0, grace_ms=0).deliveries) >= len(ids),
@@ -182,7 +183,7 @@ def test_report_matches_an_independent_count(up: Up) -> None:
 
 def test_injected_faults_are_reported_exactly(up: Up) -> None:
     topic = unique_topic("e2e-faults")
-    create_topic(up.kafka, topic, partitions=4)
+    create_target(up.kafka, topic, partitions=4)
     ids = _send_through_proxy(up, [topic], 200, seed=2)
     wait_until(
         lambda: len(oracle.compute(up.kafka, [topic], end_ms=0, grace_ms=0).deliveries) >= len(ids),
@@ -208,9 +209,16 @@ def test_injected_faults_are_reported_exactly(up: Up) -> None:
         topic, b"late-order", headers=[(h.DELAY_MS, b"3600000"), (h.ID, early_id.encode())]
     )
     assert producer.flush(30) == 0
+    # Its due time counts from the buffer's append time: read it from the buffer.
+    wait_until(
+        lambda: early_id in oracle.compute(up.kafka, [topic], end_ms=0, grace_ms=0).due,
+        timeout=60,
+        what="the early message in the buffer topic",
+    )
+    early_due = oracle.compute(up.kafka, [topic], end_ms=0, grace_ms=0).due[early_id]
     early_headers: HeaderList = [
         (h.ID, early_id.encode()),
-        (h.DELIVER_AT, str(now + 3_600_000).encode()),
+        (h.DELIVER_AT, str(early_due).encode()),
     ]
     produce_all(up.kafka, topic, [(None, b"late-order", early_headers)])
 
@@ -239,7 +247,7 @@ def test_injected_faults_are_reported_exactly(up: Up) -> None:
 
 def test_http_api_schedules_and_cancels_through_the_whole_stack(up: Up) -> None:
     topic = unique_topic("e2e-http")
-    create_topic(up.kafka, topic, partitions=2)
+    create_target(up.kafka, topic, partitions=2)
     api = str(up.state["http"])
     with httpx.Client(base_url=api, timeout=30) as http:
 

@@ -11,7 +11,8 @@ from kazoo.client import KazooClient
 
 from kdelay import headers as h
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import consume_until, unique_topic
+from tests.support.schedule import create_target
 from tests.support.up import kdelay_up
 
 
@@ -34,7 +35,7 @@ def test_up_with_external_servers_delivers_and_leaves_them_running(
         assert "starting ZooKeeper" not in up.log
 
         topic = unique_topic("up-ext")
-        create_topic(kafka.bootstrap_servers, topic, partitions=2)
+        create_target(kafka.bootstrap_servers, topic, partitions=2)
         sent_ms = int(time.time() * 1000)
         producer = Producer({"bootstrap.servers": state["proxy"]})
         producer.produce(

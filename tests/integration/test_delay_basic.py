@@ -9,9 +9,9 @@ from pathlib import Path
 from kdelay.buffer import Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_delivered_once, produce_buffer
+from tests.support.schedule import assert_delivered_once, create_target, produce_buffer
 
 N = 20_000
 SPREAD_MS = 10_000
@@ -22,7 +22,7 @@ def test_three_replicas_deliver_every_message_once_in_due_order(
 ) -> None:
     topics = [unique_topic("basic") for _ in range(3)]
     for t in topics:
-        create_topic(kafka.bootstrap_servers, t, partitions=4)
+        create_target(kafka.bootstrap_servers, t, partitions=4)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect) as rs:
         start = int(time.time() * 1000) + 3_000
         messages = [

@@ -12,9 +12,14 @@ from delay_service.cli import status_command
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_delivered_once, delivered_ids, produce_buffer
+from tests.support.schedule import (
+    assert_delivered_once,
+    create_target,
+    delivered_ids,
+    produce_buffer,
+)
 
 WEEK_MS = 7 * 24 * 3600 * 1000
 
@@ -24,7 +29,7 @@ def test_edge_delays_and_cancel(
 ) -> None:
     bs = kafka.bootstrap_servers
     topic = unique_topic("cancel")
-    create_topic(bs, topic, partitions=1)
+    create_target(bs, topic, partitions=1)
     with ReplicaSet(tmp_path, bs, zookeeper.connect, count=1) as rs:
         rs.start_all()
         rs.wait_master(timeout=90)
@@ -75,7 +80,7 @@ def test_bad_targets_are_dead_lettered_while_others_flow(
 ) -> None:
     bs = kafka.bootstrap_servers
     good = unique_topic("good")
-    create_topic(bs, good, partitions=1)
+    create_target(bs, good, partitions=1)
     with ReplicaSet(
         tmp_path,
         bs,

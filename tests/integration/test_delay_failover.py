@@ -10,9 +10,9 @@ from pathlib import Path
 from kdelay.buffer import Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_not_early, delivered_ids, produce_buffer
+from tests.support.schedule import assert_not_early, create_target, delivered_ids, produce_buffer
 
 INTERVAL_MS = 100
 
@@ -41,7 +41,7 @@ def test_master_sigkill_loses_nothing_and_bounds_duplicates(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     topic = unique_topic("crash")
-    create_topic(kafka.bootstrap_servers, topic, partitions=4)
+    create_target(kafka.bootstrap_servers, topic, partitions=4)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect) as rs:
         rs.start_all()
         master = rs.wait_master(timeout=90)
@@ -78,7 +78,7 @@ def test_expired_session_master_stops_before_a_new_master_starts(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     topic = unique_topic("expire")
-    create_topic(kafka.bootstrap_servers, topic, partitions=4)
+    create_target(kafka.bootstrap_servers, topic, partitions=4)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect) as rs:
         rs.start_all()
         old = rs.wait_master(timeout=90)
@@ -123,7 +123,7 @@ def test_stalled_master_is_fenced_when_it_wakes(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     topic = unique_topic("stall")
-    create_topic(kafka.bootstrap_servers, topic, partitions=4)
+    create_target(kafka.bootstrap_servers, topic, partitions=4)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect, count=2) as rs:
         rs.start_all()
         old = rs.wait_master(timeout=90)

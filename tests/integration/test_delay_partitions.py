@@ -13,8 +13,9 @@ from confluent_kafka.cimpl import NewPartitions
 from kdelay.buffer import Scheduled, encode
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import HeaderList, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
+from tests.support.schedule import create_target
 
 
 def test_new_buffer_partitions_are_picked_up(
@@ -23,7 +24,7 @@ def test_new_buffer_partitions_are_picked_up(
     monkeypatch.setenv("KDELAY_REPLICA_METADATA_INTERVAL_MS", "200")
     bootstrap = kafka.bootstrap_servers
     topic = unique_topic("grow")
-    create_topic(bootstrap, topic, partitions=2)
+    create_target(bootstrap, topic, partitions=2)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     with ReplicaSet(tmp_path, bootstrap, zookeeper.connect, count=1, partitions=2) as rs:
         rs.start_all()

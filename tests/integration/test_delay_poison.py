@@ -25,11 +25,10 @@ from tests.support.kafka_helpers import (
     HeaderList,
     Record,
     consume_until,
-    create_topic,
     unique_topic,
 )
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_delivered_once, produce_buffer
+from tests.support.schedule import assert_delivered_once, create_target, produce_buffer
 
 N = 200
 
@@ -70,7 +69,7 @@ def test_every_replica_dead_letters_poison_and_delivers_everything_around_it(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     target = unique_topic("poison")
-    create_topic(kafka.bootstrap_servers, target, partitions=2)
+    create_target(kafka.bootstrap_servers, target, partitions=2)
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect, partitions=2) as rs:
         rs.start_all()
         rs.wait_master(timeout=90)

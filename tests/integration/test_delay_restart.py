@@ -12,9 +12,9 @@ from confluent_kafka import Consumer, TopicPartition
 from kdelay.buffer import Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_not_early, delivered_ids, produce_buffer
+from tests.support.schedule import assert_not_early, create_target, delivered_ids, produce_buffer
 
 
 def batch(topic: str, prefix: str, n: int, start_ms: int, every_ms: int) -> list[Scheduled]:
@@ -67,7 +67,7 @@ def test_restarting_every_replica_loses_nothing(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     topic = unique_topic("restart")
-    create_topic(kafka.bootstrap_servers, topic, partitions=2)
+    create_target(kafka.bootstrap_servers, topic, partitions=2)
     bs = kafka.bootstrap_servers
     with ReplicaSet(tmp_path, bs, zookeeper.connect) as rs:
         rs.start_all()
@@ -112,7 +112,7 @@ def test_empty_disk_replica_rebuilds_before_joining_the_election(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     topic = unique_topic("rebuild")
-    create_topic(kafka.bootstrap_servers, topic, partitions=2)
+    create_target(kafka.bootstrap_servers, topic, partitions=2)
     bs = kafka.bootstrap_servers
     with ReplicaSet(tmp_path, bs, zookeeper.connect, count=2) as rs:
         rs.start("replica-1")

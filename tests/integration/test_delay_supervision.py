@@ -19,9 +19,9 @@ from delay_service.store import Store
 from kdelay.buffer import Scheduled
 from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.schedule import assert_not_early, delivered_ids, produce_buffer
+from tests.support.schedule import assert_not_early, create_target, delivered_ids, produce_buffer
 
 N = 500
 
@@ -39,7 +39,7 @@ def test_a_failing_forwarder_steps_down_and_a_new_master_delivers(
     kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
 ) -> None:
     target = unique_topic("supervised")
-    create_topic(kafka.bootstrap_servers, target, partitions=2)
+    create_target(kafka.bootstrap_servers, target, partitions=2)
     # Enough patience that replica-1 keeps retrying (and stepping down) until the others join.
     extra = ["--max-component-failures", "100", "--restart-backoff-max-ms", "2000"]
     with ReplicaSet(tmp_path, kafka.bootstrap_servers, zookeeper.connect, extra_args=extra) as rs:

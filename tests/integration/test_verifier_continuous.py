@@ -1,4 +1,8 @@
-"""``kdelay verify`` (continuous): the streaming job publishes window results, then stops."""
+"""``kdelay verify`` (continuous): the streaming job publishes window results, then stops.
+
+Target topics are LogAppendTime, so a delivery's time is when it was written: the tests
+schedule messages due in a moment, wait until they are due, then deliver them.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from tests.support.kafka_helpers import (
     create_topic,
     unique_topic,
 )
+from tests.support.schedule import create_target
 from verifier.cli import verify_continuous
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
@@ -39,6 +44,8 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 WINDOW_MS = 10_000
+SPACING_MS = 10  # between the due times of one _produce call: all in one window
+GRACE_MS = 3_000  # more than a delivery's lateness here, even on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -57,34 +64,34 @@ def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
     return list(pairs)
 
 
+def _next_base(after_ms: int | None = None) -> int:
+    """1 s into the first window that starts after ``after_ms`` (default: a second from now)."""
+    after = after_ms if after_ms is not None else int(time.time() * 1000) + 1_000
+    return (after // WINDOW_MS + 1) * WINDOW_MS + 1_000
+
+
 def _produce(bootstrap: str, topics: tuple[str, str], base_ms: int, n: int, tag: str) -> None:
-    """``n`` messages due from ``base_ms``; message 3 is lost, 4 is cancelled, 5 delivered twice."""
+    """``n`` messages due from ``base_ms`` (ahead), delivered once all are due; message 3 is
+    lost, 4 is cancelled, 5 delivered twice."""
     buffer_topic, target = topics
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    messages = []
     for i in range(n):
-        s = buffer.Scheduled(f"{tag}{i}", target, -1, None, b"v", base_ms + i * 100)
+        s = buffer.Scheduled(f"{tag}{i}", target, -1, None, b"v", base_ms + i * SPACING_MS)
         enc = buffer.encode(s)
-        producer.produce(
-            buffer_topic,
-            enc.value,
-            enc.key,
-            headers=_headers(enc.headers),
-            timestamp=base_ms - 9_000,
-        )
+        producer.produce(buffer_topic, enc.value, enc.key, headers=_headers(enc.headers))
         if i == 4:
             cancel = buffer.encode(buffer.Cancel(s.id))
             producer.produce(
                 buffer_topic, cancel.value, cancel.key, headers=_headers(cancel.headers)
             )
-        if i in (3, 4):
-            continue
-        for extra in (0, 300) if i == 5 else (0,):
-            producer.produce(
-                target,
-                s.value,
-                headers=_headers(s.delivered_headers()),
-                timestamp=s.deliver_at_ms + 20 + extra,
-            )
+        if i not in (3, 4):
+            messages.extend([s, s] if i == 5 else [s])
+    assert producer.flush(30) == 0
+    # Waiting for the wall clock itself: the broker stamps each delivery when it is written.
+    time.sleep(max(0.0, (base_ms + n * SPACING_MS + 50) / 1000 - time.time()))
+    for s in messages:
+        producer.produce(target, s.value, headers=_headers(s.delivered_headers()))
     assert producer.flush(30) == 0
 
 
@@ -109,17 +116,23 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
         unique_topic("sout"),
     )
     create_topic(bootstrap, buffer_topic, partitions=2)
-    create_topic(bootstrap, target, partitions=2)
+    create_target(bootstrap, target, partitions=2)
     create_topic(bootstrap, out_topic)
-    now = int(time.time() * 1000)
-    first = (now - 120_000) // WINDOW_MS * WINDOW_MS  # a window start, long past
+    # Written straight to the target two minutes before its due time: early, though no schedule
+    # exists, and stamped as if released after its due time.
+    forged_due = int(time.time() * 1000) + 120_000
+    headers: HeaderList = [("kdelay-id", b"forged"), ("kdelay-deliver-at", b"%d" % forged_due)]
+    forger = Producer({"bootstrap.servers": bootstrap})
+    forger.produce(target, b"v", headers=headers, timestamp=forged_due + 1_000)
+    assert forger.flush(30) == 0
+    first = _next_base() - 1_000  # a window start
     # Something is scheduled before the start, so the target topic is found in the buffer.
     _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
     port = free_port()
     cfg = VerifierConfig(
         bootstrap_servers=bootstrap,
         buffer_topic=buffer_topic,
-        grace_ms=1_000,
+        grace_ms=GRACE_MS,
         early_horizon_ms=1_000,
         window="10s",
         trigger="500ms",
@@ -142,17 +155,19 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
     runner = threading.Thread(target=run, name="verifier", daemon=True)
     runner.start()
     try:
-        # More data after the start: a second window, and event time far enough ahead to
-        # move the watermark past the first window (due + grace + horizon).
-        second = first + 3 * WINDOW_MS
+        # More data after the start: a second window, then a third, whose event time moves
+        # the watermark past the second (due + grace).
+        second = _next_base() - 1_000
         _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
-        _produce(bootstrap, (buffer_topic, target), now - 30_000, 10, "c")
+        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
 
         def first_two_windows_settled(records: list[Record]) -> bool:
             assert not errors, errors
             return (
                 _window_totals(records, first).get("scheduled", 0) >= 19
                 and _window_totals(records, second).get("scheduled", 0) >= 19
+                and _window_totals(records, forged_due // WINDOW_MS * WINDOW_MS).get("early", 0)
+                >= 1
             )
 
         published = consume_until(bootstrap, [out_topic], first_two_windows_settled, timeout=180)
@@ -165,6 +180,15 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
                 "early": 0,
                 "cancelled": 1,
             }
+        forged_window = forged_due // WINDOW_MS * WINDOW_MS
+        assert _window_totals(published, forged_window) == {
+            "scheduled": 0,
+            "delivered": 0,
+            "missing": 0,
+            "duplicates": 0,
+            "early": 1,
+            "cancelled": 0,
+        }
         files = sorted((tmp_path / "out" / "windows").glob("batch-*.json"))
         assert files, "no per-batch JSON file was written"
         in_files = [w for f in files for w in json.loads(f.read_text())]
@@ -191,7 +215,7 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
     bootstrap = kafka.bootstrap_servers
     buffer_topic, target = unique_topic("sbuf"), unique_topic("stgt")
     create_topic(bootstrap, buffer_topic)
-    create_topic(bootstrap, target)
+    create_target(bootstrap, target)
     out_dir = tmp_path / "out"
     argv = [
         str(Path(sys.executable).with_name("kdelay")),
@@ -203,7 +227,7 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
         "--topics",
         target,
         "--grace-ms",
-        "500",
+        str(GRACE_MS),
         "--early-horizon-ms",
         "500",
         "--trigger",
@@ -217,13 +241,16 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        now = int(time.time() * 1000)
-        _produce(bootstrap, (buffer_topic, target), now - 60_000, 10, "a")
-        _produce(bootstrap, (buffer_topic, target), now - 20_000, 10, "b")  # moves the watermark
-        deadline = time.monotonic() + 120
+        first = _next_base()
+        _produce(bootstrap, (buffer_topic, target), first, 10, "a")
+        # Moves the watermark past the first (due + grace).
+        _produce(bootstrap, (buffer_topic, target), _next_base(first + GRACE_MS), 10, "b")
+        # Spark's start-up, then a few micro-batches through four stateful operators (two
+        # de-duplications, the join, the aggregation): minutes on a busy two-core machine.
+        deadline = time.monotonic() + 240
         while not list(out_dir.glob("windows/batch-*.json")):
             assert proc.poll() is None, proc.communicate(timeout=10)
-            assert time.monotonic() < deadline, "no window result within 120 s"
+            assert time.monotonic() < deadline, "no window result within 240 s"
             time.sleep(0.2)  # polling a file for a condition, with a deadline
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -234,4 +261,4 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
     assert proc.returncode == 0, err[-3000:]
     # The console sink printed the same window results as JSON lines.
     printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert any(r["window_start_ms"] <= now - 60_000 < r["window_end_ms"] for r in printed)
+    assert any(r["window_start_ms"] <= first < r["window_end_ms"] for r in printed)

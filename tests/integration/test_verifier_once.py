@@ -1,8 +1,10 @@
 """``kdelay verify --once`` against a real Kafka and a real (local) Spark.
 
 The tests write buffer records (kdelay.buffer.encode) and "delivered" records (with the
-kdelay-id / kdelay-deliver-at headers and chosen timestamps) straight into fresh topics, then
-compare the verifier's report with counts computed here, independently, from the topics.
+kdelay-id / kdelay-deliver-at headers) straight into fresh topics, then compare the verifier's
+report with counts computed here, independently, from the topics. Target topics are
+LogAppendTime (the broker stamps every delivery), so an early delivery is one whose due time
+is still ahead when it is written, whatever timestamp its producer claims.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
+from kdelay import headers as h
 from tests.support import oracle
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
+from tests.support.schedule import create_target
 from verifier.cli import verify_once
 from verifier.config import VerifierConfig
 from verifier.report import Slo
@@ -40,6 +44,8 @@ pytestmark = pytest.mark.filterwarnings(
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KDELAY = Path(sys.executable).with_name("kdelay")
 GRACE_MS = 5_000
+BUFFER_PARTITIONS = 3
+REPORT_KEYS = {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
 
 
 def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
@@ -58,12 +64,8 @@ def spark(kafka: KafkaInfra) -> Iterator[Any]:
 
 
 def release_pyspark_sockets() -> None:
-    """Close the sockets PySpark's ``collect()`` leaves to the garbage collector.
-
-    PySpark reads a collect() result over a local socket it never closes ("closed when
-    garbage-collected", pyspark/util.py); collect them here, so their ResourceWarning cannot
-    surface later in another module's test.
-    """
+    """Close the sockets PySpark's ``collect()`` leaves to the garbage collector (pyspark/util.py),
+    so their ResourceWarning cannot surface later in another module's test."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
@@ -80,11 +82,16 @@ class Scenario:
     delivered_records: int = 0
 
     def __post_init__(self) -> None:
-        create_topic(self.bootstrap, self.buffer_topic, partitions=3)
+        create_topic(self.bootstrap, self.buffer_topic, partitions=BUFFER_PARTITIONS)
         for t in self.targets:
-            create_topic(self.bootstrap, t, partitions=2)
+            create_target(self.bootstrap, t, partitions=2)
         self.producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 5}
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,  # a cancel stays after its schedule
+                "linger.ms": 5,
+            }
         )
         self.failures: list[KafkaError] = []
 
@@ -92,33 +99,39 @@ class Scenario:
         if err is not None:
             self.failures.append(err)
 
-    def schedule(self, msg_id: str, due_ms: int, topic: str, written_ms: int) -> buffer.Scheduled:
-        s = buffer.Scheduled(msg_id, topic, -1, None, b"v", due_ms)
-        self._write_buffer(s, written_ms)
+    def schedule(
+        self, msg_id: str, due_ms: int, topic: str, written_ms: int, **fields: Any
+    ) -> buffer.Scheduled:
+        s = buffer.Scheduled(msg_id, topic, -1, None, b"v", due_ms, **fields)
+        self.write_buffer(s, written_ms)
         return s
 
     def cancel(self, msg_id: str, written_ms: int) -> None:
-        self._write_buffer(buffer.Cancel(msg_id), written_ms)
+        self.write_buffer(buffer.Cancel(msg_id), written_ms)
 
-    def _write_buffer(self, record: buffer.Scheduled | buffer.Cancel, written_ms: int) -> None:
+    def write_buffer(self, record: buffer.Scheduled | buffer.Cancel, written_ms: int) -> None:
+        """As the proxy writes it: every record of an id in one partition, in order."""
         enc = buffer.encode(record)
         self.producer.produce(
             self.buffer_topic,
             enc.value,
             enc.key,
+            partition=buffer.partition_for(record.id, BUFFER_PARTITIONS),
             headers=_headers(enc.headers),
             timestamp=written_ms,
             on_delivery=self._on_delivery,
         )
         self.buffer_records += 1
 
-    def deliver(self, s: buffer.Scheduled, at_ms: int) -> None:
+    def deliver(self, s: buffer.Scheduled) -> None:
+        """Write ``s`` to its target now; the broker stamps it (LogAppendTime). The producer
+        claims the due time as the timestamp, as a master with a wrong clock might."""
         self.producer.produce(
             s.topic,
             s.value,
             s.key,
             headers=_headers(s.delivered_headers()),
-            timestamp=at_ms,
+            timestamp=s.deliver_at_ms,
             on_delivery=self._on_delivery,
         )
         self.delivered_records += 1
@@ -151,31 +164,32 @@ def independent_report(sc: Scenario, end_ms: int) -> dict[str, Any]:
 
 
 def assert_same_report(got: dict[str, Any], want: dict[str, Any]) -> None:
-    assert set(got) == {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
-    assert {k: got[k] for k in got if k != "lateness_ms"} == {
-        k: want[k] for k in want if k != "lateness_ms"
-    }
+    assert set(got) == REPORT_KEYS | {"clock", "isolation"}
+    assert got["clock"] == "log-append-time"
+    counts = REPORT_KEYS - {"lateness_ms"}
+    assert {k: got[k] for k in counts} == {k: want[k] for k in counts}
     assert set(got["lateness_ms"]) == {"p50", "p95", "p99", "max"}
     for key, value in want["lateness_ms"].items():
         assert isinstance(got["lateness_ms"][key], float)
         assert abs(got["lateness_ms"][key] - value) <= 1.0, (key, got, want)
 
 
-def build_faults(bootstrap: str, base_ms: int) -> Scenario:
-    """20 messages: one duplicated, one early, one never delivered, one cancelled."""
+def build_faults(bootstrap: str) -> Scenario:
+    """20 messages due 40..21 s ago: one duplicated, one early (due in a minute), one never
+    delivered, one cancelled."""
     sc = Scenario(bootstrap)
-    rng = random.Random(7)
+    base_ms = int(time.time() * 1000) - 40_000
     for i in range(20):
-        s = sc.schedule(f"f{i}", base_ms + i * 1_000, sc.targets[i % 2], base_ms - 60_000)
+        due = base_ms + 100_000 if i == 5 else base_ms + i * 1_000
+        s = sc.schedule(f"f{i}", due, sc.targets[i % 2], base_ms - 60_000)
         if i == 13:
             continue  # missing
         if i == 17:
             sc.cancel(s.id, base_ms - 30_000)  # cancelled in time: not missing
             continue
-        at = s.deliver_at_ms - 250 if i == 5 else s.deliver_at_ms + rng.randint(1, 400)
-        sc.deliver(s, at)
+        sc.deliver(s)
         if i == 9:
-            sc.deliver(s, at + 2_000)  # a duplicate, e.g. after a failover
+            sc.deliver(s)  # a duplicate, e.g. after a failover
     sc.flush()
     return sc
 
@@ -183,8 +197,7 @@ def build_faults(bootstrap: str, base_ms: int) -> Scenario:
 def test_injected_faults_are_reported_exactly(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
-    base = int(time.time() * 1000) - 600_000
-    sc = build_faults(kafka.bootstrap_servers, base)
+    sc = build_faults(kafka.bootstrap_servers)
     end_ms = int(time.time() * 1000)
     outcome = verify_once(spark, sc.config(end_ms=end_ms), Slo(), tmp_path / "report.json")
     want = independent_report(sc, end_ms)
@@ -193,6 +206,7 @@ def test_injected_faults_are_reported_exactly(
     assert outcome.report["scheduled"] == 19  # the cancelled message is left out
     assert outcome.details["cancelled"] == 1
     assert outcome.details["pending"] == 0
+    assert outcome.report["isolation"] == "read_uncommitted"
     assert json.loads((tmp_path / "report.json").read_text()) == outcome.report
     assert outcome.exit_code == 0
 
@@ -206,21 +220,18 @@ def test_report_matches_an_independent_count_over_5000_messages(
     base = now - 300_000
     pending = 0
     for i in range(5_000):
-        due = base + rng.randint(0, 290_000)
-        s = sc.schedule(f"m{i}", due, sc.targets[i % 2], due - rng.randint(0, 60_000))
         roll = rng.random()
+        early = 0.02 <= roll < 0.025  # due in a minute or two, delivered now
+        due = now + rng.randint(60_000, 120_000) if early else base + rng.randint(0, 290_000)
+        s = sc.schedule(f"m{i}", due, sc.targets[i % 2], due - rng.randint(0, 60_000))
         if roll < 0.01:
             continue  # missing
         if roll < 0.02:
             sc.cancel(s.id, due - 1_000)
             continue
-        if roll < 0.025:
-            sc.deliver(s, due - rng.randint(1, 500))  # early
-            continue
-        at = due + int(rng.expovariate(1 / 40.0))
-        sc.deliver(s, at)
+        sc.deliver(s)
         if roll > 0.99:
-            sc.deliver(s, at + rng.randint(0, 3_000))
+            sc.deliver(s)
     for i in range(5):  # not due yet: pending, part of no verdict
         sc.schedule(f"later{i}", now + 600_000, sc.targets[0], now - 1_000)
         pending += 1
@@ -249,7 +260,7 @@ def test_report_matches_an_independent_count_over_5000_messages(
 def test_topics_option_judges_only_messages_bound_for_those_topics(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
-    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    sc = build_faults(kafka.bootstrap_servers)
     end_ms = int(time.time() * 1000)
     both = verify_once(spark, sc.config(end_ms=end_ms), Slo(), None)
     first = verify_once(spark, sc.config(end_ms=end_ms, topics=sc.targets[0]), Slo(), None)
@@ -264,7 +275,7 @@ def test_topics_option_judges_only_messages_bound_for_those_topics(
 def test_slos_met_exit_zero_and_one_missed_slo_is_named(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
-    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    sc = build_faults(kafka.bootstrap_servers)
     cfg = sc.config()
     met = verify_once(spark, cfg, Slo(max_p99_ms=60_000, max_early=1, max_duplicates=1), None)
     assert met.exit_code == 0
@@ -278,7 +289,7 @@ def test_slos_met_exit_zero_and_one_missed_slo_is_named(
 def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_slos(
     kafka: KafkaInfra, tmp_path: Path
 ) -> None:
-    sc = build_faults(kafka.bootstrap_servers, int(time.time() * 1000) - 600_000)
+    sc = build_faults(kafka.bootstrap_servers)
     report = tmp_path / "cli" / "report.json"
     out_topic = unique_topic("vout")
     argv = [
@@ -303,6 +314,8 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
         "0",
         "--max-missing",
         "5",
+        "--isolation-level",
+        "read_committed",
     ]
     env = {**os.environ, "KDELAY_VERIFIER_LOG_LEVEL": "WARNING"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False, env=env)
@@ -312,6 +325,7 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
     assert "--max-missing" not in proc.stderr
     got = json.loads(report.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == got
+    assert got["isolation"] == "read_committed"
     end_ms = json.loads(report.with_name("report.details.json").read_text())["end_ms"]
     assert_same_report(got, independent_report(sc, end_ms))
     for name in ("report.lateness.png", "report.histogram.png"):
@@ -326,3 +340,59 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
     assert sorted(json.loads(r.value or b"")["window_start_ms"] for r in published) == sorted(
         w["window_start_ms"] for w in windows
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "clock"),
+    [({"message.timestamp.type": "LogAppendTime"}, "log-append-time"), ({}, "receipt")],
+)
+def test_a_record_written_to_a_target_before_its_due_time_is_early_whatever_it_claims(
+    spark: Any, kafka: KafkaInfra, tmp_path: Path, config: dict[str, str], clock: str
+) -> None:
+    sc, target = Scenario(kafka.bootstrap_servers, targets=[]), unique_topic("vraw")
+    create_topic(sc.bootstrap, target, config=config)
+    due = int(time.time() * 1000) + 60_000
+    # No schedule, no proxy, no delay service: a record stamped as if released after its due
+    # time (a master whose clock runs two minutes ahead).
+    headers: HeaderList = [(h.ID, b"forged"), (h.DELIVER_AT, str(due).encode())]
+    sc.producer.produce(target, b"v", headers=headers, timestamp=due + 60_000)
+    sc.flush()
+    outcome = verify_once(spark, sc.config(topics=target), Slo(max_early=0), tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["early"], report["clock"]) == (1, clock)
+    assert (report["scheduled"], report["delivered"], report["duplicates"]) == (0, 0, 0)
+    assert outcome.details["unmatched_deliveries"] == 1
+    assert outcome.exit_code == 1
+
+
+def test_a_message_is_its_id_and_due_time_so_a_reused_id_is_a_new_message(
+    spark: Any, kafka: KafkaInfra
+) -> None:
+    sc = Scenario(kafka.bootstrap_servers)
+    now, target = int(time.time() * 1000), sc.targets[0]
+    sc.deliver(sc.schedule("reused", now - 30_000, target, now - 40_000, uid="a1"))
+    second = sc.schedule("reused", now - 20_000, target, now - 35_000, uid="a2")
+    sc.deliver(second)
+    sc.deliver(second)  # the one duplicate: the same id and due time twice
+    # A cancel after "again"'s first use has no say over its second, which is missing.
+    sc.deliver(sc.schedule("again", now - 30_000, target, now - 40_000, uid="b1"))
+    sc.cancel("again", now - 39_000)
+    sc.schedule("again", now - 20_000, target, now - 38_000, uid="b2")
+    sc.schedule("gone", now - 20_000, target, now - 40_000, uid="c1")
+    sc.cancel("gone", now - 39_000)
+    # A relative delay counts from the buffer record's timestamp; a later copy of the record
+    # (same buffer key: a client's retried produce) is the same message.
+    written = now - 30_000
+    rel = sc.schedule("rel", written + 5_000, target, written, uid="d1", delay_ms=5_000)
+    sc.write_buffer(rel, written + 2_000)
+    sc.deliver(rel)
+    # Format version 1 is still read: the record key is the id.
+    v1 = {"v": 1, "op": "schedule", "t": target, "p": -1, "k": None, "d": now - 25_000, "n": False}
+    route: HeaderList = [(buffer.ROUTE_HEADER, json.dumps(v1).encode())]
+    sc.producer.produce(sc.buffer_topic, b"v", b"old", headers=route)
+    sc.deliver(buffer.Scheduled("old", target, -1, None, b"v", now - 25_000))
+    sc.flush()
+    outcome = verify_once(spark, sc.config(end_ms=int(time.time() * 1000)), Slo(), None)
+    counts = ("scheduled", "delivered", "missing", "duplicates", "early")
+    assert [outcome.report[k] for k in counts] == [6, 5, 1, 1, 0]
+    assert (outcome.details["cancelled"], outcome.details["unmatched_deliveries"]) == (1, 0)

@@ -2,9 +2,10 @@
 
 It shares no code with ``verifier/``: it consumes the buffer and target topics with
 confluent-kafka and computes the CONTRACT.md report with numpy (type-7 percentiles), following
-the definitions in the verifier's docs (delivered = distinct ids; duplicates = extra
-deliveries; early = deliveries before the due time; missing = undelivered, not cancelled,
-due + grace < end; lateness = first delivery - due).
+the definitions in the verifier's docs (a message is an (id, due time) pair; delivered =
+messages delivered at least once; duplicates = extra deliveries; early = deliveries before the
+due time in their own header; missing = undelivered, not cancelled, due + grace < end;
+lateness = first delivery - due, by the record timestamp of a LogAppendTime target).
 """
 
 from __future__ import annotations
@@ -58,29 +59,49 @@ def compute(
     grace_ms: int,
     buffer_topic: str = "__kdelay_buffer",
 ) -> Truth:
-    due: dict[str, int] = {}
-    cancelled: set[str] = set()
+    """The report, from the buffer and target topics. A message is an (id, due time) pair: an
+    id may be reused. Copies of one buffer record (same key) count once; a cancel cancels the
+    schedules of its id before it in its partition; a delivery's time is its record timestamp
+    (the targets use LogAppendTime); early = a delivery before its own ``kdelay-deliver-at``."""
+    messages: dict[tuple[str, int], tuple[int, int]] = {}  # (id, due) -> (partition, offset)
+    keys: set[bytes | None] = set()
+    cancels: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for rec in read_all(bootstrap, [buffer_topic]):
         if rec.value is None or not rec.headers or rec.headers[-1][0] != ROUTE:
             continue
         route = json.loads(rec.headers[-1][1] or b"{}")
-        msg_id = (rec.key or b"").decode()
+        msg_id = str(route["i"]) if "i" in route else (rec.key or b"").decode()
         if route.get("op") == "schedule" and route.get("t") in targets:
-            due.setdefault(msg_id, int(route["d"]))
+            if route.get("v", 1) >= 2 and rec.key in keys:
+                continue  # a copy of a record already counted
+            keys.add(rec.key)
+            d = route.get("d")
+            due_ms = int(d) if d is not None else rec.timestamp_ms + int(route["r"])
+            messages.setdefault((msg_id, due_ms), (rec.partition, rec.offset))
         elif route.get("op") == "cancel":
-            cancelled.add(msg_id)
-    deliveries: dict[str, list[int]] = defaultdict(list)
+            cancels[msg_id].append((rec.partition, rec.offset))
+    cancelled = {
+        m
+        for m, (p, o) in messages.items()
+        if any(cp == p and co > o for cp, co in cancels.get(m[0], []))
+    }
+    deliveries: dict[tuple[str, int], list[int]] = defaultdict(list)
+    early = 0
     for rec in read_all(bootstrap, list(targets)):
-        raw = rec.header("kdelay-id")
-        if raw is not None and raw.decode() in due:
-            deliveries[raw.decode()].append(rec.timestamp_ms)
-    delivered = [i for i in due if deliveries.get(i)]
+        raw_id, raw_due = rec.header("kdelay-id"), rec.header("kdelay-deliver-at")
+        if raw_id is None or raw_due is None:
+            continue
+        key = (raw_id.decode(), int(raw_due))
+        early += rec.timestamp_ms < key[1]
+        if key in messages:
+            deliveries[key].append(rec.timestamp_ms)
+    delivered = [m for m in messages if deliveries.get(m)]
     missing = [
-        i
-        for i in due
-        if not deliveries.get(i) and i not in cancelled and due[i] + grace_ms < end_ms
+        m
+        for m in messages
+        if not deliveries.get(m) and m not in cancelled and m[1] + grace_ms < end_ms
     ]
-    lateness = np.array([min(deliveries[i]) - due[i] for i in delivered], dtype=float)
+    lateness = np.array([min(deliveries[m]) - m[1] for m in delivered], dtype=float)
 
     def q(p: float) -> float:
         return float(np.percentile(lateness, p)) if lateness.size else 0.0
@@ -89,8 +110,8 @@ def compute(
         "scheduled": len(delivered) + len(missing),
         "delivered": len(delivered),
         "missing": len(missing),
-        "duplicates": sum(len(deliveries[i]) - 1 for i in delivered),
-        "early": sum(1 for i in delivered for t in deliveries[i] if t < due[i]),
+        "duplicates": sum(len(deliveries[m]) - 1 for m in delivered),
+        "early": early,
         "lateness_ms": {
             "p50": q(50),
             "p95": q(95),
@@ -98,4 +119,5 @@ def compute(
             "max": float(lateness.max()) if lateness.size else 0.0,
         },
     }
-    return Truth(report, dict(deliveries), due)
+    by_id = {m[0]: times for m, times in deliveries.items()}
+    return Truth(report, by_id, {m[0]: m[1] for m in messages})

@@ -1,26 +1,39 @@
-"""Helpers for delay-service tests: write Scheduled messages into a buffer topic, check delivery."""
+"""Helpers for delay-service tests: write Scheduled messages into a buffer topic, check delivery.
+
+Target topics are created with :func:`create_target`: ``message.timestamp.type=LogAppendTime``,
+so a delivered record's timestamp is the broker's clock, not the releasing master's, and
+:func:`assert_not_early` (and the verifier) judge "early" by it.
+"""
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from kdelay.buffer import BufferRecord, Scheduled, encode
-from tests.support.kafka_helpers import Record
+from kdelay.buffer import BufferRecord, Scheduled, encode, partition_for
+from tests.support.kafka_helpers import Record, create_topic
+
+#: Topic config of a target topic whose record timestamps are the broker's append time.
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+
+
+def create_target(bootstrap: str, name: str, partitions: int = 1) -> None:
+    """Create a target topic stamped by the broker (LogAppendTime)."""
+    create_topic(bootstrap, name, partitions, config=dict(LOG_APPEND_TIME))
 
 
 def buffer_partition(msg_id: str, partitions: int) -> int:
-    """The buffer partition of an id (any stable function will do for tests)."""
-    return zlib.crc32(msg_id.encode()) % partitions
+    """The buffer partition of every record about an id: the proxy's (Kafka's murmur2 of the
+    id), so a cancel follows its message in one partition."""
+    return partition_for(msg_id, partitions)
 
 
 def produce_buffer(
     bootstrap: str, topic: str, partitions: int, records: Iterable[BufferRecord]
 ) -> None:
-    """Write buffer records the way the proxy does (key = id; acks=all, idempotent)."""
+    """Write buffer records the way the proxy does (partition by id; acks=all, idempotent)."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}
     )
@@ -74,5 +87,7 @@ def assert_delivered_once(messages: Sequence[Scheduled], records: Sequence[Recor
 
 
 def assert_not_early(records: Sequence[Record]) -> None:
+    """No record's timestamp is before its ``kdelay-deliver-at``: the broker's clock on a
+    :func:`create_target` topic (on a CreateTime topic, only the master's own claim)."""
     early = [r for r in records if r.timestamp_ms < int(r.header("kdelay-deliver-at") or b"0")]
     assert not early, f"{len(early)} delivered early, e.g. {early[:2]}"

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ("kdelay", "proxy", "delay_service", "zk", "verifier")
 #: Modules that only the [verifier] extra provides (pyspark), and the files that may use them.
-EXTRA_ONLY = {"verifier": {"verifier/job.py", "verifier/stream.py"}}
+EXTRA_ONLY = {"verifier": {"verifier/job.py", "verifier/stream.py", "verifier/source.py"}}
 
 
 def _name(requirement: str) -> str:

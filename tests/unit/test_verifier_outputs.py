@@ -66,6 +66,15 @@ def test_config_layers_and_names_a_bad_setting(
     )
     with pytest.raises(ConfigError, match="window"):
         load(VerifierConfig, {"window": "soon"})
+    assert cfg.isolation_level == "read_uncommitted"
+    with pytest.raises(ConfigError, match="isolation_level"):
+        load(VerifierConfig, {"isolation_level": "serializable"})
+
+
+def test_the_isolation_level_is_a_flag() -> None:
+    result = CliRunner().invoke(command, ["--help"])
+    assert result.exit_code == 0
+    assert "--isolation-level" in result.output
 
 
 def test_charts_are_png_files_next_to_the_report(tmp_path: Path) -> None:

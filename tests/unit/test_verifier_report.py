@@ -98,25 +98,55 @@ def test_report_has_exactly_the_contract_keys() -> None:
         "duplicates": 0,
         "early": 0,
         "lateness_ms": {"p50": 1.0, "p95": 2.0, "p99": 3.0, "max": 4.0},
+        "clock": "log-append-time",
     }
     assert all(isinstance(v, float) for v in report["lateness_ms"].values())
 
 
+def test_a_reused_id_is_two_messages_and_a_delivery_of_no_message_counts_only_as_early() -> None:
+    outcomes = [
+        # One id, two due times: two messages, each delivered once (no duplicate).
+        Outcome("reused", 1_000, (1_010,)),
+        Outcome("reused", 9_000, (9_020,)),
+        # Written straight to a target with a due time ahead, no schedule record: early only.
+        Outcome("forged", 60_000, (2_000, 2_500), scheduled=False),
+        Outcome("stray", 1_000, (1_500,), scheduled=False),  # on time, of no message: nothing
+    ]
+    s = summarise(outcomes, end_ms=50_000, grace_ms=1_000)
+    assert (s.scheduled, s.delivered, s.missing, s.duplicates, s.early) == (2, 2, 0, 0, 2)
+    assert s.lateness.max == 20.0
+    assert s.clock == "log-append-time"
+
+
+def test_the_clock_is_receipt_as_soon_as_one_delivery_was_timed_on_receipt() -> None:
+    timed = [Outcome("a", 1_000, (1_010,)), Outcome("b", 1_000, (1_020,), receipt=True)]
+    assert summarise(timed, end_ms=None, grace_ms=0).clock == "receipt"
+    assert summarise(timed[:1], end_ms=None, grace_ms=0).clock == "log-append-time"
+    # Nothing delivered: no delivery used receipt time.
+    assert summarise([Outcome("c", 1_000, receipt=True)], end_ms=None, grace_ms=0).clock == (
+        "log-append-time"
+    )
+    assert Summary.from_row({**_ROW, "delivered": 1, "receipt": True}).clock == "receipt"
+
+
+_ROW = {
+    "scheduled": 2,
+    "delivered": 0,
+    "missing": 2,
+    "duplicates": None,
+    "early": None,
+    "p50": None,
+    "p95": None,
+    "p99": None,
+    "max": None,
+    "pending": 0,
+    "cancelled": 1,
+    "receipt": None,
+}
+
+
 def test_summary_from_an_aggregate_row_without_deliveries_has_zero_lateness() -> None:
-    row = {
-        "scheduled": 2,
-        "delivered": 0,
-        "missing": 2,
-        "duplicates": None,
-        "early": None,
-        "p50": None,
-        "p95": None,
-        "p99": None,
-        "max": None,
-        "pending": 0,
-        "cancelled": 1,
-    }
-    s = Summary.from_row(row)
+    s = Summary.from_row(_ROW)
     assert (s.scheduled, s.missing, s.duplicates, s.cancelled) == (2, 2, 0, 1)
     assert s.lateness == Lateness(0.0, 0.0, 0.0, 0.0)
 

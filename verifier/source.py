@@ -1,0 +1,153 @@
+"""Reading the topics with Spark's Kafka source and parsing them into schedules and deliveries.
+
+Schedules and cancels come from the buffer topic (:func:`parse_buffer`, format versions 1 and
+2 of :mod:`kdelay.buffer`), deliveries from the target topics (:func:`parse_delivered`).
+
+Delivery time, the clock every verdict about time uses: Kafka's record ``timestamp`` when its
+``timestampType`` is LogAppendTime (the broker's clock), otherwise the verifier's *receipt
+time*, because a CreateTime timestamp is whatever the releasing master's clock said. The
+receipt time is an **upper bound** of the moment the broker appended the record (so it can
+make a delivery look later, never earlier, than it was, given the verifier's own clock is
+right):
+
+- streaming: ``current_timestamp()``, which Spark fixes per micro-batch *after* it has read
+  the end offsets of that batch, so every record in the batch was appended before it;
+- ``--once``: the instant after the bounded read of the target topics was materialised
+  (``run_once`` passes it in), for the same reason.
+
+Every read uses the consumer isolation level ``isolation_level`` (``kafka.isolation.level``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
+
+from kdelay import headers as h
+from kdelay.buffer import OP_CANCEL, OP_SCHEDULE, READ_VERSIONS, ROUTE_HEADER, route_schema
+from verifier.config import VerifierConfig
+
+#: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
+_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r")
+#: Spark's Kafka source ``timestampType``: 0 is CreateTime, 1 LogAppendTime.
+LOG_APPEND_TIME = 1
+
+
+def _kafka_options(cfg: VerifierConfig) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": cfg.bootstrap_servers,
+        "kafka.isolation.level": cfg.isolation_level,
+        "includeHeaders": "true",
+        # The buffer topic is compacted: offsets have gaps by design.
+        "failOnDataLoss": "false",
+    }
+
+
+def read_batch(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
+    """A bounded read (earliest..latest) of ``subscribe=``/``subscribePattern=`` topics."""
+    return (
+        spark.read.format("kafka")
+        .options(**_kafka_options(cfg))
+        .options(startingOffsets="earliest", endingOffsets="latest", **source)
+        .load()
+    )
+
+
+def read_stream(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
+    """An unbounded read of ``subscribe=``/``subscribePattern=`` topics."""
+    return (
+        spark.readStream.format("kafka")
+        .options(**_kafka_options(cfg))
+        .options(startingOffsets=cfg.starting_offsets, **source)
+        .load()
+    )
+
+
+@dataclass(frozen=True)
+class BufferRows:
+    """The buffer topic, parsed.
+
+    ``schedules``: id, due (timestamp), due_ms, topic, bpart, boff (the record's buffer
+    partition and offset) and dkey (what makes copies of one buffer record one message: the
+    buffer key in version 2, id and due time in version 1, whose key is the id).
+    ``cancels``: id, bpart, boff.
+    """
+
+    schedules: DataFrame
+    cancels: DataFrame
+
+
+def parse_buffer(raw: DataFrame) -> BufferRows:
+    """Schedule and cancel records of buffer format versions 1 and 2; other records dropped.
+
+    Version 1: id = the record key, due = ``d``. Version 2: id = ``i``, due = ``d`` or, for a
+    relative delay, the record timestamp (LogAppendTime on the buffer topic) + ``r``.
+    """
+    last = F.try_element_at(F.col("headers"), F.lit(-1))
+    route = F.when(
+        last.getField("key") == ROUTE_HEADER,
+        F.from_json(last.getField("value").cast("string"), _ROUTE_SCHEMA),
+    )
+    key = F.col("key").cast("string")
+    v1 = F.col("r.v") == 1
+    parsed = raw.select(
+        key.alias("bkey"),
+        route.alias("r"),
+        F.unix_millis(F.col("timestamp")).alias("ts_ms"),
+        F.col("partition").alias("bpart"),
+        F.col("offset").alias("boff"),
+    ).where(F.col("r.v").isin(list(READ_VERSIONS)))
+    parsed = parsed.withColumn("id", F.when(v1, F.col("bkey")).otherwise(F.col("r.i"))).where(
+        F.col("id").isNotNull()
+    )
+    due_ms = F.when(v1, F.col("r.d")).otherwise(
+        F.coalesce(F.col("r.d"), F.col("ts_ms") + F.col("r.r"))
+    )
+    schedules = (
+        parsed.where((F.col("r.op") == OP_SCHEDULE) & F.col("r.t").isNotNull())
+        .withColumn("due_ms", due_ms)
+        .where(F.col("due_ms").isNotNull())
+        .select(
+            "id",
+            F.timestamp_millis(F.col("due_ms")).alias("due"),
+            "due_ms",
+            F.col("r.t").alias("topic"),
+            "bpart",
+            "boff",
+            F.when(v1, F.concat_ws(" ", "id", F.col("due_ms").cast("string")))
+            .otherwise(F.col("bkey"))
+            .alias("dkey"),
+        )
+    )
+    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select("id", "bpart", "boff")
+    return BufferRows(schedules, cancels)
+
+
+def only_topics(schedules: DataFrame, topics: list[str]) -> DataFrame:
+    """With ``--topics``, only messages bound for those topics are judged: the deliveries of
+    any other topic are not read, so its messages would all look missing."""
+    return schedules.where(F.col("topic").isin(topics)) if topics else schedules
+
+
+def _header(name: str) -> Column:
+    found = F.filter(F.col("headers"), lambda hdr: hdr.getField("key") == name)
+    return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
+
+
+def parse_delivered(raw: DataFrame, received: Column | None = None) -> DataFrame:
+    """Deliveries: target-topic records that carry a ``kdelay-id`` header.
+
+    Columns: id; due_ms, their own ``kdelay-deliver-at`` (epoch ms; null when absent or not a
+    number); at, the delivery time (module docstring); receipt, whether ``at`` is the receipt
+    time ``received`` (default ``current_timestamp()``, the streaming batch's time).
+    """
+    appended = F.col("timestampType") == LOG_APPEND_TIME
+    receipt_time = F.current_timestamp() if received is None else received
+    return raw.select(
+        _header(h.ID).alias("id"),
+        _header(h.DELIVER_AT).try_cast("bigint").alias("due_ms"),
+        F.when(appended, F.col("timestamp")).otherwise(receipt_time).alias("at"),
+        (~appended).alias("receipt"),
+    ).where(F.col("id").isNotNull())
