@@ -8,7 +8,8 @@ producers, a *new* producer — hence a new producer id — every ``--producer-e
 a target topic with ``message.timestamp.type=LogAppendTime``. A consumer reads the target the
 whole time. Every 10 s the resident set size of the proxy and of each replica is sampled.
 
-At the end (after a drain of the longest delay plus 30 s) it reports: sent, acknowledged,
+At the end (after a drain that lasts until everything acknowledged was delivered, or nothing
+new arrived for 60 s) it reports: sent, acknowledged,
 delivered, lost (acknowledged, never delivered), duplicates, early (broker append time before
 the due time in the record's ``kdelay-deliver-at`` header), lateness p50/p99/max by the
 broker's clock, and RSS start/end/max per process; a PNG of RSS over time and a JSON file go to
@@ -36,6 +37,7 @@ from kdelay.stats import percentile
 
 SAMPLE_S = 10.0
 MAX_DELAY_MS = 5_000
+DRAIN_IDLE_S = 60.0
 
 
 @dataclass
@@ -195,11 +197,16 @@ def main(argv: list[str] | None = None) -> None:
                 f"{n} {row[n] / 2**20:.0f} MiB" for n in names
             ), flush=True)  # fmt: skip
             sender.join(SAMPLE_S)
-        drain_until = time.monotonic() + MAX_DELAY_MS / 1000 + 30
-        while time.monotonic() < drain_until:
+        # Drain: until everything acknowledged arrived, or nothing new for DRAIN_IDLE_S (a
+        # backlog still draining is late, not lost; only what never comes is lost).
+        last_seen, idle_since = -1, time.monotonic()
+        while time.monotonic() - idle_since < DRAIN_IDLE_S:
             with tally.lock:
                 if tally.acked <= set(tally.seen):
                     break
+                seen = len(tally.seen)
+            if seen != last_seen:
+                last_seen, idle_since = seen, time.monotonic()
             time.sleep(1)
         stop.set()
         reader.join()
