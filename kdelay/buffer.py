@@ -12,8 +12,10 @@ scheduled message and per cancel (32 hex characters; derived from the producer i
 partition and sequence of an idempotent producer's record, so a retried batch writes the same
 keys and replicas drop the copy; random otherwise). The proxy chooses the partition itself, by
 :func:`partition_for` of the *message id*, so a message, its cancel and any later message that
-reuses the id are in one partition, in production order. Compaction then only ever removes a
-record whose own tombstone was written, never a later message that reuses its id.
+reuses the id are in one partition, in production order (an id the proxy made up for a message
+sent without one is pinned to its target partition's buffer partition, :func:`pinned_id`).
+Compaction then only ever removes a record whose own tombstone was written, never a later
+message that reuses its id.
 
 - schedule: value = the original value (``b""`` when it was null, flagged by ``"n": true``, so
   that a null-valued message is never mistaken for a compaction tombstone); headers = the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,7 @@ from kdelay import headers as h
 from kdelay.errors import BufferFormatError
 
 BUFFER_TOPIC = "__kdelay_buffer"
+_PINNED = re.compile(r"b(\d{1,9})\.[0-9a-f]{32}\Z")
 DEAD_LETTER_TOPIC = "__kdelay_dead_letter"
 ROUTE_HEADER = "kdelay-route"
 FORMAT_VERSION = 2
@@ -153,9 +157,21 @@ def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
 
 def partition_for(msg_id: str, partitions: int) -> int:
     """The buffer partition of every record about ``msg_id``: Kafka's own murmur2 key hash
-    (what the Java client's default partitioner does with the id as key)."""
+    (what the Java client's default partitioner does with the id as key), except for an id of
+    the form ``b<n>.<32 hex digits>`` (:func:`pinned_id`), which names partition ``n``."""
+    pinned = _PINNED.match(msg_id)
+    if pinned:
+        return int(pinned[1]) % partitions
     hashed: int = murmur2(msg_id.encode())
     return (hashed & 0x7FFFFFFF) % partitions
+
+
+def pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
+    """The id the proxy gives a message sent without ``kdelay-id``: its buffer key, pinned to
+    the buffer partition of its target partition. So a producer's records for one target
+    partition share a buffer partition, are appended together and tie on their due times in
+    production order (the order field breaks the tie), and a cancel by this id finds them."""
+    return f"b{partition_for(f'{topic}/{partition}', partitions)}.{uid}"
 
 
 def encode(record: BufferRecord) -> Encoded:

@@ -174,6 +174,11 @@ def _buffer_partition(msg_id: str, partitions: int) -> int:
     return buffer.partition_for(msg_id, partitions)
 
 
+def _pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
+    _buffer_partition(uid, partitions)  # raises while the partitions are unknown
+    return buffer.pinned_id(uid, topic, partition, partitions)
+
+
 def scheduled(
     msg_id: str,
     *,
@@ -319,7 +324,7 @@ def route(
             assert isinstance(asked, Delay)
             uid = buffer_key(origin, topic, partition, i)
             routed = scheduled(
-                asked.id or uid,
+                asked.id or _pinned_id(uid, topic, partition, buffer_partitions),
                 topic=topic,
                 partition=partition,
                 key=key,

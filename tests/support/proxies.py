@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from kdelay.local import free_port
+from kdelay.local import free_port, wait_until
+from kdelay.local.process import ManagedProcess
 from proxy import ProxyConfig
+
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
 
 
 def loopback_config(bootstrap: str, **overrides: Any) -> ProxyConfig:
@@ -19,3 +27,35 @@ def loopback_config(bootstrap: str, **overrides: Any) -> ProxyConfig:
         **overrides,
     }
     return ProxyConfig(**settings)
+
+
+def accepting(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def proxy_process(
+    bootstrap: str,
+    log_path: Path,
+    *,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, int]:
+    """A ``kdelay proxy`` subprocess (not started) on a free loopback port, and that port;
+    ``prefix`` runs it under another command (``faketime -f -5s``)."""
+    port = free_port()
+    argv = [
+        *prefix, KDELAY, "proxy", "--listen", f"127.0.0.1:{port}",
+        "--http-listen", f"127.0.0.1:{free_port()}",
+        "--bootstrap-servers", bootstrap,
+    ]  # fmt: skip
+    return ManagedProcess("proxy", argv, log_path, env={**os.environ, **(env or {})}), port
+
+
+def wait_accepting(port: int, timeout: float = 60.0) -> None:
+    """Wait until the proxy on ``port`` accepts connections."""
+    wait_until(lambda: accepting(port), timeout=timeout, what=f"a proxy to listen on {port}")

@@ -20,6 +20,7 @@ from kdelay.buffer import (
     decode,
     encode,
     partition_for,
+    pinned_id,
 )
 from kdelay.errors import BufferFormatError
 
@@ -91,6 +92,10 @@ def test_every_record_about_an_id_goes_to_one_partition() -> None:
     assert spread == set(range(6))
     # Kafka's murmur2 (the Java client's default partitioner) on the id as a key.
     assert partition_for("abc", 2**31 - 1) == 479470107
+    # An id the proxy pinned to a partition (a message sent without kdelay-id).
+    assert partition_for("b4." + "0" * 32, 6) == 4
+    pinned = pinned_id("a" * 32, "t", 3, 6)
+    assert partition_for(pinned, 6) == partition_for("t/3", 6)
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,8 @@ def test_an_idempotent_batch_retried_writes_the_same_buffer_keys() -> None:
 
     first = keys(Origin(7, 0, 100))
     assert keys(Origin(7, 0, 100)) == first  # the same batch through another proxy
-    assert first[0][0] == first[0][1].encode()  # type: ignore[union-attr]  # derived id
+    # The derived id: the buffer key, pinned to the target partition's buffer partition.
+    assert first[0][1] == buffer.pinned_id(first[0][0].decode(), "t", 1, 6)  # type: ignore[union-attr]
     assert first[1][1] == "mine"
     assert len({k for k, _ in first}) == 3
     for other in (Origin(8, 0, 100), Origin(7, 1, 100), Origin(7, 0, 103)):
@@ -146,3 +147,11 @@ def test_fast_path_only_skips_records_without_kdelay_header_names() -> None:
     assert route_record("t", 0, later, NOW, POLICY).deliver_at_ms == NOW + 5
     with pytest.raises(InvalidHeaderError, match=h.DELAY_MS):
         route_record("t", 0, Incoming(None, b"v", [("a", b""), (h.DELAY_MS, b"x")]), NOW, POLICY)
+
+
+def test_records_without_an_id_for_one_target_partition_share_a_buffer_partition() -> None:
+    records = [Incoming(None, bytes([i]), [(h.DELAY_MS, b"10")]) for i in range(40)]
+    for partition in (0, 1, 2):
+        out, _ = route("t", partition, records, NOW, POLICY, buffer_partitions=PARTITIONS)
+        assert len({o.partition for o in out}) == 1  # appended together: exact ties
+        assert {buffer.partition_for(o.id or "", PARTITIONS) for o in out} == {out[0].partition}
