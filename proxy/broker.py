@@ -264,41 +264,54 @@ class Broker:
         parts: tuple[bytes | memoryview, ...],
         origin: Origin | None,
     ) -> tuple[list[Outgoing], dict[Kind, int]]:
-        """The batch's records parsed and routed; raises BatchError."""
+        """The batch's records parsed and routed; raises BatchError. The buffer topic's
+        partition count comes from the topic cache, and from upstream only when a record needs
+        it and the cache has none."""
         records = rec.read_records(parts)
-        buffer_partitions = self.topics.partitions_cached(BUFFER_TOPIC)
-        for attempt in (1, 2):
-            try:
-                now = self.clock_ms()
-                return route(
-                    topic,
-                    partition,
-                    records,
-                    now,
-                    self.policy,
-                    limits=self.limits,
-                    buffer_partitions=buffer_partitions,
-                    origin=origin,
-                )
-            except RejectedRecordError as exc:
-                raise rec.BatchError(
-                    kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
-                ) from None
-            except BufferUnavailableError as exc:
-                try:
-                    info = await self.topics.info(BUFFER_TOPIC)  # not cached yet, or expired
-                except KafkaException as lookup:
-                    raise rec.BatchError(
-                        kerr.LeaderNotAvailableError.errno,
-                        f"{BUFFER_TOPIC}: upstream Kafka unreachable: {lookup}",
-                        reason="buffer_unavailable",
-                    ) from None
-                buffer_partitions = info.partitions if info.error_code == 0 else 0
-                if attempt == 2 or buffer_partitions == 0:
-                    raise rec.BatchError(
-                        kerr.LeaderNotAvailableError.errno, str(exc), reason="buffer_unavailable"
-                    ) from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return self._routed(
+                topic, partition, records, origin, self.topics.partitions_cached(BUFFER_TOPIC)
+            )
+        except BufferUnavailableError as exc:
+            unavailable = str(exc)
+        try:
+            info = await self.topics.info(BUFFER_TOPIC)
+        except KafkaException as lookup:
+            raise rec.BatchError(
+                kerr.LeaderNotAvailableError.errno,
+                f"{BUFFER_TOPIC}: upstream Kafka unreachable: {lookup}",
+                reason="buffer_unavailable",
+            ) from None
+        if info.error_code or info.partitions <= 0:
+            raise rec.BatchError(
+                kerr.LeaderNotAvailableError.errno, unavailable, reason="buffer_unavailable"
+            )
+        return self._routed(topic, partition, records, origin, info.partitions)
+
+    def _routed(
+        self,
+        topic: str,
+        partition: int,
+        records: list[rec.Record],
+        origin: Origin | None,
+        buffer_partitions: int,
+    ) -> tuple[list[Outgoing], dict[Kind, int]]:
+        """``route`` with the proxy's policy and limits; RejectedRecordError as BatchError."""
+        try:
+            return route(
+                topic,
+                partition,
+                records,
+                self.clock_ms(),
+                self.policy,
+                limits=self.limits,
+                buffer_partitions=buffer_partitions,
+                origin=origin,
+            )
+        except RejectedRecordError as exc:
+            raise rec.BatchError(
+                kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
+            ) from None
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
