@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from delay_service.config import ReplicaConfig
-from kdelay import logs
+from kdelay import logs, memory
 from kdelay.config import load
 from kdelay.options import config_options
 from zk.paths import DEFAULT_ROOT
@@ -25,6 +25,7 @@ def command(config_file: Path | None, **flags: Any) -> None:
     """Run one delay-service replica until SIGTERM/SIGINT."""
     cfg = load(ReplicaConfig, flags, config_file)
     logs.configure(cfg.log_level)
+    memory.limit_arenas()  # before any thread starts (kdelay/memory.py)
     from delay_service.replica import Replica
 
     replica = Replica(cfg)

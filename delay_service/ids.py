@@ -16,8 +16,8 @@ alone, as it was. Not thread-safe: the store calls it under its own lock.
 
 from __future__ import annotations
 
+import hashlib
 import struct
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,34 +75,48 @@ def reindex(db: Any, ids: Any, ids_cf: Any) -> WriteBatch:
 
 class RecentlyDone:
     """Index keys of records that left the store recently (delivered, or covered by a
-    checkpoint), remembered for ``ttl_s``: a copy of such a record that arrives later (an
-    idempotent producer's retry through a restarted proxy, written after the first copy was
-    delivered) is a duplicate, not a new message. Only records of format 2 (a buffer key) are
-    remembered. In memory (about 100 bytes each), so a replica restart forgets them; at most
-    ``cap`` (at 2,000 deliveries a second the last two minutes, not five).
-    Not thread-safe: the store calls it under its own lock."""
+    checkpoint), remembered for 2.5 to 5 minutes: a copy of such a record that arrives later
+    (an idempotent producer's retry through a restarted proxy, written after the first copy
+    was delivered) is a duplicate, not a new message. Only records of format 2 (a buffer key)
+    are remembered.
 
-    def __init__(self, ttl_s: float = 300.0, cap: int = 250_000) -> None:
-        self._ttl_s = ttl_s
-        self._cap = cap
-        self._keys: OrderedDict[bytes, float] = OrderedDict()
+    Kept as 16-byte BLAKE2b digests in two generations: keys go into the current set; every
+    ``ttl_s / 2`` the current set becomes the previous one and the previous one is dropped,
+    so a key is remembered for at least ``ttl_s / 2`` and at most ``ttl_s``. A generation
+    holds at most ``cap / 2`` keys (at 2,000 deliveries a second, all of them); past that it
+    rotates early. About 90 bytes a key, so ``cap`` = 500,000 costs about 45 MB. In memory:
+    a replica restart forgets them. Not thread-safe: the store calls it under its own lock."""
+
+    def __init__(self, ttl_s: float = 300.0, cap: int = 500_000) -> None:
+        self._half_s = ttl_s / 2
+        self._half_cap = max(1, cap // 2)
+        self._current: set[bytes] = set()
+        self._previous: set[bytes] = set()
+        self._rotated: float | None = None
+
+    @staticmethod
+    def _digest(index_key: bytes) -> bytes:
+        return hashlib.blake2b(index_key, digest_size=16).digest()
 
     def add(self, msg_id: str, uid: str, now: float) -> None:
         """Remember that record (``msg_id``, ``uid``) left the store at monotonic ``now``."""
+        if self._rotated is None:
+            self._rotated = now
+        if now - self._rotated >= self._half_s or len(self._current) >= self._half_cap:
+            self._previous = self._current if now - self._rotated < 2 * self._half_s else set()
+            self._current = set()
+            self._rotated = now
         if uid:
-            key = id_key(msg_id, uid)
-            self._keys[key] = now
-            self._keys.move_to_end(key)
-        while self._keys and (
-            len(self._keys) > self._cap or next(iter(self._keys.values())) < now - self._ttl_s
-        ):
-            self._keys.popitem(last=False)
+            self._current.add(self._digest(id_key(msg_id, uid)))
 
     def __contains__(self, index_key: object) -> bool:
-        return index_key in self._keys
+        if not isinstance(index_key, bytes):
+            return False
+        digest = self._digest(index_key)
+        return digest in self._current or digest in self._previous
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._current) + len(self._previous)
 
 
 class IndexedBatch:

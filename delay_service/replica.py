@@ -34,9 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from kazoo.recipe.watchers import DataWatch
 
 from delay_service import health
@@ -50,12 +47,11 @@ from delay_service.metrics import DUE_WINDOWS, Metrics
 from delay_service.sender import Sender
 from delay_service.store import Store
 from delay_service.supervisor import RestartPolicy, Supervisor
-from kdelay import logs
+from kdelay import logs, memory
 from kdelay.backoff import Backoff
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
-from kdelay.errors import InfrastructureError
-from kdelay.topics import BUFFER_TOPIC_CONFIG, ensure_internal_topics
+from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
 from zk import (
     CONNECTED,
     LOST,
@@ -72,21 +68,6 @@ log = logs.get(__name__)
 
 SESSION_FILE = "zk-session.json"
 _DUE_CAP = 50_000
-
-
-def ensure_buffer_topic(cfg: ReplicaConfig) -> None:
-    """Create a shard's own buffer topic (same settings as ``__kdelay_buffer``) when missing."""
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers})
-    if cfg.buffer_topic in admin.list_topics(timeout=30).topics:
-        return
-    topic = NewTopic(
-        cfg.buffer_topic, cfg.buffer_partitions, cfg.buffer_replication, config=BUFFER_TOPIC_CONFIG
-    )
-    try:
-        admin.create_topics([topic])[cfg.buffer_topic].result(timeout=30)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise InfrastructureError(f"cannot create {cfg.buffer_topic}: {exc}") from None
 
 
 class Replica:
@@ -153,7 +134,12 @@ class Replica:
             replication=cfg.buffer_replication,
         )
         if cfg.buffer_topic != BUFFER_TOPIC:
-            ensure_buffer_topic(cfg)
+            ensure_buffer_topic(
+                cfg.bootstrap_servers,
+                cfg.buffer_topic,
+                partitions=cfg.buffer_partitions,
+                replication=cfg.buffer_replication,
+            )
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
@@ -266,6 +252,7 @@ class Replica:
         self._joined = False
         state = CONNECTED
         next_status = 0.0
+        next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
         watching = False
         while not self._stop.is_set():
             self._wakeup.wait(timeout=0.2 if not ingest.caught_up.is_set() else 1.0)
@@ -305,6 +292,9 @@ class Replica:
                     log.warning("replica.election_join_failed", error=str(exc))
             self._drain_events(session, store, forwarder, election)
             self._reconcile(session, forwarder, election)
+            if time.monotonic() >= next_trim:
+                next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
+                memory.trim()
             if time.monotonic() >= next_status and state == CONNECTED:
                 next_status = time.monotonic() + cfg.status_interval_ms / 1000
                 self._publish(registry, store, ingest, forwarder, election)

@@ -32,8 +32,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import Rdict, ReadOptions, WriteBatch
 
+from delay_service import rocks
 from delay_service.entry import (
     Entry,
     decode_entry,
@@ -74,22 +75,13 @@ class ApplyResult:
 Incoming = tuple[int, int, BufferRecord | None]
 
 
-#: Memory all column families' memtables may hold before RocksDB flushes them.
-MEMTABLE_BYTES = 32 << 20
-
-
 class Store:
     """The pending set of one replica; open with :meth:`open`, close with :meth:`close`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.create_missing_column_families(True)
-        # One cap across the three families: RSS plateaus near it (bench/soak.py).
-        opts.set_db_write_buffer_size(MEMTABLE_BYTES)
-        cfs = {"ids": Options(raw_mode=True), "meta": Options(raw_mode=True)}
+        opts, cfs = rocks.options()
         try:
             self._db = Rdict(str(path), opts, column_families=cfs)
         except Exception as exc:  # rocksdict raises plain Exception subclasses

@@ -65,6 +65,21 @@ def ensure_internal_topics(
                 ) from None
 
 
+def ensure_buffer_topic(
+    bootstrap: str, topic: str, *, partitions: int, replication: int, timeout: float = 30.0
+) -> None:
+    """Create a shard's own buffer topic (the settings of ``__kdelay_buffer``) when missing."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        if topic in admin.list_topics(timeout=timeout).topics:
+            return
+        new = NewTopic(topic, partitions, replication, config=BUFFER_TOPIC_CONFIG)
+        admin.create_topics([new])[topic].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise InfrastructureError(f"cannot create {topic} on {bootstrap}: {exc}") from None
+
+
 CLOCK_TOPIC = "__kdelay_clock"
 TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"

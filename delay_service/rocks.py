@@ -1,0 +1,36 @@
+"""The store's RocksDB options: bounded memory whatever the data.
+
+Memtables of all column families share one cap, and one block cache holds the data, index and
+filter blocks of every family, so neither the write rate nor the number of SST files makes a
+replica's memory grow (``bench/soak.py`` samples it).
+"""
+
+from __future__ import annotations
+
+from rocksdict import BlockBasedOptions, Cache, Options
+
+#: Memory all column families' memtables may hold before RocksDB flushes them.
+MEMTABLE_BYTES = 32 << 20
+#: One block cache for every family, holding their index and filter blocks too, so table
+#: readers do not grow with the number of SST files.
+BLOCK_CACHE_BYTES = 16 << 20
+
+
+def _options(cache: Cache) -> Options:
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opts = Options(raw_mode=True)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def options() -> tuple[Options, dict[str, Options]]:
+    """The database options and those of the ``ids`` and ``meta`` column families."""
+    cache = Cache(BLOCK_CACHE_BYTES)
+    opts = _options(cache)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_db_write_buffer_size(MEMTABLE_BYTES)
+    return opts, {"ids": _options(cache), "meta": _options(cache)}
