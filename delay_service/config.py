@@ -12,6 +12,10 @@ from kdelay.buffer import BUFFER_TOPIC
 from kdelay.config import component_config
 from zk.paths import DEFAULT_ROOT, Paths
 
+EXACTLY_ONCE = "exactly-once"
+AT_LEAST_ONCE = "at-least-once"
+DELIVERY_MODES = (EXACTLY_ONCE, AT_LEAST_ONCE)
+
 
 class ReplicaConfig(BaseSettings):
     """Settings of one delay-service replica; validated once, at start-up."""
@@ -100,6 +104,32 @@ class ReplicaConfig(BaseSettings):
         ge=1,
         description="most due entries of held targets one scan passes over before it stops",
     )
+    # -- the release mode (forwarder.py, exactly_once.py) ----------------------------------
+    delivery: str = Field(
+        default=AT_LEAST_ONCE,
+        description="exactly-once: releases and their checkpoint commit in one Kafka "
+        "transaction (read_committed consumers see no duplicate); at-least-once: an "
+        "idempotent producer, duplicates possible around a failover",
+    )
+    transaction_timeout_ms: int = Field(
+        default=60_000,
+        ge=1_000,
+        description="exactly-once: the broker aborts a transaction left open this long (a "
+        "frozen master's)",
+    )
+    txn_ack_wait_ms: int = Field(
+        default=2_000,
+        ge=1,
+        description="exactly-once: longest a round waits for its records' acknowledgements "
+        "before it aborts and holds the targets that did not answer",
+    )
+
+    @field_validator("delivery")
+    @classmethod
+    def _delivery(cls, value: str) -> str:
+        if value not in DELIVERY_MODES:
+            raise ValueError(f"must be one of {', '.join(DELIVERY_MODES)}")
+        return value
 
     @field_validator("zk_root")
     @classmethod

@@ -30,6 +30,17 @@ BUFFER_TOPIC_CONFIG = {
     "delete.retention.ms": "86400000",
 }
 
+#: Exactly-once release: each delay set's checkpoint, committed in the transaction of the
+#: releases it covers (delay_service/exactly_once.py); keyed by the set, so compaction keeps
+#: the last one.
+CHECKPOINT_TOPIC = "__kdelay_checkpoint"
+CHECKPOINT_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "segment.ms": "3600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+
 
 def ensure_internal_topics(
     bootstrap: str,
@@ -40,12 +51,14 @@ def ensure_internal_topics(
     timeout: float = 30.0,
     client_config: dict[str, str] | None = None,
 ) -> None:
-    """Create the buffer and dead-letter topics when missing; existing ones are left alone."""
+    """Create the buffer, dead-letter and checkpoint topics when missing; existing ones are left
+    alone."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     extra = {"min.insync.replicas": str(min_insync)} if min_insync else {}
     wanted = [
         NewTopic(BUFFER_TOPIC, partitions, replication, config={**BUFFER_TOPIC_CONFIG, **extra}),
         NewTopic(DEAD_LETTER_TOPIC, 1, replication, config=extra),
+        NewTopic(CHECKPOINT_TOPIC, 1, replication, config={**CHECKPOINT_TOPIC_CONFIG, **extra}),
     ]
     deadline = time.monotonic() + timeout
     try:
