@@ -32,8 +32,11 @@ def rss_bytes(pid: int) -> int:
 class Replicas:
     """N replicas of one replica set (own ZooKeeper root and buffer topic)."""
 
-    def __init__(self, base: Path, bootstrap: str, zk: str, n: int) -> None:
+    def __init__(
+        self, base: Path, bootstrap: str, zk: str, n: int, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.base, self.bootstrap, self.zk = base, bootstrap, zk
+        self.extra_args = extra_args
         self.root = f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
         self.buffer = f"bench-buffer-{uuid.uuid4().hex[:8]}"
         self.names = [f"r{i}" for i in range(1, n + 1)]
@@ -53,6 +56,7 @@ class Replicas:
             buffer_partitions=PARTITIONS,
             status_interval_ms=200,
             log_level="WARNING",
+            extra_args=self.extra_args,
         )
         proc = ManagedProcess(f"bench {name}", [KDELAY, *spec.args()], self.base / f"{name}.log")
         proc.start()

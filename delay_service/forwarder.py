@@ -26,11 +26,12 @@ rejected by ZooKeeper (a newer epoch exists) deactivates the forwarder at once a
 ``on_fenced``. Records in flight when a term ends are abandoned: their entries stay in the store
 for the next master (a duplicate at worst).
 
+``exactly_once.py`` makes each round one Kafka transaction (``--delivery exactly-once``).
+
 Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
-retry policy and the checkpoint store while active. The control thread calls :meth:`activate`,
-:meth:`deactivate`, :meth:`pause`, :meth:`resume`, :meth:`shutdown`; the ingest thread calls
-:meth:`notify_new` and :meth:`add_tombstones`. All of those only flip state under one
-Condition and never block on I/O.
+retry policy and the checkpoint store. The control thread calls :meth:`activate`,
+:meth:`deactivate`, :meth:`pause`, :meth:`resume`, :meth:`shutdown`; the ingest thread
+:meth:`notify_new` and :meth:`add_tombstones`: they only flip state under one Condition.
 """
 
 from __future__ import annotations
@@ -230,7 +231,8 @@ class Forwarder:
 
     def _serve(self, checkpoints: CheckpointWriter, generation: int) -> None:
         self._epoch = checkpoints.claim_epoch()
-        data = checkpoints.load()
+        self._sender.start()  # exactly-once: fences every earlier master at the broker
+        data = self._load_checkpoint(checkpoints)
         if data is not None:
             cp = CheckpointRecord.decode(data).checkpoint
             dropped = self._store.apply_checkpoint(cp)
@@ -255,7 +257,6 @@ class Forwarder:
         self._metrics.checkpoint_age.set(0)
         self.active.set()
         log.info("forwarder.started", epoch=self._epoch)
-        self._sender.start()
         try:
             while True:
                 with self._cond:
@@ -279,6 +280,9 @@ class Forwarder:
             self._metrics.targets_held.set(0)
             self._metrics.in_flight.set(0)
             self._produce_tombstones()  # acknowledged or cancelled entries: due whoever leads
+
+    def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+        return checkpoints.load()  # at-least-once: ZooKeeper's (exactly_once.py: Kafka's too)
 
     def _sleep(self, generation: int) -> bool:
         """Wait for the next reason to run a round; False when deactivated or stopping."""
@@ -380,6 +384,12 @@ class Forwarder:
         return CheckpointRecord(cp.time_ms, cp.offsets, self._epoch, writer, written_at).encode()
 
     def _write_checkpoint(self, checkpoints: CheckpointWriter) -> None:
+        self._write_zookeeper(checkpoints)
+        self._store.apply_checkpoint(self._claim)
+        self._produce_tombstones()
+
+    def _write_zookeeper(self, checkpoints: CheckpointWriter) -> None:
+        """Write the claim to ZooKeeper, fenced by this master's epoch."""
         try:
             checkpoints.write(self._record())
         except FencedError:
@@ -391,8 +401,6 @@ class Forwarder:
         self.last_checkpoint_ms = self._clock.wall_ms()
         self._unwritten = False
         self._metrics.checkpoint_age.set(0)
-        self._store.apply_checkpoint(self._claim)
-        self._produce_tombstones()
 
     def _produce_tombstones(self) -> None:
         retired = self._tombstones.take()

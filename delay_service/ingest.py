@@ -123,6 +123,9 @@ class Ingest:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
+                # Exactly-once release writes tombstones inside its transactions: an aborted
+                # one must never remove an entry (no effect on non-transactional records).
+                "isolation.level": "read_committed",
                 "fetch.wait.max.ms": 50,
                 "client.id": f"kdelay-replica-{self._cfg.name}-ingest",
             }

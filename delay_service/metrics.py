@@ -56,6 +56,12 @@ class Metrics:
             ["error"],
             registry=r,
         )
+        self.transactions = Counter(
+            "kdelay_replica_transactions",
+            "exactly-once release rounds, by outcome (committed, aborted)",
+            ["outcome"],
+            registry=r,
+        )
         self.lateness = Histogram(
             "kdelay_replica_lateness_seconds",
             "release time - due time of each forwarded message",

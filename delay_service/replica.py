@@ -41,10 +41,10 @@ from delay_service.broker_clock import BrokerClock, SkewHold
 from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
 from delay_service.errors import ComponentFailedError
+from delay_service.exactly_once import make_forwarder
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
-from delay_service.sender import Sender
 from delay_service.store import Store
 from delay_service.supervisor import RestartPolicy, Supervisor
 from kdelay import logs, memory
@@ -205,15 +205,9 @@ class Replica:
         cfg = self.cfg
         clock = self.broker_clock = BrokerClock(cfg.bootstrap_servers, metrics=self.metrics)
         clock.start()
-        return Forwarder(
-            cfg,
-            store,
-            ingest,
-            self.metrics,
-            sender=Sender.for_replica(cfg, clock),
-            on_fenced=self._on_fenced,
-            clock=clock,
-            hold=SkewHold(clock, cfg.max_clock_skew_ms, self.metrics),
+        hold = SkewHold(clock, cfg.max_clock_skew_ms, self.metrics)
+        return make_forwarder(
+            cfg, store, ingest, self.metrics, on_fenced=self._on_fenced, clock=clock, hold=hold
         )
 
     def _supervise(

@@ -57,9 +57,12 @@ class VerifierConfig(BaseSettings):
     # Kafka's consumer isolation.level, passed to Spark's Kafka source as kafka.isolation.level:
     # read_committed hides records of aborted (and still open) transactions, as a
     # read_committed consumer of the target topics would see them.
+    # read_committed by default: what a consumer of exactly-once releases reads; read_uncommitted
+    # counts what a non-transactional consumer would also see (aborted copies).
     isolation_level: str = Field(
-        default=READ_UNCOMMITTED,
-        description="consumer isolation level: read_uncommitted or read_committed",
+        default=READ_COMMITTED,
+        description="consumer isolation level: read_committed, or read_uncommitted to count "
+        "what a non-transactional consumer would see too",
     )
     end_ms: int | None = Field(
         default=None,

@@ -136,8 +136,10 @@ OVERVIEW = [
             total("kdelay_replica_dead_lettered_total", "dead-lettered"),
             total("kdelay_replica_forward_errors_total", "forward errors"),
             total("kdelay_proxy_upstream_errors_total", "proxy upstream"),
+            errs("kdelay_replica_transactions_total", "outcome"),
         ],
         "rps",
+        description="Exactly-once release: an aborted transaction is sent again (by outcome).",
     ),
 ]
 

@@ -206,7 +206,7 @@ def test_injected_faults_are_reported_exactly(
     assert outcome.report["scheduled"] == 19  # the cancelled message is left out
     assert outcome.details["cancelled"] == 1
     assert outcome.details["pending"] == 0
-    assert outcome.report["isolation"] == "read_uncommitted"
+    assert outcome.report["isolation"] == "read_committed"
     assert json.loads((tmp_path / "report.json").read_text()) == outcome.report
     assert outcome.exit_code == 0
 
@@ -315,7 +315,7 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
         "--max-missing",
         "5",
         "--isolation-level",
-        "read_committed",
+        "read_uncommitted",
     ]
     env = {**os.environ, "KDELAY_VERIFIER_LOG_LEVEL": "WARNING"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False, env=env)
@@ -325,7 +325,7 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
     assert "--max-missing" not in proc.stderr
     got = json.loads(report.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == got
-    assert got["isolation"] == "read_committed"
+    assert got["isolation"] == "read_uncommitted"
     end_ms = json.loads(report.with_name("report.details.json").read_text())["end_ms"]
     assert_same_report(got, independent_report(sc, end_ms))
     for name in ("report.lateness.png", "report.histogram.png"):

@@ -66,7 +66,7 @@ def test_config_layers_and_names_a_bad_setting(
     )
     with pytest.raises(ConfigError, match="window"):
         load(VerifierConfig, {"window": "soon"})
-    assert cfg.isolation_level == "read_uncommitted"
+    assert cfg.isolation_level == "read_committed"
     with pytest.raises(ConfigError, match="isolation_level"):
         load(VerifierConfig, {"isolation_level": "serializable"})
 

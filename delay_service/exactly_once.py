@@ -1,0 +1,303 @@
+"""Exactly-once release (``--delivery exactly-once``): one Kafka transaction per round.
+
+A round of :class:`ExactlyOnceForwarder` is the at-least-once round (``forwarder.py``) made
+atomic:
+
+1. *plan* as there: the due entries of targets not held, by the broker's clock;
+2. *send* inside a transaction (``txn_sender.py``): the releases, the dead letters owed (an
+   entry whose last attempt failed permanently), and the tombstones of everything the round
+   retires plus those queued by cancels;
+3. *wait* at most ``txn_ack_wait_ms`` for every record's acknowledgement. If one failed or did
+   not answer, the transaction is *aborted* — read_committed consumers never see any of it —
+   and only the targets that failed are held (backoff, and dead letters after
+   ``dead_letter_after`` permanent failures, as in ``retry.py``); the others go again in the
+   next round's transaction, at once;
+4. *commit* with the checkpoint ``(T, offsets)`` that covers the round in the same
+   transaction (``__kdelay_checkpoint``, keyed by the delay set): a release and the checkpoint
+   that drops it are visible together or not at all. Only then does the store delete the
+   entries; ZooKeeper gets a copy of the checkpoint (for ``kdelay status`` and the followers'
+   stores) at most every ``checkpoint_interval_ms``.
+
+Which store is authoritative: the Kafka checkpoint, since only it is atomic with the releases.
+A new master claims a ZooKeeper epoch, calls ``init_transactions()`` (which fences the old
+master at the broker and resolves its open transaction), then reads both checkpoints and
+starts from the one with the higher epoch — Kafka's on a tie, as ZooKeeper's copy is written
+after the commit and may lag. ZooKeeper stays authoritative for who is master.
+
+A failing target costs the others at most one ``txn_ack_wait_ms`` per attempt of the failing
+target (its backoff doubles up to ``retry_backoff_max_ms``), unlike at-least-once, where
+rounds never wait on it: a transaction commits all of its partitions or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import KafkaError
+
+from delay_service.clock import SYSTEM_CLOCK, Clock
+from delay_service.config import EXACTLY_ONCE, ReplicaConfig
+from delay_service.entry import Entry
+from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
+from delay_service.metrics import Metrics
+from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
+from delay_service.sender import Completion, Sender, error_name, is_permanent
+from delay_service.store import Store
+from delay_service.tombstones import Retired
+from delay_service.txn_sender import TxnSender, load_checkpoint
+from kdelay import logs
+from kdelay.checkpoint import Checkpoint, CheckpointRecord
+from zk.errors import FencedError
+
+log = logs.get(__name__)
+
+_TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
+def _retired(entries: Sequence[Entry]) -> list[Retired]:
+    return [Retired(e.message.id, e.message.uid, e.partition, e.offset) for e in entries]
+
+
+class ExactlyOnceForwarder(Forwarder):
+    """A forwarder whose rounds are Kafka transactions; its sender must be a TxnSender."""
+
+    def __init__(
+        self,
+        cfg: ReplicaConfig,
+        store: Store,
+        ingest: IngestLike,
+        metrics: Metrics,
+        *,
+        sender: TxnSender,
+        on_fenced: Callable[[str], None],
+        clock: Clock = SYSTEM_CLOCK,
+        hold: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        super().__init__(
+            cfg, store, ingest, metrics, sender=sender, on_fenced=on_fenced, clock=clock, hold=hold
+        )
+        self._txn = sender
+        self._doomed: dict[bytes, KafkaError] = {}  # entries owed a dead letter
+        self._committed_mono = 0.0  # when the last transaction committed
+
+    # -- a new term ------------------------------------------------------------------------
+
+    def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+        self._doomed.clear()
+        kafka = load_checkpoint(self._cfg)
+        zk = checkpoints.load()
+        if kafka is None or zk is None:
+            return kafka if zk is None else zk
+        in_kafka, in_zk = CheckpointRecord.decode(kafka), CheckpointRecord.decode(zk)
+        source = "kafka" if in_kafka.epoch >= in_zk.epoch else "zookeeper"
+        log.info("forwarder.checkpoint_source", source=source, kafka=in_kafka.epoch, zk=in_zk.epoch)
+        return kafka if source == "kafka" else zk
+
+    # -- one round -------------------------------------------------------------------------
+
+    def forward_once(self, checkpoints: CheckpointWriter, generation: int) -> RoundResult:
+        """One transaction: plan, send, wait, then commit with the checkpoint, or abort."""
+        with self._cond:
+            self._wake_at_ms = None
+        may_send = self._may_forward(generation) and self._hold() is None
+        offsets = self._store.offsets()  # noted before the scan: all below is in the store
+        now = self._clock.wall_ms()
+        held = self._retries.held_targets()
+        self._known = {k: t for k, t in self._known.items() if t in held}
+        scan = self._store.due_skipping(
+            now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
+        )
+        plan = plan_scan(scan, waiting=self._retries.waiting)
+        if not plan.truncated:
+            scanned = {e.key for e in plan.entries}
+            self._retries.retain(scanned, passed_over=held)
+            # an entry owed a dead letter and gone from the store was cancelled meanwhile
+            self._doomed = {
+                k: v
+                for k, v in self._doomed.items()
+                if k in scanned or self._retries.attempts(k) > 0
+            }
+        held_count = plan.skipped + len(plan.entries) - len(plan.sendable)
+        sent = self._probed(plan.sendable) if may_send else []
+        held_count += len(plan.sendable) - len(sent) if may_send else 0
+        claim = Checkpoint(
+            max(claim_ms(plan, now, {e.key for e in sent}), self._claim.time_ms), offsets
+        )
+        owed = self._tombstones.take() if may_send else []
+        since_commit_s = self._clock.monotonic() - self._committed_mono
+        refresh = (
+            may_send
+            and claim != self._claim
+            and since_commit_s >= self._cfg.checkpoint_interval_ms / 1000
+        )
+        result = RoundResult(0, 0, held_count + len(sent), self._claim.time_ms)
+        if sent or owed or refresh:
+            self._rescan = plan.truncated and bool(sent)
+            releases = [e for e in sent if e.key not in self._doomed]
+            dead = [(e, self._doomed[e.key]) for e in sent if e.key in self._doomed]
+            if self._transaction(releases, dead, owed, claim):
+                self._settle(releases, [e for e, _ in dead], claim)
+                result = RoundResult(len(releases), len(dead), held_count, claim.time_ms)
+            else:
+                self._tombstones.add(owed)  # still owed: the next transaction writes them
+        if self._unwritten and (
+            self._clock.monotonic() - self._last_cp_mono >= self._cfg.checkpoint_interval_ms / 1000
+        ):
+            self._write_zookeeper(checkpoints)
+        self._metrics.targets_held.set(len(self._retries.held_targets()))
+        return result
+
+    def _probed(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` minus those of a target that failed before and has no leader now: a
+        metadata request, not a transaction, finds out, so it stalls no one (it stays held,
+        and a permanent error such as a deleted topic counts towards its dead letter)."""
+        suspects = {target_of(e) for e in entries if self._retries.attempts(e.key) > 0}
+        down = {t: err for t in suspects if (err := self._txn.reachable(*t)) is not None}
+        if not down:
+            return entries
+        kept: list[Entry] = []
+        for e in entries:
+            err = down.get(target_of(e))
+            if err is None:
+                kept.append(e)
+            elif e.key not in self._doomed:  # a dead letter does not need its target
+                verdict = self._retries.failed(
+                    e.key, permanent=is_permanent(err), target=target_of(e)
+                )
+                if verdict.dead_letter:
+                    self._doomed[e.key] = err
+            else:
+                kept.append(e)
+        for (topic, partition), err in down.items():
+            log.info(
+                "forwarder.target_unreachable", topic=topic, partition=partition, error=str(err)
+            )
+        return kept
+
+    def _transaction(
+        self,
+        releases: list[Entry],
+        dead: list[tuple[Entry, KafkaError]],
+        owed: list[Retired],
+        claim: Checkpoint,
+    ) -> bool:
+        """Produce the round in one transaction and commit it; False if it was aborted."""
+        txn = self._txn
+        txn.begin()
+        txn.submit(releases)
+        txn.submit_dead_letters(dead)
+        txn.tombstones([*owed, *_retired(releases), *_retired([e for e, _ in dead])])
+        keys = [e.key for e in releases] + [e.key for e, _ in dead]
+        txn.wait(keys, self._clock.monotonic() + self._cfg.txn_ack_wait_ms / 1000)
+        done = txn.take_completed()
+        failures = [c for c in done if c.error is not None]
+        unanswered = [k for k in keys if txn.is_in_flight(k)]
+        if failures or unanswered:
+            txn.abort()
+            self._metrics.transactions.labels("aborted").inc()
+            self._failed(failures, unanswered, releases, dead)
+            return False
+        previous, self._claim = self._claim, claim
+        txn.checkpoint(self._record())
+        if txn.commit() is not None:
+            self._claim = previous
+            self._metrics.transactions.labels("aborted").inc()
+            return False
+        self._committed_mono = self._clock.monotonic()
+        self._metrics.transactions.labels("committed").inc()
+        for c in done:
+            if not c.dead_letter:
+                lateness_ms = max(0, c.timestamp_ms - c.entry.message.deliver_at_ms)
+                self._metrics.lateness.observe(lateness_ms / 1000)
+        return True
+
+    def _failed(
+        self,
+        failures: Sequence[Completion],
+        unanswered: list[bytes],
+        releases: list[Entry],
+        dead: list[tuple[Entry, KafkaError]],
+    ) -> None:
+        """Hold the targets that failed the aborted transaction; the others go again."""
+        for c in failures:
+            if c.error is not None and c.error.fatal():
+                raise FencedError(f"release fenced: {c.error.str()}")
+        by_key = {e.key: e for e in releases} | {e.key: e for e, _ in dead}
+        errors = [(c.entry, c.error or _TIMED_OUT, c.dead_letter) for c in failures]
+        errors += [(by_key[k], _TIMED_OUT, k in self._doomed) for k in unanswered]
+        for entry, err, dead_letter in errors:
+            target = target_of(entry)
+            if dead_letter:
+                self._metrics.dead_letter_errors.labels(error_name(err)).inc()
+                backoff = self._retries.dead_letter_failed(entry.key, target=target)
+            else:
+                self._metrics.forward_errors.labels(error_name(err)).inc()
+                verdict = self._retries.failed(
+                    entry.key, permanent=is_permanent(err), target=target
+                )
+                if verdict.dead_letter:
+                    self._doomed[entry.key] = err
+                backoff = self._retries.backoff_ms(verdict.attempts)
+            log.warning(
+                "forwarder.target_held",
+                topic=target[0],
+                partition=target[1],
+                id=entry.message.id,
+                error=str(err),
+                permanent=is_permanent(err),
+                dead_letter=dead_letter,
+                backoff_ms=backoff,
+                aborted=True,
+            )
+
+    def _settle(
+        self, delivered: list[Entry], dead_lettered: list[Entry], claim: Checkpoint
+    ) -> None:
+        """The transaction committed: its entries leave the store, the claim applies."""
+        done = [*delivered, *dead_lettered]
+        if done:
+            self._retries.forget(e.key for e in done)
+            for e in dead_lettered:
+                reason = self._doomed.pop(e.key, None)
+                label = error_name(reason) if reason is not None else "unknown"
+                self._metrics.dead_lettered.labels(label).inc()
+            self._store.remove(done)
+            self._metrics.pending.set(self._store.pending)
+            self._metrics.forwarded.inc(len(delivered))
+        self._store.apply_checkpoint(claim)
+        self._unwritten = True  # ZooKeeper's copy is behind
+
+    def _write_checkpoint(self, checkpoints: CheckpointWriter) -> None:
+        """Only ZooKeeper's copy: the claim itself was committed with its releases."""
+        self._write_zookeeper(checkpoints)
+
+    def _produce_tombstones(self) -> None:
+        """Tombstones leave only inside a transaction: they stay queued for the next one."""
+
+
+def make_forwarder(
+    cfg: ReplicaConfig,
+    store: Store,
+    ingest: IngestLike,
+    metrics: Metrics,
+    *,
+    on_fenced: Callable[[str], None],
+    clock: Clock,
+    hold: Callable[[], str | None],
+) -> Forwarder:
+    """The forwarder of ``cfg.delivery``: exactly-once (transactions) or at-least-once."""
+    if cfg.delivery == EXACTLY_ONCE:
+        return ExactlyOnceForwarder(
+            cfg,
+            store,
+            ingest,
+            metrics,
+            sender=TxnSender.for_replica(cfg, clock),
+            on_fenced=on_fenced,
+            clock=clock,
+            hold=hold,
+        )
+    sender = Sender.for_replica(cfg, clock)
+    return Forwarder(
+        cfg, store, ingest, metrics, sender=sender, on_fenced=on_fenced, clock=clock, hold=hold
+    )

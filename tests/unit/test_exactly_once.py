@@ -1,0 +1,283 @@
+"""Exactly-once rounds with in-process fakes: what one transaction holds, what an abort leaves,
+which checkpoint a new term starts from. The real thing: tests/integration/test_exactly_once.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from delay_service import exactly_once
+from delay_service.config import ReplicaConfig
+from delay_service.exactly_once import ExactlyOnceForwarder
+from delay_service.metrics import Metrics
+from delay_service.store import Store
+from delay_service.txn_sender import TxnSender
+from kdelay.checkpoint import CheckpointRecord
+from kdelay.topics import CHECKPOINT_TOPIC
+from tests.unit.test_forwarder import (
+    FakeCheckpoints,
+    FakeClock,
+    FakeIngest,
+    FakeProducer,
+    Sent,
+    msg,
+)
+from zk.errors import FencedError
+
+
+@dataclass
+class FakeTxnProducer(FakeProducer):
+    """Records become ``committed`` only at commit_transaction; abort drops them."""
+
+    committed: list[Sent] = field(default_factory=list)
+    inits: int = 0
+    commits: int = 0
+    aborts: int = 0
+    fence_at_commit: bool = False
+    open: bool = False
+    leaderless: set[str] = field(default_factory=set)  # topics whose partitions have no leader
+    probes: list[str] = field(default_factory=list)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> SimpleNamespace:
+        assert topic is not None
+        self.probes.append(topic)
+        leader = -1 if topic in self.leaderless else 1
+        part = SimpleNamespace(leader=leader)
+        return SimpleNamespace(
+            topics={topic: SimpleNamespace(error=None, partitions={0: part, 1: part})}
+        )
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.inits += 1
+
+    def begin_transaction(self) -> None:
+        assert not self.open, "a transaction is already open"
+        self.open = True
+        self.sent = []
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        assert self.open
+        self.poll(0)
+        if self.fence_at_commit:
+            raise KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+        self.commits += 1
+        self.committed += self.sent
+        self.open = False
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        assert self.open
+        self.aborts += 1
+        self.queued = []
+        self.sent = []
+        self.open = False
+
+    def visible(self, topic: str) -> list[Sent]:
+        return [s for s in self.committed if s.topic == topic]
+
+
+@dataclass
+class Rig:
+    fwd: ExactlyOnceForwarder
+    producer: FakeTxnProducer
+    metrics: Metrics
+    clock: FakeClock
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "db")
+    yield s
+    s.close()
+
+
+def make(store: Store, producer: FakeTxnProducer, **settings: object) -> Rig:
+    cfg = ReplicaConfig(
+        name="r1",
+        delivery="exactly-once",
+        checkpoint_interval_ms=1,
+        dead_letter_after=settings.pop("dead_letter_after", 3),  # type: ignore[arg-type]
+        retry_backoff_ms=1,
+        retry_backoff_max_ms=1,
+        txn_ack_wait_ms=10,
+        **settings,  # type: ignore[arg-type]
+    )
+    clock = FakeClock()
+    producer.clock = clock
+    metrics = Metrics()
+    sender = TxnSender(
+        lambda: producer,
+        buffer_topic=cfg.buffer_topic,
+        produce_timeout_ms=cfg.produce_timeout_ms,
+        checkpoint_key="set",
+        clock=clock,
+    )
+    fwd = ExactlyOnceForwarder(
+        cfg, store, FakeIngest(), metrics, sender=sender, on_fenced=lambda _w: None, clock=clock
+    )
+    return Rig(fwd, producer, metrics, clock)
+
+
+def ids(sent: list[Sent]) -> list[bytes | str | None]:
+    return [dict(s.headers).get("kdelay-id") for s in sent]
+
+
+def start(rig: Rig, cps: FakeCheckpoints) -> int:
+    gen = rig.fwd.activate(cps)
+    rig.fwd._sender.start()  # what _serve does first: init_transactions
+    return gen
+
+
+def test_a_round_commits_releases_tombstones_and_its_checkpoint_together(store: Store) -> None:
+    store.apply([(0, 0, msg(1, 100)), (1, 0, msg(2, 200)), (0, 1, msg(3, 10**15))], {0: 2, 1: 1})
+    rig = make(store, FakeTxnProducer())
+    cps = FakeCheckpoints()
+    result = rig.fwd.forward_once(cps, start(rig, cps))
+    assert result.delivered == 2
+    p = rig.producer
+    assert (p.inits, p.commits, p.aborts) == (1, 1, 0)
+    assert ids(p.visible("t")) == [b"m1", b"m2"]
+    assert sorted(s.key or b"" for s in p.visible("__kdelay_buffer")) == [b"m1", b"m2"]
+    [cp] = p.visible(CHECKPOINT_TOPIC)
+    record = CheckpointRecord.decode(cp.value or b"")
+    assert (record.time_ms, dict(record.offsets)) == (rig.clock.now_ms, {0: 2, 1: 1})
+    assert cp.key == b"set"
+    assert store.pending == 1
+    assert cps.writes[-1][0] == rig.clock.now_ms  # ZooKeeper's copy, after the commit
+    assert rig.value("kdelay_replica_transactions_total", outcome="committed") == 1
+
+
+def test_a_failing_target_aborts_the_round_and_only_it_is_held(store: Store) -> None:
+    store.apply([(0, 0, msg(1, 100, topic="bad")), (0, 1, msg(2, 100, topic="good"))], {0: 2})
+    failing = {"bad"}
+    producer = FakeTxnProducer(
+        fail=lambda s: (
+            KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION) if s.topic in failing else None
+        )
+    )
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    first = rig.fwd.forward_once(cps, gen)
+    assert first.delivered == 0
+    assert (producer.commits, producer.aborts) == (0, 1)
+    assert producer.committed == []  # nothing of the aborted round is visible
+    assert store.pending == 2
+    second = rig.fwd.forward_once(cps, gen)  # "bad" waits out its backoff; "good" goes alone
+    assert second.delivered == 1
+    assert ids(producer.visible("good")) == [b"m2"]
+    [cp] = producer.visible(CHECKPOINT_TOPIC)
+    assert CheckpointRecord.decode(cp.value or b"").time_ms == 99  # below "bad"'s due time
+    # Its backoff over, "bad" is first asked for by metadata: still leaderless, so it joins
+    # no transaction (none is aborted) and waits another backoff.
+    producer.leaderless.add("bad")
+    rig.clock.advance(2)
+    store.apply([(0, 2, msg(3, 101, topic="good"))], {0: 3})
+    third = rig.fwd.forward_once(cps, gen)
+    assert (third.delivered, producer.probes) == (1, ["bad"])
+    assert (producer.commits, producer.aborts) == (2, 1)
+    producer.leaderless.clear()
+    failing.clear()
+    rig.clock.advance(2)
+    rig.fwd.forward_once(cps, gen)
+    assert ids(producer.visible("bad")) == [b"m1"]
+    assert store.pending == 0
+    assert rig.value("kdelay_replica_transactions_total", outcome="aborted") == 1
+
+
+def test_a_permanent_error_dead_letters_in_the_transaction_of_its_checkpoint(
+    store: Store,
+) -> None:
+    store.apply([(0, 0, msg(1, 100, topic="gone"))], {0: 1})
+    producer = FakeTxnProducer(
+        fail=lambda s: KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if s.topic == "gone" else None
+    )
+    rig = make(store, producer, dead_letter_after=2)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    for _ in range(3):
+        rig.fwd.forward_once(cps, gen)
+        rig.clock.advance(2)
+    [dead] = producer.visible("__kdelay_dead_letter")
+    error = dict(dead.headers)["kdelay-error"]
+    assert isinstance(error, bytes)
+    assert error.startswith(b"UNKNOWN_TOPIC_OR_PART")
+    assert len(producer.visible(CHECKPOINT_TOPIC)) == 1  # committed with it
+    assert store.pending == 0
+    assert rig.value("kdelay_replica_dead_lettered_total", reason="UNKNOWN_TOPIC_OR_PART") == 1
+
+
+def test_a_fenced_commit_stops_the_master_and_keeps_the_entries(store: Store) -> None:
+    store.apply([(0, 0, msg(1, 100))], {0: 1})
+    producer = FakeTxnProducer(fence_at_commit=True)
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    with pytest.raises(FencedError):
+        rig.fwd.forward_once(cps, gen)
+    assert producer.committed == []
+    assert store.pending == 1  # the next master releases it
+    with pytest.raises(Exception, match="new term"):
+        rig.fwd._sender.begin()  # type: ignore[attr-defined]  # no lazy producer after a fence
+
+
+@pytest.mark.parametrize(
+    ("kafka_epoch", "zk_epoch", "expected"),
+    [
+        (3, 3, "kafka"),
+        (2, 3, "zookeeper"),
+        (4, 3, "kafka"),
+        (None, 3, "zookeeper"),
+        (3, None, "kafka"),
+    ],
+)
+def test_a_new_term_starts_from_the_newer_checkpoint_kafka_on_a_tie(
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_epoch: int | None,
+    zk_epoch: int | None,
+    expected: str,
+) -> None:
+    def doc(epoch: int | None, time_ms: int) -> bytes | None:
+        return None if epoch is None else CheckpointRecord(time_ms, {0: 1}, epoch, "w").encode()
+
+    kafka_doc, zk_doc = doc(kafka_epoch, 111), doc(zk_epoch, 222)
+    monkeypatch.setattr(exactly_once, "load_checkpoint", lambda _cfg: kafka_doc)
+
+    class Checkpoints(FakeCheckpoints):
+        def load(self) -> bytes | None:
+            return zk_doc
+
+    rig = make(store, FakeTxnProducer())
+    loaded = rig.fwd._load_checkpoint(Checkpoints())
+    assert loaded == (kafka_doc if expected == "kafka" else zk_doc)
+
+
+def test_the_forwarder_thread_runs_a_term_and_stops(store: Store) -> None:
+    store.apply([(0, 0, msg(1, 100))], {0: 1})
+    producer = FakeTxnProducer()
+    rig = make(store, producer)
+    rig.fwd._load_checkpoint = lambda _c: None  # type: ignore[method-assign,assignment]
+    cps = FakeCheckpoints()
+    thread = threading.Thread(target=rig.fwd.run)
+    thread.start()
+    rig.fwd.activate(cps)
+    assert rig.fwd.active.wait(5)
+    for _ in range(100):
+        if producer.visible("t"):
+            break
+        rig.clock.advance(1)
+        threading.Event().wait(0.01)
+    rig.fwd.shutdown()
+    thread.join(10)
+    assert ids(producer.visible("t")) == [b"m1"]
+    assert producer.inits == 1
