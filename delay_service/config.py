@@ -106,7 +106,7 @@ class ReplicaConfig(BaseSettings):
     )
     # -- the release mode (forwarder.py, exactly_once.py) ----------------------------------
     delivery: str = Field(
-        default=AT_LEAST_ONCE,
+        default=EXACTLY_ONCE,
         description="exactly-once: releases and their checkpoint commit in one Kafka "
         "transaction (read_committed consumers see no duplicate); at-least-once: an "
         "idempotent producer, duplicates possible around a failover",
