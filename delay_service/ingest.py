@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -49,6 +50,13 @@ log = logs.get(__name__)
 _BATCH = 2000
 #: Seconds before a metadata check that left partitions unassigned is retried.
 _RETRY_S = 0.5
+
+
+def _append_time(msg: Message) -> int | None:
+    """The record's timestamp (the buffer's LogAppendTime), None when it has none: the open
+    cancels' window counts in it (cancels.py), never in a replica's clock."""
+    kind, timestamp = msg.timestamp()
+    return timestamp if kind != TIMESTAMP_NOT_AVAILABLE and timestamp >= 0 else None
 
 
 def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
@@ -178,6 +186,14 @@ class Ingest:
 
     def _refresh_lag(self, consumer: Consumer) -> None:
         stored = self._store.offsets()
+        # The consumer's position, not only the stored offsets: it moves past transaction
+        # markers (exactly-once release writes tombstones in transactions), which take an
+        # offset each and are never handed over as records.
+        for tp in consumer.position(
+            [TopicPartition(self._cfg.buffer_topic, p) for p in self._partitions]
+        ):
+            if tp.offset >= 0:
+                self._positions[tp.partition] = tp.offset
         total = 0
         for p in self._partitions:
             tp = TopicPartition(self._cfg.buffer_topic, p)
@@ -307,7 +323,7 @@ class Ingest:
             offset = msg.offset() or 0
             record, poisoned = self._decode(msg, partition, offset)
             invalid += poisoned
-            records.append((partition, offset, record))
+            records.append((partition, offset, record, _append_time(msg)))
             offsets[partition] = offset + 1
         if not offsets:
             return
@@ -317,9 +333,15 @@ class Ingest:
             self._last_progress = time.monotonic()
             self._progress.notify_all()
         m = self._metrics.ingested
-        m.labels("schedule").inc(result.scheduled + result.duplicates + result.covered - invalid)
-        m.labels("cancel").inc(sum(1 for _, _, r in records if isinstance(r, Cancel)))
-        m.labels("tombstone").inc(sum(1 for _, _, r in records if isinstance(r, Tombstone)))
+        m.labels("schedule").inc(
+            result.scheduled
+            + result.duplicates
+            + result.covered
+            + result.cancelled_on_arrival
+            - invalid
+        )
+        m.labels("cancel").inc(sum(1 for r in records if isinstance(r[2], Cancel)))
+        m.labels("tombstone").inc(sum(1 for r in records if isinstance(r[2], Tombstone)))
         m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
             self._metrics.cancelled.inc(result.cancelled)
@@ -327,6 +349,8 @@ class Ingest:
             self.on_cancelled(result.retired)
         if result.duplicates:
             log.info("ingest.duplicate_ids_ignored", count=result.duplicates)
+        if result.cancelled_on_arrival:  # a cancel read before its message (cancels.py)
+            log.info("ingest.cancelled_on_arrival", count=result.cancelled_on_arrival)
         self._metrics.pending.set(self._store.pending)
         if result.earliest_new_ms is not None:
             self.on_new(result.earliest_new_ms)

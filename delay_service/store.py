@@ -9,10 +9,11 @@ Layout (three column families, keys and values raw bytes):
 - ``meta``: ``offset/<partition>`` -> next buffer offset to consume (8, big-endian);
   ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied
   (``time_ms`` (8, signed), then ``partition (4) | offset (8)`` per partition). What a
-  checkpoint covers is ``kdelay.checkpoint``'s rule.
+  checkpoint covers is ``kdelay.checkpoint``'s rule. ``cancel/...``: the open cancels
+  (``cancels.py``: a cancel also cancels a schedule sent with it that arrives after it).
 
-Every change (entries, ids, offsets, count) is one WriteBatch, so after any crash the store is
-exactly "the first K records of each buffer partition, applied".
+Every change (entries, ids, offsets, count, open cancels) is one WriteBatch, so after any crash
+the store is exactly "the first K records of each buffer partition, applied".
 
 Scans stay fast after millions of deletions: entries are deleted in key order, so the store keeps
 a *floor* (no live entry sorts below it) and every scan seeks straight to it, never walking the
@@ -35,6 +36,7 @@ from pathlib import Path
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from delay_service import rocks
+from delay_service.cancels import At, CancelBatch, CancelMemory
 from delay_service.entry import (
     Entry,
     decode_entry,
@@ -43,7 +45,7 @@ from delay_service.entry import (
     split_key,
 )
 from delay_service.errors import StoreError
-from delay_service.ids import IndexedBatch, RecentlyDone, first_with_id, id_key, reindex, uid_of
+from delay_service.ids import IndexedBatch, RecentlyDone, first_with_id, id_key, reindex
 from delay_service.round import DueScan
 from delay_service.tombstones import Retired
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
@@ -64,15 +66,17 @@ class ApplyResult:
     scheduled: int = 0
     duplicates: int = 0
     covered: int = 0
-    cancelled: int = 0  # entries a cancel removed
+    cancelled: int = 0  # entries a cancel removed, and schedules cancelled on arrival
+    cancelled_on_arrival: int = 0  # schedules an earlier cancel cancelled (cancels.py rule 2)
     retired: list[Retired] = field(default_factory=list)  # records owed a tombstone
     tombstoned: int = 0
     invalid: int = 0
     earliest_new_ms: int | None = None
 
 
-#: One consumed buffer record: partition, offset, and the decoded record (None: undecodable).
-Incoming = tuple[int, int, BufferRecord | None]
+#: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
+#: optionally, its timestamp (the buffer's LogAppendTime; None or absent: unknown).
+Incoming = tuple[int, int, BufferRecord | None] | tuple[int, int, BufferRecord | None, int | None]
 
 
 class Store:
@@ -107,6 +111,7 @@ class Store:
         raw_cp = self._meta.get(_META_CHECKPOINT)
         self._checkpoint = Checkpoint.from_bytes(bytes(raw_cp)) if raw_cp else NOTHING
         self._floor = self._first_key() or due_bound(0)
+        self._cancels = CancelMemory(self._meta, self._meta_cf)
         if self._meta.get(_META_IDS) != _IDS_FORMAT:
             self._index_again()
 
@@ -134,6 +139,13 @@ class Store:
         """Per buffer partition, the next offset to consume (everything below is applied)."""
         with self._lock:
             return dict(self._offsets)
+
+    @property
+    def open_cancels(self) -> int:
+        """Cancels still able to cancel a schedule that arrives after them (cancels.py)."""
+        with self._lock:
+            self._check_open()
+            return self._cancels.open
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -220,28 +232,29 @@ class Store:
         """Apply consumed buffer records and advance the consumed offsets, atomically.
 
         Schedule of a record already pending (same id and buffer key): a duplicate, the first
-        one stays; a schedule reusing a pending id with a new buffer key is a new message.
-        Cancel: removes every entry with its id. Tombstone: removes the entry of exactly that
-        record (id, buffer key and offset). A schedule the last checkpoint covers was delivered
-        already and is skipped.
+        one stays; a schedule reusing a pending id with a new buffer key is a new message,
+        unless an open cancel cancels it on arrival (``cancels.py``). Cancel: removes every
+        entry with its id (retired with them), and stays open; when it matched nothing, its
+        tombstone is owed when it closes.
+        Tombstone: removes the entry of exactly that record (id, buffer key and offset). A
+        schedule the last checkpoint covers was delivered already and is skipped.
         """
         result = ApplyResult()
         with self._lock:
             self._check_open()
             txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
-            for partition, offset, record in records:
+            cancels = self._cancels.begin(txn.batch)
+            for item in records:
+                record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
+                result.retired += cancels.advance(at[0], at[2])
                 if record is None:
                     result.invalid += 1
                 elif isinstance(record, Scheduled):
-                    self._apply_schedule(txn, result, partition, offset, record)
+                    self._apply_schedule(txn, cancels, result, at, record)
                 elif isinstance(record, Cancel):
-                    for index_key, entry_key_ in list(txn.with_id(record.id)):
-                        txn.delete(index_key, entry_key_)
-                        _, p, o = split_key(entry_key_)
-                        result.retired.append(Retired(record.id, uid_of(index_key), p, o))
-                        result.cancelled += 1
-                    if record.uid:  # format 2: the cancel has a key of its own to retire
-                        result.retired.append(Retired(record.id, record.uid, partition, offset))
+                    removed, owed = cancels.cancel(txn, at, record)
+                    result.cancelled += len(removed)
+                    result.retired += [*removed, *owed]
                 else:
                     index_key = id_key(record.id, record.uid)
                     retiring = txn.lookup(index_key)
@@ -259,7 +272,9 @@ class Store:
                         self._meta_cf,
                     )
             txn.batch.put(_META_PENDING, _U64.pack(self._pending + txn.delta), self._meta_cf)
+            cancels.finish()
             self._db.write(txn.batch)
+            cancels.commit()
             self._pending += txn.delta
             self._offsets = new_offsets
             self._floor = txn.floor
@@ -268,17 +283,22 @@ class Store:
     def _apply_schedule(
         self,
         txn: IndexedBatch,
+        cancels: CancelBatch,
         result: ApplyResult,
-        partition: int,
-        offset: int,
+        at: At,
         record: Scheduled,
     ) -> None:
+        partition, offset, _ = at
         if self._checkpoint.covers(partition, offset, record.deliver_at_ms):
             result.covered += 1
         elif (index_key := id_key(record.id, record.uid)) in self._done or txn.lookup(
             index_key
         ) is not None:
             result.duplicates += 1
+        elif (retired := cancels.on_arrival(at, record)) is not None:
+            result.retired.append(retired)
+            result.cancelled += 1
+            result.cancelled_on_arrival += 1
         else:
             txn.put(record, entry_key(record.deliver_at_ms, partition, offset, record.seq))
             result.scheduled += 1
@@ -348,7 +368,7 @@ class Store:
             # Column-family views share the DB; all must go for RocksDB to release its LOCK.
             self._ids.close()
             self._meta.close()
-            del self._ids, self._meta, self._ids_cf, self._meta_cf
+            del self._ids, self._meta, self._ids_cf, self._meta_cf, self._cancels
             self._db.close()
 
     def due_skipping(

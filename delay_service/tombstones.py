@@ -2,9 +2,13 @@
 
 Each tombstone names a buffer record (id, buffer key, partition, offset) whose entry left the
 store because its target (or the dead-letter topic) acknowledged it, because a cancel removed
-it, or, for a cancel itself, because it was applied. Producing
-it is therefore correct whoever is master and whenever it happens; it is only a matter of
-keeping the compacted topic small.
+it (or cancelled it on arrival), or, for a cancel itself, because it removed pending records
+(named with them) or, having matched nothing, because its window closed (``cancels.py``: a
+cancel stays open for a while to cancel a message sent with it that arrives after it). Such a
+closing cancel names again every record it cancelled on arrival, before itself, so compaction
+never removes it while a schedule it cancelled is still in the topic. Producing
+a tombstone is therefore correct whoever is master and whenever it happens; it is only a matter
+of keeping the compacted topic small.
 
 Nothing is dropped silently: the queue has no length limit and is never cleared. The forwarder
 produces it after every checkpoint write and when a term as master ends (deactivated, fenced or
@@ -14,11 +18,11 @@ the caller to wake the forwarder, which writes its checkpoint early and produces
 (producing itself blocks while librdkafka's queue is full). What remains: a master that crashes
 loses what it had queued (at most one checkpoint interval's worth, or :data:`FLUSH_AT`); those
 buffer records then stay in the compacted topic, harmlessly, since every replica skips records
-the checkpoint covers. Cancels a follower ingests are not queued: the master ingests the same
-cancel.
+the checkpoint covers, and a cancelled record is named again when its cancel closes. Cancels a
+follower ingests are not queued: the master ingests the same cancel.
 
-Threads: the ingest thread adds cancels, the forwarder thread adds deliveries and takes the
-queue; one lock guards it and nothing blocks under it.
+Threads: the ingest thread adds cancelled records and closed cancels, the forwarder thread adds
+deliveries and takes the queue; one lock guards it and nothing blocks under it.
 """
 
 from __future__ import annotations

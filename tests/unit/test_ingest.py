@@ -22,7 +22,15 @@ from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
 from delay_service.poison import ERROR_HEADER, SOURCE_HEADER
 from delay_service.store import Store
-from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC, ROUTE_HEADER, Scheduled, encode
+from kdelay.buffer import (
+    BUFFER_TOPIC,
+    DEAD_LETTER_TOPIC,
+    ROUTE_HEADER,
+    Cancel,
+    Scheduled,
+    Tombstone,
+    encode,
+)
 
 
 @dataclass
@@ -212,3 +220,35 @@ def test_a_store_write_failure_ends_the_run_for_the_supervisor(store: Store) -> 
     store.close()
     with pytest.raises(StoreError, match="closed"):
         ingest._apply([FakeMessage(0, 0, good.key, good.value, list(good.headers))])  # type: ignore[list-item]
+
+
+def test_a_cancel_read_before_its_message_cancels_it_by_the_records_own_times(
+    store: Store,
+) -> None:
+    """The README's cancel example as the buffer topic holds it when the client's request
+    listed the cancel's partition first: cancel, then message, in the id's buffer partition."""
+    metrics = Metrics()
+    ingest = Ingest(ReplicaConfig(name="r", buffer_topic="buf"), store, metrics)
+    retired: list[object] = []
+    ingest.on_cancelled = retired.extend
+    appended = 1_700_000_000_000
+    cancel = encode(Cancel("order-42", "c" * 32))
+    message = encode(
+        Scheduled("order-42", "orders", 0, b"k", b"v", 0, uid="s" * 32, seq=appended << 20)
+    )
+    other = encode(Tombstone("else", 1, "e" * 32))
+    first = [
+        FakeMessage(2, 0, cancel.key, cancel.value, list(cancel.headers), ts=appended),
+        FakeMessage(2, 1, message.key, message.value, list(message.headers), ts=appended),
+    ]
+    ingest._apply(first)  # type: ignore[arg-type]
+    assert store.get("order-42") is None
+    assert retired == [("order-42", "s" * 32, 2, 1)]
+    sample = metrics.registry.get_sample_value
+    assert sample("kdelay_replica_ingested_total", {"kind": "schedule"}) == 1
+    assert sample("kdelay_replica_ingested_total", {"kind": "cancel"}) == 1
+    # A record of that partition appended after the window closes it: the cancel's tombstone
+    # follows the message's, again.
+    later = appended + 300_001
+    ingest._apply([FakeMessage(2, 2, other.key, other.value, list(other.headers), ts=later)])  # type: ignore[list-item]
+    assert retired[1:] == [("order-42", "s" * 32, 2, 1), ("order-42", "c" * 32, 2, 0)]

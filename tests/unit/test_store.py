@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from delay_service.cancels import WINDOW_MS
 from delay_service.entry import (
     check_storable,
     decode_entry,
@@ -218,16 +219,19 @@ def test_a_cancel_removes_every_earlier_message_with_its_id_and_retires_itself(
     b = dataclasses.replace(sched("x", 200), uid="b" * 32)
     other = dataclasses.replace(sched("xy", 100), uid="c" * 32)
     store.apply([(1, 0, a), (1, 1, b), (1, 2, other)], {1: 3})
-    result = store.apply([(1, 3, Cancel("x", "d" * 32))], {1: 4})
+    result = store.apply([(1, 3, Cancel("x", "d" * 32), 1_000)], {1: 4})
     assert result.cancelled == 2
     assert sorted(result.retired) == [
         ("x", "a" * 32, 1, 0),
         ("x", "b" * 32, 1, 1),
         ("x", "d" * 32, 1, 3),
     ]
-    later = dataclasses.replace(sched("x", 300), uid="e" * 32)
-    store.apply([(1, 4, later)], {1: 5})
+    later = dataclasses.replace(sched("x", 300), uid="e" * 32)  # no acceptance time: new
+    store.apply([(1, 4, later, 2_000)], {1: 5})
     assert sorted(e.message.uid[0] for e in store.due(1000, 10)) == ["c", "e"]
+    # Retired already: its window closes with nothing more owed.
+    closing = store.apply([(1, 5, Cancel("other", "f" * 32), 1_000 + WINDOW_MS + 1)], {1: 6})
+    assert closing.retired == []
 
 
 def test_equal_due_times_leave_in_acceptance_order(store: Store) -> None:

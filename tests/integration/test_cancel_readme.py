@@ -1,0 +1,140 @@
+"""The README's cancel example, exactly, through a real proxy to real replicas: a message with a
+key and an id, then its ``kdelay-cancel`` without a key, twenty times, one ``flush``.
+
+The proxy writes a request's partitions in the order the client listed them, so many cancels
+reach the buffer topic *before* their message, in the id's buffer partition. Before open cancels
+(delay_service/cancels.py) 4 of 20 such messages were still delivered; now none is, on the
+master and on the follower alike, and a message without a cancel still is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from kdelay.buffer import BUFFER_TOPIC, Cancel, Scheduled
+from kdelay.local import wait_until
+from tests.support.infra import KafkaInfra, ZooKeeperInfra
+from tests.support.kafka_helpers import Record, consume_until, decode_buffer, unique_topic
+from tests.support.proxies import proxy_process, wait_accepting
+from tests.support.replicas import ReplicaSet
+from tests.support.schedule import assert_not_early, create_target, delivered_ids
+
+PAIRS = 20
+ROUNDS = 3
+
+
+def _about(records: list[Record], ids: set[str]) -> dict[str, list[tuple[Record, object]]]:
+    """Per id of ``ids``, its schedules and cancels (raw and decoded), in buffer order."""
+    out: dict[str, list[tuple[Record, object]]] = {i: [] for i in ids}
+    for r in records:
+        decoded = decode_buffer(r)
+        if isinstance(decoded, Scheduled | Cancel) and decoded.id in ids:
+            out[decoded.id].append((r, decoded))
+    return out
+
+
+def readme_example(port: int, topic: str, ids: list[str], failures: list[KafkaError]) -> None:
+    """The README's example (a 3 s delay instead of 30 minutes), once per id, one flush."""
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failures.append(err)
+
+    p = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True})
+    for i, msg_id in enumerate(ids):
+        p.produce(
+            topic,
+            b"timeout",
+            key=f"order-{i}".encode(),
+            headers=[("kdelay-delay-ms", b"3000"), ("kdelay-id", msg_id.encode())],
+            on_delivery=on_delivery,
+        )
+        p.produce(
+            topic,
+            b"",
+            headers=[("kdelay-cancel", msg_id.encode())],  # changed our mind
+            on_delivery=on_delivery,
+        )
+    assert p.flush(60) == 0
+
+
+def test_the_readme_cancel_example_cancels_all_twenty(
+    kafka: KafkaInfra, zookeeper: ZooKeeperInfra, tmp_path: Path
+) -> None:
+    bs = kafka.bootstrap_servers
+    topic = unique_topic("orders")
+    create_target(bs, topic, partitions=6)  # keyed messages and keyless cancels part ways
+    run = uuid.uuid4().hex[:8]
+    # Three runs of the example: the keyless cancels of one producer share a partition, which
+    # a request may list after every message's (then no cancel comes first).
+    rounds = [[f"order-{i}-timeout-{run}-{n}" for i in range(PAIRS)] for n in range(ROUNDS)]
+    ids = [msg_id for one in rounds for msg_id in one]
+    control = f"order-control-timeout-{run}"
+    failures: list[KafkaError] = []
+    with ReplicaSet(tmp_path, bs, zookeeper.connect, count=2, buffer_topic=BUFFER_TOPIC) as rs:
+        rs.start_all()
+        rs.wait_master(timeout=90)
+        proxy, port = proxy_process(bs, tmp_path / "proxy.log")
+        proxy.start()
+        try:
+            wait_accepting(port)
+            for one in rounds:
+                readme_example(port, topic, one, failures)
+            # The control: the same message without a cancel.
+            p = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True})
+            p.produce(
+                topic,
+                b"timeout",
+                key=b"order-control",
+                headers=[("kdelay-delay-ms", b"3000"), ("kdelay-id", control.encode())],
+            )
+            assert p.flush(60) == 0
+        finally:
+            proxy.stop()
+        assert failures == [], failures[:3]
+
+        mine = set(ids) | {control}
+        buffered = consume_until(
+            bs,
+            [BUFFER_TOPIC],
+            lambda rs_: sum(map(len, _about(rs_, mine).values())) >= 2 * len(ids) + 1,
+            timeout=60,
+        )
+        about = _about(buffered, mine)
+        reordered = 0
+        due = 0
+        for msg_id in ids:
+            (r1, d1), (r2, d2) = about[msg_id]
+            assert r1.partition == r2.partition  # every record about an id: one partition
+            schedule = d1 if isinstance(d1, Scheduled) else d2
+            assert isinstance(schedule, Scheduled)
+            due = max(due, schedule.deliver_at_ms)
+            reordered += isinstance(d1, Cancel)
+        print(f"\n{reordered} of {len(ids)} cancels reached the buffer before their message")
+        assert reordered > 0, "no cancel came first: the example did not exercise the fix"
+
+        wait_until(
+            lambda: (cp := rs.checkpoint()) is not None and cp.time_ms > due,
+            timeout=60,
+            what="the cancelled messages' due time to be checkpointed",
+        )
+        records = consume_until(bs, [topic], lambda rs_: control in delivered_ids(rs_))
+        on_arrival = {
+            name: sum(
+                int(e.get("count", 0))
+                for e in r.log_events()
+                if e.get("event") == "ingest.cancelled_on_arrival"
+            )
+            for name, r in rs.replicas.items()
+        }
+    got = delivered_ids(records)
+    assert got[control] == 1
+    leaked = [i for i in ids if got[i]]
+    assert not leaked, f"{len(leaked)} of {len(ids)} cancelled messages delivered: {leaked[:5]}"
+    assert_not_early(records)
+    # Master and follower decided alike (other tests' records may add to both).
+    assert len(set(on_arrival.values())) == 1, on_arrival
+    assert min(on_arrival.values()) >= reordered
