@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
@@ -34,7 +34,12 @@ class ReplicaConfig(BaseSettings):
     zk_connect: str = Field(default="127.0.0.1:2181", min_length=1, description="ZooKeeper hosts")
     zk_root: str = Field(default=DEFAULT_ROOT, description="ZooKeeper root of this replica set")
     zk_session_timeout: float = Field(
-        default=10.0, gt=0, le=600, description="ZooKeeper session timeout, seconds"
+        default=2.0,
+        gt=0,
+        le=600,
+        description="ZooKeeper session timeout, seconds: a killed master is replaced about "
+        "this long after its last heartbeat (README, Failover time); the server clamps it to "
+        "[2, 20] x its tickTime",
     )
     data_dir: Path = Field(
         default=Path(".kdelay/replica"), description="RocksDB and state directory"
@@ -49,8 +54,16 @@ class ReplicaConfig(BaseSettings):
     buffer_partitions: int = Field(
         default=12, ge=1, description="partitions when creating the buffer topic"
     )
-    buffer_replication: int = Field(
-        default=1, ge=1, description="replication factor when creating the buffer topic"
+    buffer_replication: int | None = Field(
+        default=None,
+        ge=1,
+        description="replication factor of the internal topics it creates [auto: min(3, brokers)]",
+    )
+    buffer_min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="min.insync.replicas of the internal topics it creates "
+        "[auto: min(2, replication)]",
     )
     checkpoint_interval_ms: int = Field(
         default=100, ge=1, le=60_000, description="at most this long between checkpoints"
@@ -123,6 +136,16 @@ class ReplicaConfig(BaseSettings):
         description="exactly-once: longest a round waits for its records' acknowledgements "
         "before it aborts and holds the targets that did not answer",
     )
+
+    @model_validator(mode="after")
+    def _durability(self) -> ReplicaConfig:
+        isr, rf = self.buffer_min_insync_replicas, self.buffer_replication
+        if isr is not None and rf is not None and isr > rf:
+            raise ValueError(
+                f"buffer_min_insync_replicas ({isr}) must not exceed buffer_replication ({rf}): "
+                "no write could ever be acknowledged"
+            )
+        return self
 
     @field_validator("delivery")
     @classmethod

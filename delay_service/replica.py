@@ -132,6 +132,7 @@ class Replica:
             cfg.bootstrap_servers,
             partitions=cfg.buffer_partitions,
             replication=cfg.buffer_replication,
+            min_insync=cfg.buffer_min_insync_replicas,
         )
         if cfg.buffer_topic != BUFFER_TOPIC:
             ensure_buffer_topic(
@@ -139,6 +140,7 @@ class Replica:
                 cfg.buffer_topic,
                 partitions=cfg.buffer_partitions,
                 replication=cfg.buffer_replication,
+                min_insync=cfg.buffer_min_insync_replicas,
             )
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(cfg.data_dir / "store")

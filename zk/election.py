@@ -8,29 +8,52 @@ claim an epoch (:class:`zk.checkpoint.CheckpointStore`) whose number fences olde
 Threads: kazoo runs the children watch in its event thread; ``on_change`` is called there with
 the new leadership flag and must not block (set an event, put on a queue). ``join``/``leave``
 are called from the owner's control thread.
+
+A candidate node outlives a failed delete: when ``leave`` cannot reach ZooKeeper, the session
+may still come back (a server restart restores it, with its ephemeral nodes), and the old node,
+lowest of all, would name this replica master while nobody forwards. So ``join`` first deletes
+every candidate node its *own session* still owns (``ephemeralOwner``), and ``leave`` logs the
+delete it could not confirm instead of passing over it; it waits at most ``LEAVE_WAIT_S`` for
+it, so a step-down during an outage does not stall the control loop until ZooKeeper is back.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import ChildrenWatch
 
+from kdelay import logs
 from zk.errors import CoordinationError, zk_errors
 from zk.paths import Paths
 
+log = logs.get(__name__)
+
 _PREFIX = "n_"
+#: How long :meth:`Election.leave` waits for its delete before it moves on.
+LEAVE_WAIT_S = 1.0
 
 
 def _seq(child: str) -> int:
     return int(child.rsplit("_", 1)[1])
 
 
-def current_leader(client: KazooClient, paths: Paths) -> str | None:
-    """The name held by the lowest candidate node, or None without candidates."""
+@dataclass(frozen=True)
+class Candidate:
+    """The leading candidate node: its name (``n_<seq>``), the replica it names, its stat."""
+
+    node: str
+    name: str
+    stat: ZnodeStat
+
+
+def leading_candidate(client: KazooClient, paths: Paths) -> Candidate | None:
+    """The lowest candidate node, or None without candidates."""
     try:
         children = sorted(
             (c for c in client.get_children(paths.election) if c.startswith(_PREFIX)), key=_seq
@@ -39,11 +62,17 @@ def current_leader(client: KazooClient, paths: Paths) -> str | None:
         return None
     for child in children:
         try:
-            data, _ = client.get(f"{paths.election}/{child}")
+            data, stat = client.get(f"{paths.election}/{child}")
         except NoNodeError:
             continue  # it just left; the next one leads
-        return str(data.decode())
+        return Candidate(child, str(data.decode()), stat)
     return None
+
+
+def current_leader(client: KazooClient, paths: Paths) -> str | None:
+    """The name held by the lowest candidate node, or None without candidates."""
+    leading = leading_candidate(client, paths)
+    return None if leading is None else leading.name
 
 
 class Election:
@@ -72,9 +101,11 @@ class Election:
             return self._node
 
     def join(self) -> None:
-        """Create this replica's candidate node (again, after a lost session)."""
+        """Create this replica's candidate node (again, after a lost session), first deleting
+        any candidate node this session still owns (a ``leave`` that could not delete)."""
         try:
             self._client.ensure_path(self._paths.election)
+            self._delete_own_nodes()
             path = self._client.create(
                 f"{self._paths.election}/{_PREFIX}",
                 self._name.encode(),
@@ -91,18 +122,45 @@ class Election:
         else:
             self._children_changed(self._client.get_children(self._paths.election))
 
+    def _delete_own_nodes(self) -> None:
+        """Delete the candidate nodes the current session owns (kazoo errors propagate)."""
+        client_id = self._client.client_id
+        if client_id is None:
+            return
+        session = client_id[0]
+        for child in self._client.get_children(self._paths.election):
+            path = f"{self._paths.election}/{child}"
+            try:
+                stat = self._client.exists(path)
+                if stat is not None and stat.ephemeralOwner == session:
+                    self._client.delete(path, version=stat.version)
+                    log.info("election.stale_candidate_deleted", node=child, name=self._name)
+            except NoNodeError:
+                continue
+
     def leave(self) -> None:
-        """Withdraw: delete the candidate node if the session still has it."""
+        """Withdraw: delete the candidate node if the session still has it. If ZooKeeper cannot
+        be reached, the node stays until the session ends or the next :meth:`join` deletes it."""
         with self._lock:
             node, self._node = self._node, None
             was, self._leader = self._leader, False
         if node is not None:
             try:
-                self._client.delete(f"{self._paths.election}/{node}")
+                # kazoo queues a request while disconnected: waiting on it would hold the
+                # caller's control loop for a whole ZooKeeper outage. It still runs, in order,
+                # on reconnection (before a later join's requests).
+                request = self._client.delete_async(f"{self._paths.election}/{node}")
+                request.get(timeout=LEAVE_WAIT_S)
             except NoNodeError:
                 pass
-            except zk_errors():
-                pass  # the session is gone, and with it the ephemeral node
+            except zk_errors() as exc:
+                log.warning(
+                    "election.leave_incomplete",
+                    node=node,
+                    name=self._name,
+                    error=repr(exc),
+                    then="deleted by the next join, or gone with the session",
+                )
         if was:
             self._on_change(False)
 

@@ -36,12 +36,19 @@ logger.state.level = warn
 
 
 def _cluster_id() -> str:
-    """A random cluster id that does not start with '-', which the format tool's argument
-    parser would take for a flag (Kafka's own ``Uuid.randomUuid`` avoids it for that reason)."""
+    """A random cluster id that does not start with '-' (Kafka's own ``Uuid.randomUuid`` avoids
+    it, for other tools' sake); :func:`format_argv` copes with one that does anyway."""
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
+
+
+def format_argv(cluster_id: str, config: Path) -> list[str]:
+    """``kafka-storage format`` arguments. The id is attached with ``=``: a base64 id may begin
+    with '-' (1 in 64 random ids), which as a separate argument the tool's parser takes for an
+    option (``argument --cluster-id/-t: expected one argument``)."""
+    return ["format", "--ignore-formatted", f"--cluster-id={cluster_id}", "--config", str(config)]
 
 
 @dataclass
@@ -152,12 +159,7 @@ class LocalKafka:
                     jars.classpath("kafka"),
                     "kafka.tools.StorageTool",
                     256,
-                    "format",
-                    "--ignore-formatted",
-                    "-t",
-                    self._cluster_id_file.read_text().strip(),
-                    "-c",
-                    str(config),
+                    *format_argv(self._cluster_id_file.read_text().strip(), config),
                 ),
                 node.data_dir / "format.log",
             )

@@ -173,3 +173,40 @@ def consume_until(
     finally:
         consumer.close()
     return records
+
+
+def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120.0) -> list[Record]:
+    """Every record now in ``topics``, read_committed: until each partition reports its end.
+
+    The end is where a read_committed consumer stops (the last stable offset); transaction
+    markers take offsets too, so counting ``high - low`` records would wait for ever.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-to-end-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    records: list[Record] = []
+    try:
+        meta = consumer.list_topics(timeout=10)
+        parts = {(t, p) for t in topics for p in meta.topics[t].partitions}
+        consumer.assign([TopicPartition(t, p, -2) for t, p in parts])
+        deadline = time.monotonic() + timeout
+        while parts:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sorted(parts)[:5]} not read to the end within {timeout} s")
+            for msg in consumer.consume(500, timeout=0.2):
+                err = msg.error()
+                if err is None:
+                    records.append(Record.of(msg))
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    parts.discard((msg.topic() or "", msg.partition() or 0))
+                else:
+                    raise KafkaException(err)
+    finally:
+        consumer.close()
+    return records

@@ -56,6 +56,18 @@ def orphans() -> list[Managed]:
     return [m for m in managed() if not _alive(m.owner)]
 
 
+def using(path: Path, found: list[Managed]) -> list[Managed]:
+    """Those of ``found`` whose command line names ``path`` or a path under it (a replica's
+    ``--data-dir``, Kafka's or ZooKeeper's config file)."""
+    prefix = str(path.resolve())
+    return [m for m in found if re.search(re.escape(prefix) + r"(?:/|\s|$)", m.cmdline)]
+
+
+def describe(found: list[Managed], limit: int = 120) -> str:
+    """One line per process: pid, the owner that is gone, the start of its command line."""
+    return "\n".join(f"  {m.pid} (owner {m.owner} gone): {m.cmdline[:limit]}" for m in found)
+
+
 def main() -> int:
     left = orphans()
     for m in left:

@@ -6,6 +6,14 @@ otherwise), so ``make check-leftovers`` can prove nothing survived. Stopping sig
 group: TERM, then KILL after a grace period. A registry kills what is still running at
 interpreter exit and on SIGTERM/SIGHUP, so an interrupted test run leaves no JVM behind.
 
+No hook runs when the owner is SIGKILLed, so on Linux each child also asks the kernel to
+SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``, set between fork and exec; it
+survives exec). The kernel fires it when the *thread* that forked exits, not the process, so it
+is set only for children started from the main thread (``kdelay up``, the fixtures and the
+benchmarks start theirs there; a child started from another thread relies on the hooks above).
+It covers the child itself: a grandchild is its child's to watch. What survives anyway (an
+older kdelay, another platform) is what :mod:`kdelay.local.leftovers` finds.
+
 Thread-safety: the registry is guarded by a lock; one ManagedProcess is driven by one owner.
 """
 
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -60,8 +69,43 @@ def _install_handlers() -> None:
                 signal.signal(sig, _on_signal)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), resolved here: the child must not load libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child SIGKILLed when this thread dies, or None where
+    that cannot hold (not Linux, or not the main thread; see the module docstring)."""
+    prctl = _prctl()
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent, kill = os.getpid(), int(signal.SIGKILL)
+
+    def preexec() -> None:
+        # Runs in the child between fork and exec: no imports, no locks.
+        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above took effect
+            os._exit(70)
+
+    return preexec
+
+
 class ManagedProcess:
-    """One child process in its own group, logging to ``log_path``."""
+    """One child process in its own group, logging to ``log_path``.
+
+    ``die_with_owner`` (the default) SIGKILLs the child when its owner dies (see the module
+    docstring); tests that need a leftover turn it off.
+    """
 
     def __init__(
         self,
@@ -71,12 +115,14 @@ class ManagedProcess:
         *,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        die_with_owner: bool = True,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = env
         self.cwd = cwd
+        self.die_with_owner = die_with_owner
         self._popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -99,6 +145,8 @@ class ManagedProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
+                # Safe here despite threads: it only calls prctl, getppid and _exit.
+                preexec_fn=die_with_parent() if self.die_with_owner else None,  # noqa: PLW1509
             )
         with _lock:
             _registry.add(self)

@@ -6,6 +6,13 @@
 interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
 :meth:`LocalStack.components` hands what it started to :mod:`kdelay.local.supervise`, which
 restarts each with its own command line, so ports and the state file's addresses stay valid.
+
+Before it starts anything, :meth:`LocalStack.start` takes the stack's lock
+(:mod:`kdelay.local.lock`: one stack per data directory and state file) and looks for
+leftovers (:mod:`kdelay.local.leftovers`): processes of an earlier run whose owner is gone. Those
+using this data directory would fight the new stack for its files, so they stop the start with
+their pids; others are reported. The state file is removed by :meth:`LocalStack.stop` only
+when this stack holds the lock, so a second ``kdelay up`` that fails leaves the first's alone.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from pathlib import Path
 
 from kdelay import jars
 from kdelay.errors import InfrastructureError
+from kdelay.local import leftovers
 from kdelay.local.kafka import KafkaSettings, LocalKafka
+from kdelay.local.lock import StackLock
 from kdelay.local.process import (
     ManagedProcess,
     free_port,
@@ -52,6 +61,9 @@ class StackOptions:
     state_file: Path = Path(".kdelay/up.json")
     buffer_partitions: int = 6
     start_timeout: float = 180.0
+    #: The replicas' ZooKeeper session timeout; None: the replica's default (2 s, which bounds
+    #: a failover; the local ZooKeeper's tickTime of 500 ms lets it be that short).
+    zk_session_timeout: float | None = None
 
 
 @dataclass
@@ -79,11 +91,15 @@ class LocalStack:
     zk_connect: str = ""
     proxy_port: int = 0
     http_port: int = 0
+    lock: StackLock | None = None
 
     def start(self) -> None:
         opts = self.options
         data = opts.data_dir.resolve()
-        data.mkdir(parents=True, exist_ok=True)
+        lock = StackLock(data, opts.state_file)
+        lock.acquire()  # before anything touches the data directory or the state file
+        self.lock = lock
+        self._check_leftovers(data)
         if not (opts.bootstrap_servers and opts.zk_connect):
             self.progress("==> checking the pinned Kafka and ZooKeeper jars (first run: Maven)")
             jars.jar_dir("kafka", progress=True)
@@ -109,6 +125,24 @@ class LocalStack:
         self.progress("==> waiting for the proxy and for a master to be elected")
         self._wait_ready()
         self.write_state()
+
+    def _check_leftovers(self, data: Path) -> None:
+        """Fail naming the leftovers that use ``data``; report the others."""
+        found = leftovers.orphans()
+        mine = leftovers.using(data, found)
+        if mine:
+            pids = " ".join(str(m.pid) for m in mine)
+            raise InfrastructureError(
+                f"{len(mine)} process(es) of an earlier kdelay run on {data} outlived it and "
+                f"still use its files:\n{leftovers.describe(mine)}\nstop them (kill {pids}) "
+                "and run kdelay up again"
+            )
+        if found:
+            self.progress(
+                f"kdelay: warning: {len(found)} process(es) started by an earlier kdelay run "
+                f"outlived it (python -m kdelay.local.leftovers lists them):\n"
+                f"{leftovers.describe(found)}"
+            )
 
     def _start_proxy(self, data: Path) -> None:
         self.progress("==> starting the proxy")
@@ -143,6 +177,7 @@ class LocalStack:
                 data / name,
                 metrics_port=port,
                 buffer_partitions=self.options.buffer_partitions,
+                zk_session_timeout=self.options.zk_session_timeout,
             )
             proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
             proc.start()
@@ -200,6 +235,8 @@ class LocalStack:
 
     def write_state(self) -> None:
         """Write :meth:`state` to the state file atomically (readers never see half of it)."""
+        if self.lock is None or not self.lock.held:
+            raise InfrastructureError("the stack's lock is not held: not writing the state file")
         path = self.options.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -223,7 +260,8 @@ class LocalStack:
         return out
 
     def stop(self) -> None:
-        """Stop everything this stack started, newest first; remove the state file."""
+        """Stop everything this stack started, newest first; remove the state file and release
+        the lock (if this stack took it)."""
         for replica in reversed(self.replicas):
             self.progress(f"==> stopping {replica.name}")
             replica.process.stop()
@@ -236,7 +274,10 @@ class LocalStack:
         if self.zookeeper is not None:
             self.progress("==> stopping ZooKeeper")
             self.zookeeper.stop()
-        self.options.state_file.unlink(missing_ok=True)
+        if self.lock is not None and self.lock.held:
+            # Only the stack that holds the lock owns the state file.
+            self.options.state_file.unlink(missing_ok=True)
+            self.lock.release()
 
 
 def _component(name: str, proc: ManagedProcess, *, essential: bool = False) -> Component:

@@ -315,3 +315,24 @@ def test_schema_rejects_unknown_key_from_values_file(tools: Tools, tmp_path: Pat
     result = helm_template_text(tools, values=[bad])
     assert result.returncode != 0
     assert "persistance" in result.stderr
+
+
+def test_internal_topics_and_zookeeper_session_default_to_safe_values(tools: Tools) -> None:
+    import yaml
+
+    def configs(sets: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        data = one(helm_template(tools, sets=sets), "ConfigMap", "-config")["data"]
+        return yaml.safe_load(data["proxy.yaml"]), yaml.safe_load(data["delay-service.yaml"])
+
+    proxy, replica = configs()
+    # Unset: both components on auto, replication min(3, brokers) and min ISR min(2, RF).
+    for config in (proxy, replica):
+        assert "buffer_replication" not in config
+        assert "buffer_min_insync_replicas" not in config
+    assert replica["zk_session_timeout"] == 2
+    proxy, replica = configs({"bufferReplication": "5", "bufferMinInsyncReplicas": "3"})
+    for config in (proxy, replica):
+        assert (config["buffer_replication"], config["buffer_min_insync_replicas"]) == (5, 3)
+    bad = helm_template_text(tools, sets={"bufferReplication": "0"})
+    assert bad.returncode != 0
+    assert "bufferReplication" in bad.stderr

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
+from kdelay.local import LocalKafka
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,
@@ -84,3 +86,14 @@ def test_aborted_transaction_is_invisible_to_read_committed(kafka: KafkaInfra) -
         config={"isolation.level": "read_uncommitted"},
     )
     assert [r.value for r in everything] == [b"aborted-1", b"aborted-2", b"committed"]
+
+
+def test_storage_formats_with_a_cluster_id_beginning_with_a_dash(tmp_path: Path) -> None:
+    # 1 in 64 random base64 ids begins with '-'; a data directory may hold one already.
+    launcher = LocalKafka(tmp_path / "kafka")
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "cluster-id").write_text("-AAAAAAAAAAAAAAAAAAAAA\n")
+    node = launcher.nodes[0]
+    launcher._prepare(node)  # formats the storage; starts no broker
+    meta = (node.data_dir / "logs" / "meta.properties").read_text().splitlines()
+    assert "cluster.id=-AAAAAAAAAAAAAAAAAAAAA" in meta

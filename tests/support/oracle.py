@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tests.support.kafka_helpers import Record, consume_until
+from kdelay.local.kafka_tools import read_to_end
+from tests.support.kafka_helpers import Record
 
 ROUTE = "kdelay-route"
 
@@ -29,26 +30,9 @@ class Truth:
     due: dict[str, int]
 
 
-def _end_offsets_reached(bootstrap: str, topics: Sequence[str]) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle-watermarks"})
-    try:
-        meta = consumer.list_topics(timeout=10)
-        total = 0
-        for topic in topics:
-            for p in meta.topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                total += high - low
-        return total
-    finally:
-        consumer.close()
-
-
 def read_all(bootstrap: str, topics: Sequence[str]) -> list[Record]:
     """Every record currently in ``topics`` (no compaction expected during a test)."""
-    expected = _end_offsets_reached(bootstrap, topics)
-    return consume_until(bootstrap, topics, lambda r: len(r) >= expected, timeout=120)
+    return read_to_end(bootstrap, topics, timeout=120)
 
 
 def compute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +16,11 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
     cid = kafka._cluster_id()
     assert cid == "AQAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_the_cluster_id_is_attached_to_its_option(tmp_path: Path) -> None:
+    # As a separate argument an id beginning with '-' is read as an option by kafka-storage.
+    argv = kafka.format_argv("-AAAAAAAAAAAAAAAAAAAAA", tmp_path / "server.properties")
+    assert "--cluster-id=-AAAAAAAAAAAAAAAAAAAAA" in argv
+    assert "-AAAAAAAAAAAAAAAAAAAAA" not in argv
+    assert argv[argv.index("--config") + 1] == str(tmp_path / "server.properties")

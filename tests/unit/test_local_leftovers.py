@@ -9,21 +9,26 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from kdelay.errors import InfrastructureError
 from kdelay.local import leftovers
 from kdelay.local.process import MARKER, ManagedProcess, wait_until
+from kdelay.local.stack import LocalStack, StackOptions
 
 
 def test_a_process_outliving_its_owner_is_reported(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     # The owner starts a managed child, then dies without running its exit hooks (os._exit),
-    # like a SIGKILLed test run: the child is orphaned.
+    # like a SIGKILLed test run; without the parent-death signal (an older kdelay, another
+    # platform) the child is orphaned.
     owner_code = textwrap.dedent(
         f"""
         import os
         from pathlib import Path
         from kdelay.local.process import ManagedProcess, MARKER
         argv = ["bash", "-c", "sleep 300; true", f"{{MARKER}}={{os.getpid()}}"]
-        p = ManagedProcess("sleeper", argv, Path({str(tmp_path / "log")!r}))
+        p = ManagedProcess("sleeper", argv, Path({str(tmp_path / "log")!r}), die_with_owner=False)
         p.start()
         Path({str(pidfile)!r}).write_text(str(p.pid))
         os._exit(0)
@@ -55,3 +60,38 @@ def test_a_process_with_a_live_owner_is_not_a_leftover(tmp_path: Path) -> None:
         assert proc.pid not in {m.pid for m in leftovers.orphans()}
     finally:
         proc.stop(grace=5)
+
+
+def test_a_stack_refuses_to_start_beside_leftovers_on_its_data_dir(tmp_path: Path) -> None:
+    data = (tmp_path / "data").resolve()
+    pidfile = tmp_path / "child.pid"
+    # A leftover of an earlier run on this data directory (the owner died without the
+    # parent-death signal): its command line names a path under the data directory.
+    owner_code = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from kdelay.local.process import ManagedProcess, MARKER
+        argv = ["bash", "-c", "sleep 300; true", f"{{MARKER}}={{os.getpid()}}",
+                "--data-dir", {str(data / "replica-1")!r}]
+        p = ManagedProcess("old", argv, Path({str(tmp_path / "log")!r}), die_with_owner=False)
+        p.start()
+        Path({str(pidfile)!r}).write_text(str(p.pid))
+        os._exit(0)
+        """
+    )
+    subprocess.run([sys.executable, "-c", owner_code], check=True, timeout=60)
+    child = int(pidfile.read_text())
+    stack = LocalStack(StackOptions(data_dir=data, state_file=tmp_path / "up.json"))
+    try:
+        wait_until(
+            lambda: child in {m.pid for m in leftovers.using(data, leftovers.orphans())},
+            timeout=10,
+            what="the leftover to exec",
+        )
+        with pytest.raises(InfrastructureError, match=rf"kill {child}\b"):
+            stack.start()
+    finally:
+        stack.stop()
+        os.killpg(child, signal.SIGKILL)
+    assert leftovers.using(tmp_path / "elsewhere", leftovers.managed()) == []

@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
-from kdelay.local.process import ManagedProcess, wait_until
+from kdelay.local.process import ManagedProcess, die_with_parent, wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -63,3 +64,45 @@ def test_sigterm_to_the_owner_kills_its_children(tmp_path: Path) -> None:
     finally:
         owner.kill()
         owner.wait()
+
+
+def _owner_code(tmp_path: Path, pidfile: Path) -> str:
+    """An owner that starts a managed sleeper, writes its pid and waits to be killed."""
+    return textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from kdelay.local.process import ManagedProcess
+        p = ManagedProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / "log")!r}))
+        p.start()
+        Path({str(pidfile)!r}).write_text(str(p.pid))
+        time.sleep(300)
+        """
+    )
+
+
+def test_sigkill_of_the_owner_kills_its_children(tmp_path: Path) -> None:
+    # No hook runs on SIGKILL: the parent-death signal set at fork does the work.
+    pidfile = tmp_path / "child.pid"
+    owner = subprocess.Popen([sys.executable, "-c", _owner_code(tmp_path, pidfile)])
+    try:
+        wait_until(lambda: pidfile.exists() and pidfile.read_text() != "", timeout=30, what="pid")
+        child = int(pidfile.read_text())
+        assert _alive(child)
+        owner.kill()
+        owner.wait(timeout=30)
+        wait_until(lambda: not _alive(child), timeout=10, what="the child to die with its owner")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_no_parent_death_signal_from_a_worker_thread() -> None:
+    # PR_SET_PDEATHSIG fires when the forking *thread* exits; a worker thread may end while the
+    # owner runs on, so its children are left to the exit hooks (and the leftover check).
+    assert die_with_parent() is not None
+    seen: list[object] = []
+    worker = threading.Thread(target=lambda: seen.append(die_with_parent()))
+    worker.start()
+    worker.join()
+    assert seen == [None]
