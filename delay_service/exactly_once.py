@@ -161,11 +161,7 @@ class ExactlyOnceForwarder(Forwarder):
             if err is None:
                 kept.append(e)
             elif e.key not in self._doomed:  # a dead letter does not need its target
-                verdict = self._retries.failed(
-                    e.key, permanent=is_permanent(err), target=target_of(e)
-                )
-                if verdict.dead_letter:
-                    self._doomed[e.key] = err
+                self._attempt_failed(e, err)
             else:
                 kept.append(e)
         for (topic, partition), err in down.items():
@@ -231,13 +227,7 @@ class ExactlyOnceForwarder(Forwarder):
                 self._metrics.dead_letter_errors.labels(error_name(err)).inc()
                 backoff = self._retries.dead_letter_failed(entry.key, target=target)
             else:
-                self._metrics.forward_errors.labels(error_name(err)).inc()
-                verdict = self._retries.failed(
-                    entry.key, permanent=is_permanent(err), target=target
-                )
-                if verdict.dead_letter:
-                    self._doomed[entry.key] = err
-                backoff = self._retries.backoff_ms(verdict.attempts)
+                backoff = self._retries.backoff_ms(self._attempt_failed(entry, err))
             log.warning(
                 "forwarder.target_held",
                 topic=target[0],
@@ -249,6 +239,25 @@ class ExactlyOnceForwarder(Forwarder):
                 backoff_ms=backoff,
                 aborted=True,
             )
+
+    def _attempt_failed(self, entry: Entry, err: KafkaError) -> int:
+        """Count a failed attempt (held, or owed a dead letter); returns the attempts so far."""
+        self._metrics.forward_errors.labels(error_name(err)).inc()
+        permanent = is_permanent(err)
+        verdict = self._retries.failed(entry.key, permanent=permanent, target=target_of(entry))
+        if verdict.dead_letter:
+            self._doomed[entry.key] = err
+        if permanent:
+            log.warning(
+                "forwarder.forward_failed",
+                id=entry.message.id,
+                topic=entry.message.topic,
+                partition=entry.message.partition,
+                attempt=verdict.attempts,
+                error=str(err),
+                permanent=True,
+            )
+        return verdict.attempts
 
     def _settle(
         self, delivered: list[Entry], dead_lettered: list[Entry], claim: Checkpoint

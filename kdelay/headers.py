@@ -2,6 +2,11 @@
 
 Parsing is pure and shared by the proxy's Kafka listener and its HTTP API, so both reject the
 same inputs with the same message. Values are ASCII; the id may be any 1-255 bytes of UTF-8.
+
+kdelay owns every header name in its namespace (``kdelay`` in any case, alone or followed by
+``-`` or ``_``). A name there that kdelay does not know is a mistake that would otherwise be
+silent: ``KDELAY-DELAY-MS`` or ``kdelay_delay_ms`` is not ``kdelay-delay-ms``, so the record
+would be delivered at once. ``classify`` rejects it, naming the closest valid header.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from difflib import get_close_matches
 
 from kdelay.errors import InvalidHeaderError
 
@@ -24,6 +30,21 @@ CANCEL = "kdelay-cancel"
 TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
 #: Headers the proxy consumes; they are not passed on with the delivered record.
 CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL})
+#: Names in kdelay's namespace kept for a feature this version does not implement (CONTRACT.md
+#: v2): a record carrying one is rejected, saying so, rather than delivered at once.
+RESERVED_HEADERS: dict[str, str] = {"kdelay-repeat": "repeating messages"}
+#: Headers kdelay writes on the records it delivers or dead-letters (the delay service's
+#: ``kdelay-error``, ``kdelay-source``, ``kdelay-target``, the buffer's ``kdelay-route``, a
+#: repeat's ``kdelay-occurrence``). A producer that replays such a record sends them back; they
+#: are kdelay's own names, not mistakes, and pass through untouched.
+DELIVERED_HEADERS = frozenset(
+    {"kdelay-error", "kdelay-source", "kdelay-target", "kdelay-route", "kdelay-occurrence"}
+)
+#: Every name in kdelay's namespace that is not a mistake.
+KNOWN_HEADERS = CONTROL_HEADERS | DELIVERED_HEADERS | frozenset(RESERVED_HEADERS)
+#: Header names the error for an unknown one may suggest (those a producer sends).
+_SUGGESTED = sorted(CONTROL_HEADERS)
+_NAMESPACE = "kdelay"
 
 #: RocketMQ's default level table, in milliseconds: 1s 5s 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
 DEFAULT_LEVELS_MS: tuple[int, ...] = tuple(
@@ -32,6 +53,12 @@ DEFAULT_LEVELS_MS: tuple[int, ...] = tuple(
 )
 DEFAULT_MAX_HORIZON_MS = 365 * 24 * 3600 * 1000
 MAX_ID_BYTES = 255
+#: 2001-01-01T00:00:00Z in epoch milliseconds. A numeric ``kdelay-deliver-at`` below it is
+#: taken for epoch *seconds* (today's time in seconds, read as milliseconds, is in January
+#: 1970), which would otherwise be "in the past: due now" and be delivered at once.
+EARLIEST_DELIVER_AT_MS = 978_307_200_000
+#: 10^14 ms is the year 5138: a numeric value from here up is microseconds or nanoseconds.
+LATEST_DELIVER_AT_MS = 10**14
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FRACTION = re.compile(r"[.,](\d+)")
 
@@ -64,6 +91,43 @@ class DelayPolicy:
     max_horizon_ms: int = DEFAULT_MAX_HORIZON_MS
 
 
+class UnknownHeaderError(InvalidHeaderError):
+    """A header name in kdelay's namespace that is not one of kdelay's headers (a look-alike
+    such as ``KDELAY-DELAY-MS``), or one reserved for a feature not supported yet."""
+
+
+def in_namespace(name: str) -> bool:
+    """Whether ``name`` is in kdelay's namespace: ``kdelay`` in any case, alone or followed by
+    ``-`` or ``_`` (``kdelay-delay-ms``, ``KDELAY_ID``; not ``kdelayed`` or ``x-kdelay-id``)."""
+    head = name[:7].lower()
+    return head[:6] == _NAMESPACE and (len(head) == 6 or head[6] in "-_")
+
+
+def unknown_header(name: str) -> UnknownHeaderError:
+    """The error for ``name``, in kdelay's namespace but not one of :data:`KNOWN_HEADERS`:
+    it names the closest valid header, or says the name is reserved for a later version."""
+    normal = name.lower().replace("_", "-")
+    if normal in RESERVED_HEADERS:
+        spelled = "" if normal == name else f" (spelled {normal!r})"
+        return UnknownHeaderError(
+            name,
+            f"is reserved for {RESERVED_HEADERS[normal]}{spelled}, which this version of "
+            "kdelay does not support yet",
+        )
+    if normal in CONTROL_HEADERS:
+        guess = [normal]
+    else:  # compare what follows "kdelay-": every candidate shares the prefix
+        suffix = normal[len(_NAMESPACE) + 1 :]
+        close = get_close_matches(suffix, [n[len(_NAMESPACE) + 1 :] for n in _SUGGESTED], 1)
+        guess = [f"{_NAMESPACE}-{close[0]}"] if close else []
+    hint = (
+        f"did you mean {guess[0]!r}? (names are lower-case, with '-')"
+        if guess
+        else f"kdelay's headers are {', '.join(_SUGGESTED)}"
+    )
+    return UnknownHeaderError(name, f"not a kdelay header; {hint}")
+
+
 def new_id() -> str:
     """An id for a message that came without one: random, 32 hex characters."""
     return uuid.uuid4().hex
@@ -92,7 +156,21 @@ def parse_deliver_at(header: str, raw: bytes | None) -> int:
     """Epoch milliseconds, or an RFC 3339 timestamp with an offset, to epoch milliseconds."""
     text = _ascii(header, raw)
     if text.isdigit():
-        return int(text)
+        millis = int(text)
+        if millis < EARLIEST_DELIVER_AT_MS:
+            at = (_EPOCH + timedelta(milliseconds=millis)).isoformat(timespec="milliseconds")
+            raise InvalidHeaderError(
+                header,
+                f"{text} read as epoch milliseconds is {at}, before 2001: it looks like epoch "
+                f"seconds; send milliseconds ({millis * 1000}) or an RFC 3339 timestamp",
+            )
+        if millis >= LATEST_DELIVER_AT_MS:
+            raise InvalidHeaderError(
+                header,
+                f"{text} read as epoch milliseconds is beyond the year 5000: it looks like "
+                "epoch microseconds or nanoseconds; send milliseconds",
+            )
+        return millis
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -155,7 +233,8 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
     """What a produced record asks for: a delay, a cancel, or nothing (pass through).
 
     Raises InvalidHeaderError naming the header when a control header is malformed, repeated,
-    or combined with one it excludes.
+    or combined with one it excludes, and UnknownHeaderError for a name in kdelay's namespace
+    that is not one of kdelay's headers.
     """
     seen: dict[str, bytes | None] = {}
     for name, value in headers:
@@ -163,6 +242,8 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
             if name in seen:
                 raise InvalidHeaderError(name, "header appears more than once")
             seen[name] = value
+        elif name not in DELIVERED_HEADERS and in_namespace(name):
+            raise unknown_header(name)
     if not seen:
         return None
     timing = [h for h in TIMING_HEADERS if h in seen]

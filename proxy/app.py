@@ -24,6 +24,7 @@ from kdelay import logs
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
 from proxy.broker import Broker
+from proxy.budget import RequestBudget
 from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
@@ -105,6 +106,7 @@ class Proxy:
                 cfg.bootstrap_servers,
                 partitions=cfg.buffer_partitions,
                 replication=cfg.buffer_replication,
+                min_insync=cfg.buffer_min_insync_replicas,
                 client_config=dict(cfg.upstream_config),
             )
         self.upstream = Upstream(
@@ -114,12 +116,16 @@ class Proxy:
             linger_ms=cfg.upstream_linger_ms,
             extra=dict(cfg.upstream_config),
             supervisor=self.supervisor,
+            probe_interval_s=cfg.upstream_probe_interval_s,
         )
         topics = Topics(self.upstream, ttl_s=cfg.metadata_ttl_s)
+        # One budget for both listeners: request bytes in memory, process-wide.
+        budget = RequestBudget(cfg.max_buffered_request_bytes, self.metrics)
         self.kafka = KafkaServer(
             self.metrics,
             Limits(cfg.max_request_bytes, cfg.max_inflight_per_connection, cfg.idle_timeout_s),
             _ssl_context(cfg),
+            budget,
         )
         bound_host, bound_port = await self.kafka.bind(*cfg.listen_address)
         adv_host = cfg.advertised_host or (
@@ -139,6 +145,7 @@ class Proxy:
             ),
             limits=cfg.limits,
             max_decompressed_bytes=cfg.decompressed_limit,
+            consume_from=cfg.bootstrap_servers,
         )
         await self.kafka.serve(broker)
 
@@ -150,6 +157,9 @@ class Proxy:
             cfg.policy,
             limits=cfg.limits,
             not_ready=self.not_ready,
+            max_body_bytes=cfg.max_request_bytes,
+            budget=budget,
+            availability=self.upstream.availability,
         )
         self._http_config = uvicorn.Config(
             app, host=http_host, port=http_port, log_config=None, lifespan="off"

@@ -1,5 +1,8 @@
 """The broker facade: what the proxy answers to each Kafka API it implements.
 
+Producers get ApiVersions, Metadata, InitProducerId and Produce; a consumer pointed at the proxy
+gets an authorization error naming where to read instead (proxy/refusals.py).
+
 Concurrency and ordering contract: each handler runs in two stages so that a connection's
 requests reach upstream in the order the client sent them (KIP-98 sequences need it) while their
 acknowledgements are awaited concurrently. ``handle`` (stage 1) is awaited by the connection's
@@ -8,11 +11,11 @@ then returns an awaitable (stage 2) that yields the reply once upstream acknowle
 Everything here runs on the asyncio loop thread; blocking metadata lookups go to worker threads
 (proxy/topics.py).
 
-A Produce request's partitions go through, in this order: the topic and partition must exist
-upstream (proxy/topics.py); the batch is framed and decompressed (proxy/records.py); its
-sequence is checked for idempotent producers (proxy/idempotence.py); its records are parsed
-(proxy/records.py), held to the record limits and routed (proxy/routing.py, proxy/limits.py);
-upstream gets them (proxy/upstream.py).
+A Produce request's partitions go through, in this order: the topic must not be an internal one
+(proxy/internal_topics.py), and it and the partition must exist upstream (proxy/topics.py);
+the batch is framed and decompressed (proxy/records.py); its sequence is checked for idempotent
+producers (proxy/idempotence.py); its records are parsed (proxy/records.py), held to the record
+limits and routed (proxy/routing.py, proxy/limits.py); upstream gets them (proxy/upstream.py).
 """
 
 from __future__ import annotations
@@ -30,11 +33,19 @@ from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.headers import DelayPolicy
+from proxy import internal_topics
 from proxy import protocol as p
 from proxy import records as rec
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
+from proxy.refusals import APIS as CONSUMER_APIS
+from proxy.refusals import (
+    TRANSACTIONAL_DENIED,
+    TRANSACTIONAL_MESSAGE,
+    ConsumerRefusals,
+    refuse_transactional,
+)
 from proxy.routing import (
     DEFAULT_LIMITS,
     BufferUnavailableError,
@@ -45,7 +56,7 @@ from proxy.routing import (
     route,
     wall_clock_ms,
 )
-from proxy.topics import Advertised, Topics, metadata_response
+from proxy.topics import Advertised, Topics, answer_metadata
 from proxy.upstream import UpstreamError
 
 log = logs.get(__name__)
@@ -80,7 +91,8 @@ def resolved(value: _T) -> Awaitable[_T]:
 
 
 class Broker:
-    """Implements ApiVersions, Metadata, InitProducerId and Produce over an upstream Kafka.
+    """Implements ApiVersions, Metadata, InitProducerId and Produce over an upstream Kafka, and
+    refuses consumers (Fetch, ListOffsets, FindCoordinator) naming ``consume_from``.
 
     Built once the Kafka listener is bound, so ``advertised`` is where clients reach it."""
 
@@ -96,6 +108,7 @@ class Broker:
         limits: RecordLimits = DEFAULT_LIMITS,
         max_decompressed_bytes: int = 100 * 1024 * 1024,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        consume_from: str = "the upstream Kafka cluster's bootstrap servers",
     ) -> None:
         self.upstream = upstream
         self.topics = topics
@@ -106,58 +119,30 @@ class Broker:
         self.limits = limits
         self.max_decompressed_bytes = max_decompressed_bytes
         self.clock_ms = clock_ms
+        self.consumers = ConsumerRefusals(consume_from)
 
     async def handle(self, req: p.Request) -> Awaitable[Reply]:
         """Stage 1 of ``req``; the returned awaitable is stage 2 (see the module docstring)."""
         if req.api_key == p.PRODUCE:
             return await self._produce(req)
         if req.api_key == p.METADATA:
-            return resolved(await self._metadata(req))
+            response, error = await answer_metadata(self.topics, self.advertised, req)
+            return resolved(Reply(response, p.error_name(error) if error else "ok"))
         if req.api_key == p.API_VERSIONS:
             return resolved(Reply(p.api_versions_response(req.api_version)))
         if req.api_key == p.INIT_PRODUCER_ID:
             return resolved(self._init_producer_id(req))
+        if req.api_key in CONSUMER_APIS:
+            response, code = self.consumers.answer(req)
+            return resolved(Reply(response, p.error_name(code)))
         raise p.UnsupportedApiError(req.api_key, req.api_version, req.correlation_id)
-
-    # -- metadata -------------------------------------------------------------------------
-
-    async def _metadata(self, req: p.Request) -> Reply:
-        body = req.body
-        # Before v4 a Metadata request always allowed auto-creation (KIP-204).
-        allow = bool(body.allow_auto_topic_creation) if req.api_version >= 4 else True
-        requested = body.topics
-        everything = requested is None or (req.api_version == 0 and not requested)
-        infos = await self.topics.lookup(
-            None if everything else [t.name for t in requested], create=allow
-        )
-        response = metadata_response(
-            req.api_version, self.advertised, self.topics.cluster_id, infos
-        )
-        errors = {i.error_code for i in infos.values()} - {0}
-        return Reply(response, p.error_name(min(errors)) if errors else "ok")
 
     # -- init producer id -----------------------------------------------------------------
 
     def _init_producer_id(self, req: p.Request) -> Reply:
         body = req.body
         if body.transactional_id is not None:
-            log.warning(
-                "proxy.transactional_producer_refused",
-                client_id=req.client_id,
-                transactional_id=body.transactional_id,
-                reason="the kdelay proxy supports idempotent, not transactional, producers",
-            )
-            code = kerr.TransactionalIdAuthorizationFailedError.errno
-            return Reply(
-                InitProducerIdResponse(
-                    throttle_time_ms=0,
-                    error_code=code,
-                    producer_id=-1,
-                    producer_epoch=-1,
-                    version=req.api_version,
-                ),
-                p.error_name(code),
-            )
+            return Reply(refuse_transactional(req), p.error_name(TRANSACTIONAL_DENIED))
         pid_in = body.producer_id if req.api_version >= 3 else NO_PRODUCER_ID
         epoch_in = body.producer_epoch if req.api_version >= 3 else -1
         pid, epoch = self.producers.init_producer(pid_in, epoch_in)
@@ -178,10 +163,7 @@ class Broker:
         started = time.perf_counter()
         reject: tuple[int, str] | None = None
         if body.transactional_id is not None:
-            reject = (
-                kerr.TransactionalIdAuthorizationFailedError.errno,
-                "transactional producers are not supported by the kdelay proxy",
-            )
+            reject = (TRANSACTIONAL_DENIED, TRANSACTIONAL_MESSAGE)
         elif body.acks not in (-1, 0, 1):
             reject = (kerr.InvalidRequiredAcksError.errno, f"acks={body.acks} is not -1, 0 or 1")
         parts: list[tuple[str, int, Awaitable[PartitionResult]]] = []
@@ -240,14 +222,18 @@ class Broker:
         self, topic: str, partition: int, raw: bytes | None
     ) -> tuple[rec.BatchHeader, tuple[bytes | memoryview, ...]]:
         """The partition's batch header and the parts of the same batch uncompressed, when the
-        topic exists and the batch is well-formed; raises BatchError."""
+        topic is no internal one and exists and the batch is well-formed; raises BatchError."""
+        data = bytes(raw) if raw else b""
+        try:
+            internal_topics.check(topic)
+        except internal_topics.RefusedTopicError as exc:
+            raise _refused(exc, rec.count(data)) from None
         info = await self.topics.info(topic)
         if info.error_code or not 0 <= partition < info.partitions:
             raise rec.BatchError(
                 kerr.UnknownTopicOrPartitionError.errno,
                 f"{topic}-{partition} does not exist upstream",
             )
-        data = bytes(raw) if raw else b""
         batch = rec.read_batch(data)
         if batch.is_transactional:
             raise rec.BatchError(
@@ -312,6 +298,8 @@ class Broker:
             raise rec.BatchError(
                 kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
             ) from None
+        except internal_topics.RefusedTopicError as exc:
+            raise _refused(exc) from None
 
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
@@ -321,8 +309,14 @@ class Broker:
             batch, parts = await self._admit(topic, partition, raw)
         except rec.BatchError as exc:
             self.metrics.rejected(exc.reason, exc.records)
-            log.info("proxy.batch_rejected", topic=topic, partition=partition, error=str(exc))
-            return resolved(PartitionResult(exc.code, -1, str(exc)))
+            log.info(
+                "proxy.batch_rejected",
+                topic=topic,
+                partition=partition,
+                error=str(exc),
+                reason=exc.reason,
+            )
+            return resolved(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
         count = batch.last_offset_delta + 1
         entry = None
         pid = batch.producer_id
@@ -390,3 +384,14 @@ class Broker:
                     self.metrics.records_by_kind[kind].inc(n)
             result = PartitionResult(0, base)
         return await settle(result)
+
+
+def _refused(exc: internal_topics.RefusedTopicError, records: int = 0) -> rec.BatchError:
+    """A refused internal topic as the partition's TOPIC_AUTHORIZATION_FAILED."""
+    return rec.BatchError(
+        kerr.TopicAuthorizationFailedError.errno,
+        str(exc),
+        records,
+        index=exc.index,
+        reason="internal_topic",
+    )

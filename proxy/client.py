@@ -124,6 +124,8 @@ def cancel_command(bootstrap_servers: str, message_id: str) -> None:
     except InvalidHeaderError as exc:
         raise click.BadParameter(exc.problem, param_hint="MESSAGE_ID") from None
     # The carrier topic is irrelevant: the proxy turns the record into a buffer-topic cancel.
+    # The buffer topic always exists, and it is the one internal topic the proxy lets a cancel
+    # (and nothing else) be addressed to (proxy/internal_topics.py).
     carrier = buffer.BUFFER_TOPIC
     produce_one(bootstrap_servers, carrier, b"", None, headers=[(h.CANCEL, message_id.encode())])
     click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))

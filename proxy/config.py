@@ -38,13 +38,29 @@ class ProxyConfig(BaseSettings):
     buffer_partitions: int = Field(
         default=12, ge=1, description="partitions of __kdelay_buffer when the proxy creates it"
     )
-    buffer_replication: int = Field(
-        default=1, ge=1, description="replication factor of the internal topics it creates"
+    buffer_replication: int | None = Field(
+        default=None,
+        ge=1,
+        description="replication factor of the internal topics it creates [auto: min(3, brokers)]",
+    )
+    buffer_min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="min.insync.replicas of the internal topics it creates "
+        "[auto: min(2, replication)]",
     )
     ensure_topics: bool = Field(default=True, description="create the internal topics if missing")
     node_id: int = Field(default=1, ge=0, description="broker id the proxy advertises")
     max_request_bytes: int = Field(
-        default=100 * 1024 * 1024, ge=1024, description="largest Kafka request accepted"
+        default=100 * 1024 * 1024,
+        ge=1024,
+        description="largest Kafka request or HTTP request body accepted",
+    )
+    max_buffered_request_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="request bytes held in memory at once, all connections and HTTP requests "
+        "together; a request that does not fit waits, unread (README Limits)",
     )
     max_decompressed_bytes: int | None = Field(
         default=None,
@@ -59,6 +75,11 @@ class ProxyConfig(BaseSettings):
     )
     upstream_timeout_ms: int = Field(
         default=30_000, ge=1_000, description="upstream produce timeout (message.timeout.ms)"
+    )
+    upstream_probe_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="while upstream is down, how often it is asked for metadata to see it back",
     )
     upstream_linger_ms: float = Field(default=1.0, ge=0, description="upstream linger.ms")
     upstream_config: dict[str, str] = Field(
@@ -128,6 +149,26 @@ class ProxyConfig(BaseSettings):
         if not value or any(v < 0 for v in value):
             raise ValueError("delay levels must be a non-empty list of milliseconds >= 0")
         return value
+
+    @model_validator(mode="after")
+    def _budget_fits_a_request(self) -> ProxyConfig:
+        if self.max_buffered_request_bytes < self.max_request_bytes:
+            raise ValueError(
+                f"max_buffered_request_bytes ({self.max_buffered_request_bytes:,}) must be at "
+                f"least max_request_bytes ({self.max_request_bytes:,}): a request that large "
+                "could never be read"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _durability(self) -> ProxyConfig:
+        isr, rf = self.buffer_min_insync_replicas, self.buffer_replication
+        if isr is not None and rf is not None and isr > rf:
+            raise ValueError(
+                f"buffer_min_insync_replicas ({isr}) must not exceed buffer_replication ({rf}): "
+                "no write could ever be acknowledged"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ProxyConfig:

@@ -2,10 +2,15 @@
 
 Runs on the same asyncio loop as the Kafka listener (uvicorn). A posted message is routed like a
 produced record (proxy/routing.py), so both reject the same values with the same reason, and its
-topic is looked up in the listener's topic cache (proxy/topics.py); a 400 names the JSON field at
-fault. A record over one of the proxy's limits (proxy/limits.py) is refused with 413 when a size
-is over (key, value, a header's name or value) and 422 when the header count is, naming the
-limit's setting and its value. A record is acknowledged (202) only once upstream Kafka has it.
+topic is looked up in the listener's topic cache (proxy/topics.py). Every error is JSON
+``{"error": ...}`` naming the field or setting at fault, with the statuses of
+proxy/http_errors.py: 400 for a body that is not a JSON object or a field's bad value, 413 for
+a size over a limit (the proxy's, proxy/limits.py, or upstream's), 503 only while upstream Kafka
+is unavailable. A record is acknowledged (202) only once upstream Kafka has it.
+
+A posted message with an ``id`` gets a buffer key derived from its content (README "HTTP API"):
+the same POST sent again (a client retrying after a timeout) writes the same buffer record again,
+which the replicas keep once, while a different message with the same id is a new message.
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,12 +32,26 @@ from kdelay import buffer, logs
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
-from proxy.limits import RecordLimits, Violation
+from proxy import http_errors, internal_topics
+from proxy.availability import UpstreamAvailability
+from proxy.budget import RequestBudget
+from proxy.http_errors import (
+    BadRequestError,
+    BodyLimit,
+    ForbiddenTopicError,
+    OverLimitError,
+    Problem,
+    UnavailableError,
+    upstream_refusal,
+)
+from proxy.internal_topics import RefusedTopicError
+from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
 from proxy.routing import (
     DEFAULT_LIMITS,
     Incoming,
     Kind,
+    Origin,
     Outgoing,
     RejectedRecordError,
     cancel,
@@ -88,34 +107,10 @@ class CancelAccepted(BaseModel):
     id: str
 
 
-class Problem(BaseModel):
-    """What was wrong with the request, naming the field, or why the proxy cannot serve it."""
-
-    error: str
-
-
 class Status(BaseModel):
     """Health or readiness."""
 
     status: str
-
-
-class BadRequestError(Exception):
-    """Input the caller must fix; becomes 400."""
-
-
-class OverLimitError(Exception):
-    """The message is over one of the proxy's limits; 413 for a size, 422 for a count."""
-
-    def __init__(self, violation: Violation) -> None:
-        field = violation.field
-        super().__init__(f"{field}: {violation.describe()}")
-        self.violation = violation
-        self.status = 413 if violation.is_size else 422
-
-
-class UnavailableError(Exception):
-    """Upstream Kafka cannot take the request now; becomes 503."""
 
 
 def _utf8(field: str, text: str | None) -> bytes | None:
@@ -156,6 +151,31 @@ def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
     return timing
 
 
+#: No Kafka producer has a negative epoch: buffer keys derived from a posted message's content
+#: (:func:`_content_origin`) never equal those derived from an idempotent producer's batch.
+_CONTENT_EPOCH = -1
+
+
+def _content_origin(
+    msg: MessageIn, key: bytes | None, value: bytes | None, own: list[tuple[str, bytes | None]]
+) -> Origin:
+    """Where the buffer key of a posted message with an id derives from: its content (the id,
+    the target, key, value, headers and timing fields as posted), so the same POST sent twice
+    writes the same buffer key (the replicas keep one record per id and buffer key), and any
+    other message with that id gets a key of its own. ``routing.buffer_key`` hashes the
+    origin's fields (uuid5); the digest stands in for an idempotent producer's id."""
+    digest = hashlib.sha256()
+    scalars = [msg.id, msg.topic, msg.partition, msg.delay_ms, msg.deliver_at, msg.delay_level]
+    parts: list[bytes | None] = [json.dumps(scalars).encode(), key, value]
+    for name, header_value in own:
+        parts += [name.encode("utf-8", "surrogatepass"), header_value]
+    for part in parts:
+        # Length-prefixed, None apart from b"": no two contents hash the same input.
+        digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big"))
+        digest.update(part or b"")
+    return Origin(int.from_bytes(digest.digest(), "big"), _CONTENT_EPOCH, 0)
+
+
 def _route_message(
     msg: MessageIn,
     now_ms: int,
@@ -164,7 +184,7 @@ def _route_message(
     buffer_partitions: int = 1,
 ) -> Outgoing:
     """The buffer record for a posted message; BadRequestError names the bad field,
-    OverLimitError the limit it is over."""
+    OverLimitError the limit it is over, ForbiddenTopicError refuses an internal topic."""
     value = _value(msg)
     key = _utf8("key", msg.key)
     own = [(k, _utf8(f"headers.{k}", v)) for k, v in (msg.headers or {}).items()]
@@ -172,6 +192,7 @@ def _route_message(
         if name in h.CONTROL_HEADERS:
             raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
     control = _control_headers(msg)
+    origin = None if msg.id is None else _content_origin(msg, key, value, own)
     try:
         (routed,), _ = route(
             msg.topic,
@@ -181,6 +202,7 @@ def _route_message(
             policy,
             limits=limits,
             buffer_partitions=buffer_partitions,
+            origin=origin,
         )
     except RejectedRecordError as exc:
         if exc.limit is not None:
@@ -188,8 +210,14 @@ def _route_message(
         bad = exc.header_error
         # A posted message always carries a timing header: only a header can be at fault.
         assert bad is not None
+        if isinstance(bad, h.UnknownHeaderError):  # a look-alike in "headers"
+            raise BadRequestError(f"headers.{bad.header}: {bad.problem}") from None
         field = _FIELD_OF_HEADER.get(bad.header, bad.header)
         raise BadRequestError(f"{field}: {bad.problem}") from None
+    except RefusedTopicError as exc:
+        # The rule alone: a posted message is never the cancel the buffer topic may carry.
+        rule = internal_topics.refusal(exc.topic) or exc.rule
+        raise ForbiddenTopicError(f"topic: {rule}", field="topic") from None
     return routed
 
 
@@ -204,8 +232,32 @@ async def _buffer_partitions(topics: Topics) -> int:
     return info.partitions
 
 
-def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
-    """Request counting, and the error shapes of CONTRACT.md ({"error": ...})."""
+#: The error answers an operation documents (proxy/http_errors.py).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem} for code in (400, 403, 413, 422, 502, 503)
+}
+
+
+async def _write(
+    upstream: Upstream, availability: UpstreamAvailability | None, records: list[Any]
+) -> None:
+    """Write ``records`` upstream; an error answer says why upstream did not take them. While
+    upstream is known to be down, answer 503 at once rather than after the upstream timeout."""
+    down = None if availability is None else availability.problem()
+    if down is not None:
+        raise UnavailableError(down)
+    try:
+        await upstream.send(records)
+    except UpstreamError as exc:
+        raise upstream_refusal(exc.code, str(exc)) from None
+
+
+def _install_common(
+    app: FastAPI, metrics: ProxyMetrics, max_body_bytes: int, budget: RequestBudget | None
+) -> None:
+    """The body limits, request counting, and the one error shape (proxy/http_errors.py)."""
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, budget=budget)
+    http_errors.install(app, metrics)
 
     @app.middleware("http")
     async def count_requests(
@@ -217,26 +269,6 @@ def _install_common(app: FastAPI, metrics: ProxyMetrics) -> None:
         metrics.http_requests.labels(request.method, path, str(response.status_code)).inc()
         return response
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_input(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first: dict[str, Any] = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x not in ("body",)]
-        field = ".".join(loc) or "body"
-        return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}"}, 400)
-
-    @app.exception_handler(BadRequestError)
-    async def bad_request(_request: Request, exc: BadRequestError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, 400)
-
-    @app.exception_handler(OverLimitError)
-    async def over_limit(_request: Request, exc: OverLimitError) -> JSONResponse:
-        metrics.rejected(exc.violation.setting, 1)
-        return JSONResponse({"error": str(exc)}, exc.status)
-
-    @app.exception_handler(UnavailableError)
-    async def unavailable(_request: Request, exc: UnavailableError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, 503)
-
 
 def create_app(
     topics: Topics,
@@ -247,21 +279,26 @@ def create_app(
     now_ms: Callable[[], int] = wall_clock_ms,
     limits: RecordLimits = DEFAULT_LIMITS,
     not_ready: Callable[[], str | None] = lambda: None,
+    max_body_bytes: int = 100 * 1024 * 1024,
+    budget: RequestBudget | None = None,
+    availability: UpstreamAvailability | None = None,
 ) -> FastAPI:
     """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
     listener's cache) and writes through ``upstream``; ``not_ready`` says why the proxy is not
-    ready (a supervised component is down), or None."""
+    ready (a supervised component is down), or None. A body over ``max_body_bytes`` is refused;
+    ``budget`` is the process-wide request budget the Kafka listener also draws on;
+    ``availability`` (``upstream.availability``) whether upstream is down, for ``/readyz`` and
+    for answering writes 503 at once meanwhile."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
         description="Delayed and scheduled messages for Apache Kafka: the proxy's HTTP API.",
     )
 
-    _install_common(app, metrics)
+    _install_common(app, metrics, max_body_bytes, budget)
 
     async def check_target(topic: str, partition: int | None) -> None:
-        if topic == buffer.BUFFER_TOPIC:
-            raise BadRequestError(f"topic: {topic} is the proxy's internal buffer topic")
+        # Internal topics never get here: route() refused them (ForbiddenTopicError, 403).
         try:
             info = await topics.info(topic)
         except KafkaException as exc:
@@ -274,14 +311,9 @@ def create_app(
             )
 
     async def write(records: list[Any]) -> None:
-        try:
-            await upstream.send(records)
-        except UpstreamError as exc:
-            raise UnavailableError(f"not accepted by upstream Kafka: {exc}") from None
+        await _write(upstream, availability, records)
 
-    errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": Problem} for code in (400, 413, 422, 503)
-    }
+    errors = _ERRORS
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
     async def post_message(msg: MessageIn) -> Accepted:
@@ -322,12 +354,17 @@ def create_app(
 
     @app.get("/readyz", response_model=Status, responses={503: {"model": Problem}})
     async def readyz() -> Status:
-        """Every component runs and upstream Kafka answers."""
+        """Every component runs and upstream Kafka answers; 503 names what is not ready."""
         why = not_ready()
         if why is not None:
             raise UnavailableError(why)
-        if not await asyncio.to_thread(upstream.reachable):
-            raise UnavailableError(f"upstream Kafka at {upstream.bootstrap} is unreachable")
+        down = None if availability is None else availability.problem()
+        if down is None and not await asyncio.to_thread(upstream.reachable):
+            # reachable() marked upstream down: the reason every other answer gives.
+            down = None if availability is None else availability.problem()
+            down = down or f"upstream Kafka at {upstream.bootstrap} is unreachable"
+        if down is not None:
+            raise UnavailableError(down)
         return Status(status="ready")
 
     @app.get("/metrics", response_class=Response)

@@ -63,7 +63,28 @@ class ProxyMetrics:
             ["error"],
             registry=r,
         )
+        self.upstream_available = Gauge(
+            "kdelay_proxy_upstream_available",
+            "1 while upstream Kafka is reachable, 0 while it is down (proxy/availability.py)",
+            registry=r,
+        )
+        self.upstream_available.set(1)
         self.connections = Gauge("kdelay_proxy_connections", "Open client connections", registry=r)
+        self.buffered_request_bytes = Gauge(
+            "kdelay_proxy_buffered_request_bytes",
+            "Request bytes reserved in memory, all connections (max_buffered_request_bytes)",
+            registry=r,
+        )
+        self.buffered_request_limit = Gauge(
+            "kdelay_proxy_buffered_request_limit_bytes",
+            "The max_buffered_request_bytes setting",
+            registry=r,
+        )
+        self.buffered_request_waiting = Gauge(
+            "kdelay_proxy_buffered_request_waiting",
+            "Connections and HTTP requests waiting for memory before reading a request body",
+            registry=r,
+        )
         self.http_requests = Counter(
             "kdelay_proxy_http_requests_total",
             "HTTP API requests",

@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import kafka.errors as kerr
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
     MetadataRequest,
     MetadataResponse,
 )
@@ -33,13 +41,19 @@ from kafka.protocol.producer import (
 from kdelay.errors import KdelayError
 
 PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+FIND_COORDINATOR: Final = 10
 API_VERSIONS: Final = 18
 INIT_PRODUCER_ID: Final = 22
 
 API_NAMES: Final = {
     PRODUCE: "Produce",
+    FETCH: "Fetch",
+    LIST_OFFSETS: "ListOffsets",
     METADATA: "Metadata",
+    FIND_COORDINATOR: "FindCoordinator",
     API_VERSIONS: "ApiVersions",
     INIT_PRODUCER_ID: "InitProducerId",
 }
@@ -61,20 +75,30 @@ class ApiSpec:
 #: rejected: older librdkafka mis-negotiates when the minimum is above 0 (KAFKA-18659). Produce
 #: stops at v12 because v13 addresses topics by id (KIP-516), which the proxy does not map.
 #: Metadata stops at v12, the newest that librdkafka and the Java 4.x client both use.
+#:
+#: Fetch, ListOffsets and FindCoordinator are answered with an authorization error only
+#: (proxy/refusals.py: the proxy serves producers). Fetch must be listed anyway: librdkafka
+#: decides whether a broker takes record batch v2 (hence headers, idempotence) from its Fetch
+#: range (4 and up) and zstd from Fetch 10 and up (librdkafka's rdkafka_feature.c). Fetch stops
+#: at v12 because v13 addresses topics by id (KIP-516); ListOffsets (from v1, as in Kafka 4)
+#: and FindCoordinator go as far as kafka-python's classes do.
 APIS: Final[dict[int, ApiSpec]] = {
     PRODUCE: ApiSpec(PRODUCE, 0, 12, 3, ProduceRequest, ProduceResponse),
+    FETCH: ApiSpec(FETCH, 4, 12, 4, FetchRequest, FetchResponse),
+    LIST_OFFSETS: ApiSpec(LIST_OFFSETS, 1, 11, 1, ListOffsetsRequest, ListOffsetsResponse),
     METADATA: ApiSpec(METADATA, 0, 12, 0, MetadataRequest, MetadataResponse),
+    FIND_COORDINATOR: ApiSpec(
+        FIND_COORDINATOR, 0, 6, 0, FindCoordinatorRequest, FindCoordinatorResponse
+    ),
     API_VERSIONS: ApiSpec(API_VERSIONS, 0, 4, 0, ApiVersionsRequest, ApiVersionsResponse),
     INIT_PRODUCER_ID: ApiSpec(
         INIT_PRODUCER_ID, 0, 5, 0, InitProducerIdRequest, InitProducerIdResponse
     ),
 }
 
-#: Advertised but never served: librdkafka decides whether a broker takes record batch v2
-#: (hence headers, idempotence) from its Fetch range (4 and up) and zstd from Fetch 10 and up
-#: (librdkafka's rdkafka_feature.c), so a producer-only facade must list Fetch. Producers
-#: never send it; a Fetch request closes the connection like any unsupported API.
-ADVERTISED_ONLY: Final = {1: (4, 12)}
+#: APIs whose requests above the advertised version are refused as unsupported: ApiVersions
+#: (KIP-511) and Fetch, whose newer versions address topics by id (KIP-516).
+_CAPPED_AT_ADVERTISED: Final = frozenset({API_VERSIONS, FETCH})
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id (every header version)
 _SIZE = struct.Struct(">i")
@@ -147,7 +171,7 @@ def decode_request(frame: bytes) -> Request:
         raise UnsupportedApiError(key, version, correlation_id)
     if version < spec.accepted_min or version > spec.request.max_version:
         raise UnsupportedApiError(key, version, correlation_id)
-    if key == API_VERSIONS and version > spec.advertised_max:
+    if key in _CAPPED_AT_ADVERTISED and version > spec.advertised_max:
         raise UnsupportedApiError(key, version, correlation_id)
     try:
         body = spec.request.decode(frame, version=version, header=True)
@@ -174,9 +198,6 @@ def api_versions_response(version: int, error_code: int = 0) -> Any:
             api_key=s.key, min_version=s.advertised_min, max_version=s.advertised_max
         )
         for s in APIS.values()
-    ] + [
-        ApiVersionsResponse.ApiVersion(api_key=key, min_version=lo, max_version=hi)
-        for key, (lo, hi) in ADVERTISED_ONLY.items()
     ]
     return ApiVersionsResponse(
         error_code=error_code,

@@ -163,6 +163,14 @@ def read_batch(raw: bytes) -> BatchHeader:
     return header
 
 
+def count(raw: bytes) -> int:
+    """How many records the batch in ``raw`` says it holds (0 when it cannot be read)."""
+    try:
+        return read_batch(raw).last_offset_delta + 1
+    except BatchError:
+        return 0
+
+
 def uncompressed(raw: bytes, batch: BatchHeader, limit: int) -> tuple[bytes | memoryview, ...]:
     """``batch`` (the first and only one in ``raw``, as ``read_batch`` returned it) with its
     records decompressed within ``limit`` bytes: the parts of an uncompressed batch, header

@@ -4,7 +4,8 @@
 the HTTP API (one posted message). A batch is routed all-or-nothing: the first record that
 cannot be routed raises RejectedRecordError and nothing of the batch is written. Every record is
 first held to the proxy's limits (proxy/limits.py), here and nowhere else, so both listeners
-enforce them alike.
+enforce them alike; so is the rule that internal topics are written by no client
+(proxy/internal_topics.py, RefusedTopicError).
 
 Buffer records (CONTRACT.md, ``kdelay/buffer.py``): each delayed record and cancel gets a
 buffer key of its own and goes to the buffer partition of its *id*. For a batch of an
@@ -30,22 +31,28 @@ from typing import NamedTuple
 from kdelay import buffer
 from kdelay.errors import InvalidHeaderError, KdelayError
 from kdelay.headers import (
+    CANCEL,
     CONTROL_HEADERS,
     CancelRequest,
     Delay,
     DelayPolicy,
     classify,
+    in_namespace,
     strip_control,
 )
+from proxy import internal_topics
 from proxy.limits import LimitExceededError, RecordLimits, Violation
 from proxy.records import Record
 
 HeaderList = list[tuple[str, bytes | None]]
 
-#: Every control header starts with it: a record without such a header name passes through
-#: without being parsed (the common case, kept cheap).
+#: Every control header starts with it: a record without a header name in kdelay's namespace
+#: passes through without being parsed (the common case, kept cheap).
 CONTROL_PREFIX = "kdelay-"
 assert all(name.startswith(CONTROL_PREFIX) for name in CONTROL_HEADERS)
+#: First letters of a name in kdelay's namespace in any case (``KDELAY_ID`` is a mistake that
+#: ``classify`` rejects, so it must not take the fast path); other names skip ``in_namespace``.
+_NAMESPACE_FIRST = ("k", "K")
 
 
 class Kind(StrEnum):
@@ -257,15 +264,18 @@ def route(
 ) -> tuple[list[Outgoing], dict[Kind, int]]:
     """The records to write upstream for ``records`` produced to ``topic``/``partition``, in
     order, and how many of each kind; raises RejectedRecordError for the first record that
-    cannot be routed (over one of ``limits``, a malformed control header, or no control header
-    on a record for the buffer topic, which only the proxy writes), BufferUnavailableError when
-    a record is for the buffer and ``buffer_partitions`` is unknown (0). ``origin``: the batch's
-    idempotent producer, from which buffer keys derive (see the module docstring)."""
+    cannot be routed (over one of ``limits``, a malformed control header or a look-alike of
+    one), RefusedTopicError when ``topic`` is internal (proxy/internal_topics.py: only a cancel
+    may be addressed to the buffer topic), BufferUnavailableError when a record is for the
+    buffer and ``buffer_partitions`` is unknown (0). ``origin``: the batch's idempotent
+    producer, from which buffer keys derive (see the module docstring)."""
     out: list[Outgoing] = []
     append = out.append
     immediate = Kind.IMMEDIATE
     counts = dict.fromkeys(Kind, 0)
-    to_buffer = topic == buffer.BUFFER_TOPIC
+    # Raises unless only a cancel may go to ``topic``, and then says why the rest may not.
+    to_buffer = (refused := internal_topics.check(topic)) is not None
+    namespace_first = _NAMESPACE_FIRST
     # Locals: these checks run per record on the immediate path.
     max_headers = limits.max_headers
     max_key = limits.max_key_bytes
@@ -288,9 +298,12 @@ def route(
             # limits.scan_headers inlined: one pass per record on the immediate path.
             for name, hv in headers:
                 if len(name) > name_chars or (hv is not None and len(hv) > max_header_value):
-                    control = limits.scan_headers(headers, CONTROL_PREFIX)  # raises when over
+                    limits.scan_headers(headers, CONTROL_PREFIX)  # raises when over
+                    control = any(in_namespace(n) for n, _ in headers)
                     break
-                if name.startswith(CONTROL_PREFIX):
+                if name.startswith(CONTROL_PREFIX) or (
+                    name.startswith(namespace_first) and in_namespace(name)
+                ):
                     control = True
         except LimitExceededError as exc:
             raise _over_limit(i, exc) from None
@@ -307,16 +320,14 @@ def route(
         if not (to_buffer or control):
             append(passed)  # the common case: no header can be a control one
             continue
+        if refused is not None and all(n != CANCEL for n, _ in headers):
+            raise internal_topics.carrier_refusal(topic, i, refused)  # cancels only
         try:
             asked = classify(headers, now_ms, policy) if control else None
         except InvalidHeaderError as exc:
-            raise RejectedRecordError(i, str(exc), exc) from None
+            raise RejectedRecordError(i, f"record {i}: {exc}", exc) from None
         if asked is None:
-            if to_buffer:
-                raise RejectedRecordError(
-                    i, f"{buffer.BUFFER_TOPIC} is written by the proxy only; send kdelay headers"
-                )
-            routed = passed  # names with the control prefix that are no control header
+            routed = passed  # kdelay's own names that are no control header (delivered ones)
         elif isinstance(asked, CancelRequest):
             uid = buffer_key(origin, topic, partition, i)
             routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)

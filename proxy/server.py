@@ -18,6 +18,12 @@ Concurrency and ordering contract
   it back after the response is written, so a connection with that many requests unanswered is
   not read from (the kernel's socket buffers, then the client's own writes, fill up instead).
   When librdkafka's queue is full, stage 1 waits, which also stops the reader.
+- Memory: after a frame's 4-byte size prefix, and before its body is read, the reader reserves
+  that many bytes from the process-wide ``RequestBudget`` (``max_buffered_request_bytes``,
+  proxy/budget.py, shared with the HTTP API) and waits, reading nothing more, until they fit;
+  the writer gives them back once the response is written (what is left when the connection
+  ends is given back then). So many connections each sending a huge frame slowly hold at most
+  the budget (plus about one stream-buffer limit each) instead of every partial frame.
 - Idle timeout: a connection that sends nothing for ``idle_timeout_s`` while owed no response
   is closed. One waiting for its responses (upstream slow) is not idle.
 - A malformed frame, an oversized length prefix, an unsupported API or an idle timeout closes
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 from kdelay import logs
 from proxy import protocol as p
 from proxy.broker import Broker, Reply, resolved
+from proxy.budget import RequestBudget
 from proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
@@ -52,11 +59,17 @@ class Limits:
     idle_timeout_s: float = 600.0
 
 
+#: The default of max_buffered_request_bytes (proxy/config.py).
+DEFAULT_BUFFERED_REQUEST_BYTES = 256 * 1024 * 1024
+
+
 @dataclass(slots=True)
 class _Pending:
     request: p.Request | None
     started: float
     reply: Awaitable[Reply]
+    #: Bytes of the budget this request holds until it is answered.
+    reserved: int = 0
 
 
 class _Close(Exception):  # noqa: N818 - control flow, not an error users see
@@ -76,10 +89,14 @@ class KafkaServer:
         metrics: ProxyMetrics,
         limits: Limits | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        budget: RequestBudget | None = None,
     ) -> None:
         self.metrics = metrics
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
+        self.budget = budget or RequestBudget(
+            max(DEFAULT_BUFFERED_REQUEST_BYTES, self.limits.max_request_bytes), metrics
+        )
         self._server: asyncio.Server | None = None
         self._address: tuple[str, int] | None = None
         self._broker: Broker | None = None
@@ -160,6 +177,9 @@ class Connection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.permits = asyncio.Semaphore(self.limits.max_inflight)
+        self.budget = server.budget
+        #: Budget bytes this connection holds (its unanswered requests, a frame being read).
+        self.reserved = 0
         #: Requests read and not yet answered (or dropped).
         self.inflight = 0
         self.queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
@@ -184,10 +204,23 @@ class Connection:
             self.queue.put_nowait(None)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer_task
+            self._release(self.reserved)  # requests never answered (shutdown, broken handler)
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
             self.metrics.connections.dec()
+
+    async def _reserve(self, size: int) -> None:
+        """Take ``size`` bytes of the process-wide budget, waiting (unread) until they fit."""
+        if not self.budget.try_acquire(size):
+            log.info("proxy.request_memory_wait", peer=self.peer, size=size)
+            await self.budget.acquire(size)
+        self.reserved += size
+
+    def _release(self, size: int) -> None:
+        if size:
+            self.reserved -= size
+            self.budget.release(size)
 
     async def _read_frame(self) -> bytes | None:
         """The next request frame, or None at a clean end of stream."""
@@ -212,12 +245,15 @@ class Connection:
             raise _Close("request_too_large", size=size, limit=self.limits.max_request_bytes)
         if size < 8:
             raise _Close("malformed_frame", reason=f"frame size {size} is below a header's")
+        await self._reserve(size)  # released once answered (the writer), or below on failure
         try:
             async with asyncio.timeout(idle):
                 frame = await self.reader.readexactly(size)
         except asyncio.IncompleteReadError as exc:
+            self._release(size)
             raise _Close("truncated_frame", got=len(exc.partial), expected=size) from None
         except TimeoutError:
+            self._release(size)
             raise _Close("idle_timeout", seconds=idle, reason="mid-frame") from None
         self.metrics.bytes_in.inc(size + 4)
         return frame
@@ -240,7 +276,7 @@ class Connection:
                 if exc.api_key == p.API_VERSIONS:
                     # KIP-511: answer in v0 so the client can retry with a version we list.
                     frame_out = p.unsupported_api_versions_frame(exc.correlation_id)
-                    await self._enqueue(None, started, Reply(frame=frame_out))
+                    await self._enqueue(None, started, Reply(frame=frame_out), len(frame))
                     continue
                 raise _Close(
                     "unsupported_api", api_key=exc.api_key, version=exc.api_version
@@ -248,10 +284,12 @@ class Connection:
             except p.ProtocolError as exc:
                 raise _Close("malformed_request", error=str(exc)) from None
             reply = await self.broker.handle(request)
-            self.queue.put_nowait(_Pending(request, started, reply))
+            self.queue.put_nowait(_Pending(request, started, reply, len(frame)))
 
-    async def _enqueue(self, request: p.Request | None, started: float, reply: Reply) -> None:
-        self.queue.put_nowait(_Pending(request, started, resolved(reply)))
+    async def _enqueue(
+        self, request: p.Request | None, started: float, reply: Reply, reserved: int
+    ) -> None:
+        self.queue.put_nowait(_Pending(request, started, resolved(reply), reserved))
 
     async def _write_loop(self) -> None:
         """Write replies in request order; after a write error, only drain the queue."""
@@ -265,6 +303,7 @@ class Connection:
             finally:
                 self.inflight -= 1
                 self.permits.release()
+                self._release(item.reserved)
 
     async def _answer(self, item: _Pending, broken: bool) -> bool:
         """Await one reply and write it (unless ``broken``); whether the connection is broken."""

@@ -3,7 +3,9 @@
 ``Topics`` looks topics up upstream and keeps what it found for a short while: a Produce checks
 its target partition, a Metadata request lists topics, the HTTP API checks a posted message's
 topic, and all three see the same cached answer. ``metadata_response`` builds the Metadata
-response that names this proxy as the only broker, leader of every partition.
+response that names this proxy as the only broker, leader of every partition;
+``answer_metadata`` answers a Metadata request with it, internal topics refused
+(proxy/internal_topics.py).
 
 Concurrency: ``Topics`` is used from the asyncio loop thread only, so its cache needs no lock;
 the upstream lookups block and run in worker threads (``asyncio.to_thread``).
@@ -18,7 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import kafka.errors as kerr
 from kafka.protocol.metadata import MetadataResponse
+
+from proxy import internal_topics
 
 _ZERO_UUID = uuid.UUID(int=0)
 _MetaTopic = MetadataResponse.MetadataResponseTopic
@@ -97,6 +102,29 @@ class Topics:
             if name is not None:
                 found[name] = await self.info(name, create=create)
         return found
+
+
+async def answer_metadata(topics: Topics, advertised: Advertised, req: Any) -> tuple[Any, int]:
+    """The Metadata response to ``req`` (a decoded request: ``api_version`` and ``body``) and its
+    lowest error code (0: none). An internal topic asked for by name is answered
+    TOPIC_AUTHORIZATION_FAILED without asking upstream, so none is auto-created through the
+    proxy; a listing of every topic leaves them out (the cancel carrier excepted)."""
+    body, version = req.body, req.api_version
+    # Before v4 a Metadata request always allowed auto-creation (KIP-204).
+    allow = bool(body.allow_auto_topic_creation) if version >= 4 else True
+    requested = body.topics
+    if requested is None or (version == 0 and not requested):
+        listed = await topics.lookup(None, create=allow)
+        infos = {name: info for name, info in listed.items() if internal_topics.visible(name)}
+    else:
+        names = [t.name for t in requested if t.name is not None]
+        refused = {n for n in names if not internal_topics.visible(n)}
+        found = await topics.lookup([n for n in names if n not in refused], create=allow)
+        denied = TopicInfo(kerr.TopicAuthorizationFailedError.errno, 0)
+        infos = {n: denied if n in refused else found[n] for n in names}
+    errors = {i.error_code for i in infos.values()} - {0}
+    response = metadata_response(version, advertised, topics.cluster_id, infos)
+    return response, min(errors) if errors else 0
 
 
 def metadata_response(

@@ -3,8 +3,9 @@
 Threads: ``submit`` runs on the asyncio loop thread (librdkafka's produce is non-blocking and
 thread-safe); one daemon thread ("kdelay-upstream-poll", supervised as ``upstream_poll``) serves
 librdkafka's delivery and error callbacks through ``poll``. A delivery callback only counts down
-its batch; the batch's asyncio future is resolved with one ``call_soon_threadsafe`` when its
-last record is acknowledged, so the loop is woken once per batch, not per record. The records of
+its batch (proxy/delivery.py); the batch's asyncio future is resolved with one
+``call_soon_threadsafe`` when its last record is acknowledged, so the loop is woken once per
+batch, not per record. The records of
 a batch share one delivery callback (bound once per batch, not a closure per record); only the
 first immediate record has its own, which keeps its offset. Metadata lookups
 block and run in worker threads.
@@ -20,6 +21,12 @@ nothing of those batches is known durable; records of them may already be upstre
 can duplicate them), replaces the producer with a new one, and disposes of the old one on a
 separate thread. ``_lock`` guards the producer generation and the set of waiting batches, which
 both the loop thread and the poll thread touch.
+
+Availability (proxy/availability.py): every error librdkafka reports and every batch that
+failed is counted (``kdelay_proxy_upstream_errors_total{error}``); a report that looks like an
+outage (all brokers down, transport, timeouts) wakes the probe thread ("kdelay-upstream-probe"),
+which asks upstream for metadata and marks it down when that fails, then every
+``probe_interval_s`` until it answers again. An acknowledged batch marks it back at once.
 """
 
 from __future__ import annotations
@@ -32,104 +39,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import kafka.errors as kerr
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from kdelay import logs
-from kdelay.errors import KdelayError
+from proxy.availability import UpstreamAvailability
+from proxy.delivery import OUTAGE_CODES, Batch, UpstreamError
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Kind, Outgoing
 from proxy.supervision import Supervisor
 from proxy.topics import TopicInfo
 
+__all__ = ["POLL_COMPONENT", "Upstream", "UpstreamError"]
+
 log = logs.get(__name__)
 
 #: The poll thread's name as a supervised component.
 POLL_COMPONENT = "upstream_poll"
-
-
-class UpstreamError(KdelayError):
-    """Upstream Kafka did not take a batch; ``code`` is the Kafka error to give the client."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def kafka_code(err: KafkaError) -> int:
-    """The Kafka error code a client should see for a librdkafka delivery error.
-
-    Broker errors keep their own code; librdkafka-local ones (timeouts, transport, fatal
-    idempotence states) become retriable codes, because nothing of that batch is known durable.
-    """
-    if err.fatal():
-        # The producer is replaced (see the module docstring): a retry goes to a new one.
-        return int(kerr.KafkaStorageError.errno)
-    code = int(err.code())
-    if code > 0:
-        return code
-    if code in (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
-        return int(kerr.UnknownTopicOrPartitionError.errno)
-    return int(kerr.RequestTimedOutError.errno)
-
-
-class _Batch:
-    """Countdown of one batch's deliveries; touched by the poll thread only after produce."""
-
-    __slots__ = ("base", "error", "failed", "future", "generation", "lock", "loop", "remaining")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, generation: int = 0) -> None:
-        self.loop = loop
-        self.future: asyncio.Future[int] = loop.create_future()
-        #: Offset of the first immediate record (-1: none, or not yet).
-        self.base = -1
-        self.remaining = size
-        self.error: KafkaError | None = None
-        self.failed: KafkaError | None = None
-        self.generation = generation
-        self.lock = threading.Lock()
-
-    def delivered(self, err: KafkaError | None, _msg: Message) -> None:
-        """librdkafka's delivery report of one record (poll thread)."""
-        if err is not None:
-            self.error = err
-        self.countdown(1)
-
-    def delivered_base(self, err: KafkaError | None, msg: Message) -> None:
-        """The delivery report of the record whose offset the batch reports."""
-        if err is None:
-            self.base = msg.offset() or 0
-        self.delivered(err, msg)
-
-    def countdown(self, n: int) -> None:
-        # The poll thread counts deliveries; the loop thread counts records it never produced.
-        with self.lock:
-            self.remaining -= n
-            last = self.remaining == 0
-        if last:
-            self._wake()
-
-    def fail(self, err: KafkaError) -> None:
-        """Resolve now with ``err`` whatever is still outstanding (any thread)."""
-        with self.lock:
-            self.failed = err
-            self.remaining = -(2**31)  # later deliveries no longer reach zero
-        self._wake()
-
-    def _wake(self) -> None:
-        # The loop may be gone when a disposed producer reports late (shutdown).
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._resolve)
-
-    def _resolve(self) -> None:
-        if self.future.done():
-            return
-        err = self.failed or self.error
-        if err is not None:
-            self.future.set_exception(
-                UpstreamError(kafka_code(err), f"upstream Kafka: {err.str()}")
-            )
-        else:
-            self.future.set_result(self.base)
 
 
 class Upstream:
@@ -146,10 +71,13 @@ class Upstream:
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
         lookup_factory: Callable[[dict[str, Any]], Any] = Consumer,
         supervisor: Supervisor | None = None,
+        probe_interval_s: float = 1.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.supervisor = supervisor or Supervisor(metrics)
+        self.availability = UpstreamAvailability(bootstrap, metrics)
+        self.probe_interval_s = probe_interval_s
         self.timeout_ms = timeout_ms
         common = {"bootstrap.servers": bootstrap, **(extra or {})}
         self._producer_conf: dict[str, Any] = {
@@ -164,9 +92,11 @@ class Upstream:
             "partitioner": "murmur2_random",
         }
         self._producer_factory = producer_factory
+        #: The last librdkafka report that looked like an outage (for the down reason).
+        self._last_report = ""
         self._lock = threading.Lock()
         self._closed = False
-        self._waiting: set[_Batch] = set()
+        self._waiting: set[Batch] = set()
         #: Producers created so far (1 + replacements after fatal errors).
         self.generation = 0
         self._producer: Any = self._new_producer()
@@ -183,6 +113,10 @@ class Upstream:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kdelay-upstream-poll", daemon=True)
         self._thread.start()
+        self._prober = threading.Thread(
+            target=self._probe, name="kdelay-upstream-probe", daemon=True
+        )
+        self._prober.start()
         self.cluster_id: str | None = None
 
     def _new_producer(self) -> Any:
@@ -198,6 +132,9 @@ class Upstream:
     def _on_error(self, err: KafkaError, generation: int) -> None:
         self.metrics.upstream_errors.labels(err.name()).inc()
         log.warning("proxy.upstream_error", error=err.str(), code=err.name(), fatal=err.fatal())
+        if err.code() in OUTAGE_CODES:
+            self._last_report = err.str()
+            self.availability.suspect.set()
         if err.fatal():
             self._replace(err, generation)
 
@@ -252,7 +189,7 @@ class Upstream:
         """
         loop = asyncio.get_running_loop()
         immediate = Kind.IMMEDIATE
-        batch = _Batch(loop, len(records), self.generation)
+        batch = Batch(loop, len(records), self.generation)
         if not records:
             batch.future.set_result(-1)
             return batch.future
@@ -297,10 +234,17 @@ class Upstream:
                     return batch.future
         return batch.future
 
-    def _settled(self, batch: _Batch) -> Callable[[asyncio.Future[int]], None]:
-        def forget(_future: asyncio.Future[int]) -> None:
+    def _settled(self, batch: Batch) -> Callable[[asyncio.Future[int]], None]:
+        def forget(future: asyncio.Future[int]) -> None:
             with self._lock:
                 self._waiting.discard(batch)
+            exc = None if future.cancelled() else future.exception()
+            if exc is None:
+                self.availability.up("a produce was acknowledged")
+            elif isinstance(exc, UpstreamError):
+                self.metrics.upstream_errors.labels(exc.name or "unknown").inc()
+                if exc.outage:
+                    self.availability.suspect.set()
 
         return forget
 
@@ -308,10 +252,10 @@ class Upstream:
         """Submit ``records`` and wait until all are acknowledged (see ``submit``)."""
         return await (await self.submit(records))
 
-    def _abandon(self, batch: _Batch, unproduced: int, why: str) -> None:
+    def _abandon(self, batch: Batch, unproduced: int, why: str) -> None:
         if batch.error is None:
             batch.error = KafkaError(KafkaError._MSG_TIMED_OUT, why)
-        self.metrics.upstream_errors.labels(batch.error.name()).inc()
+        # Counted with every other failed batch when it resolves (``_settled``).
         log.warning("proxy.upstream_produce_failed", error=why)
         # Records already handed to librdkafka still report; count the rest down now.
         batch.countdown(unproduced)
@@ -341,13 +285,45 @@ class Upstream:
         return out
 
     def reachable(self, timeout: float = 3.0) -> bool:
-        """Whether upstream answers a metadata request within ``timeout`` (blocking)."""
+        """Whether upstream answers a metadata request within ``timeout`` (blocking); the
+        answer also marks it available or down (proxy/availability.py)."""
         try:
             with self._lookup_lock:
                 meta = self._lookup.list_topics(timeout=timeout)
-        except KafkaException:
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            self.availability.down(
+                self._down_reason(f"no metadata within {timeout:g} s: {err.str()}")
+            )
             return False
-        return bool(meta.brokers)
+        if not meta.brokers:
+            self.availability.down(self._down_reason("metadata names no broker"))
+            return False
+        self.availability.up("metadata answered")
+        return True
+
+    def _down_reason(self, probe: str) -> str:
+        report = self._last_report
+        return f"{report} ({probe})" if report else probe
+
+    def _probe(self) -> None:
+        """The probe thread: a metadata request when an outage is suspected, and every
+        ``probe_interval_s`` while upstream is down (see the module docstring)."""
+        av = self.availability
+        interval = self.probe_interval_s
+        while not self._stop.is_set():
+            if av.available:
+                if not av.suspect.wait(interval):
+                    continue
+                av.suspect.clear()
+            elif self._stop.wait(interval):
+                return
+            if self._stop.is_set():
+                return
+            try:
+                self.reachable(timeout=max(1.0, 2 * interval))
+            except Exception:
+                log.warning("proxy.upstream_probe_failed", exc_info=True)
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued (up to ``timeout``), then stop the poll thread and close both
@@ -356,9 +332,12 @@ class Upstream:
         with self._lock:
             self._closed = True
         self._stop.set()
+        self.availability.suspect.set()  # wakes the probe thread
         self._thread.join(timeout)
+        self._prober.join(timeout)
         _dispose(self._producer)
-        self._lookup.close()
+        with self._lookup_lock:
+            self._lookup.close()
 
 
 def _dispose(producer: Any) -> None:

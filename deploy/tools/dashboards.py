@@ -273,6 +273,30 @@ PROXY = [
         "rps",
     ),
     Panel(
+        "Upstream available",
+        [q("kdelay_proxy_upstream_available", "{{instance}}")],
+        "none",
+        description="1 while upstream Kafka answers; 0 from a failed metadata request until it "
+        "answers again: /readyz is 503 meanwhile (alert KdelayProxyUpstreamDown).",
+    ),
+    Panel(
+        "Request memory",
+        [
+            q("kdelay_proxy_buffered_request_bytes", "{{instance}} buffered"),
+            q("kdelay_proxy_buffered_request_limit_bytes", "{{instance}} limit"),
+        ],
+        "bytes",
+        description="Request bytes held in memory, all connections and HTTP requests together, "
+        "against max_buffered_request_bytes (README: Limits).",
+    ),
+    Panel(
+        "Waiting for request memory",
+        [q("kdelay_proxy_buffered_request_waiting", "{{instance}}")],
+        "short",
+        description="Connections and HTTP requests waiting, unread, for their request to fit "
+        "in max_buffered_request_bytes: backpressure on those clients.",
+    ),
+    Panel(
         "HTTP API requests",
         [by("kdelay_proxy_http_requests_total", "route", "status")],
         "reqps",

@@ -190,7 +190,7 @@ BAD_FRAMES = [
     pytest.param(struct.pack(">i", MAX_REQUEST + 1) + b"\x00" * 16, False, id="size-over-limit"),
     pytest.param(struct.pack(">i", -7), False, id="negative-size"),
     pytest.param(_frame(struct.pack(">hhi", 9999, 0, 1) + b"\x00\x00"), False, id="unknown-api"),
-    pytest.param(_frame(struct.pack(">hhi", 1, 12, 1) + b"\x00\x00"), False, id="fetch"),
+    pytest.param(_frame(struct.pack(">hhi", 1, 12, 1) + b"\x00\x00"), False, id="malformed-fetch"),
     pytest.param(_frame(struct.pack(">hhi", 0, 9, 1) + os.urandom(40)), False, id="bad-produce"),
     pytest.param(os.urandom(512), False, id="random-bytes"),
 ]

@@ -1,4 +1,5 @@
-"""kdelay/headers.py: every control header, RFC 3339, levels, horizon, duplicates, ids, cancel."""
+"""kdelay/headers.py: every control header, RFC 3339, levels, horizon, duplicates, ids, cancel,
+look-alike header names, and epoch seconds sent for milliseconds."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def classify(*headers: tuple[str, bytes | None]) -> h.Delay | h.CancelRequest | 
 
 def test_no_control_header_passes_through() -> None:
     assert classify() is None
-    assert classify(("app", b"1"), ("kdelay-other", b"x")) is None
+    assert classify(("app", b"1"), ("x-kdelay-delay-ms", b"x"), ("kdelayed", b"x")) is None
 
 
 def test_delay_ms() -> None:
@@ -33,7 +34,7 @@ def test_delay_ms() -> None:
         (b"1700000001000", 1_700_000_001_000),
         (b"2023-11-14T22:13:21Z", 1_700_000_001_000),
         (b"2023-11-14T23:13:21.5+01:00", 1_700_000_001_500),
-        (b"1", 1),  # in the past: due now
+        (b"978307200000", 978_307_200_000),  # 2001-01-01, in the past: due now
     ],
 )
 def test_deliver_at_epoch_and_rfc3339(raw: bytes, expected: int) -> None:
@@ -164,4 +165,110 @@ def test_sub_millisecond_times_are_ceiled_never_early(text: str, expected: int) 
 def test_delays_and_levels_say_they_are_relative_and_times_do_not() -> None:
     assert classify((h.DELAY_MS, b"1500")).delay_ms == 1500  # type: ignore[union-attr]
     assert classify((h.DELAY_LEVEL, b"1")).delay_ms == 1000  # type: ignore[union-attr]
-    assert classify((h.DELIVER_AT, b"5")).delay_ms is None  # type: ignore[union-attr]
+    assert classify((h.DELIVER_AT, b"978307200005")).delay_ms is None  # type: ignore[union-attr]
+
+
+# -- look-alike header names (issue "Safe by default") -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("KDELAY-DELAY-MS", h.DELAY_MS),
+        ("kdelay-delay", h.DELAY_MS),
+        ("kdelay_delay_ms", h.DELAY_MS),
+        ("Kdelay-Deliver-At", h.DELIVER_AT),
+        ("kdelay-deliverat", h.DELIVER_AT),
+        ("kdelay_delay_level", h.DELAY_LEVEL),
+        ("KDELAY-ID", h.ID),
+        ("kdelay-cancell", h.CANCEL),
+    ],
+)
+def test_a_look_alike_name_is_rejected_naming_the_closest_header(name: str, closest: str) -> None:
+    with pytest.raises(h.UnknownHeaderError) as info:
+        classify((name, b"1000"))
+    assert info.value.header == name
+    assert f"did you mean {closest!r}?" in str(info.value)
+    with pytest.raises(h.UnknownHeaderError):  # also next to a valid control header
+        classify((h.DELAY_MS, b"5"), (name, b"1000"))
+
+
+@pytest.mark.parametrize("name", ["kdelay-other", "kdelay", "KDELAY_", "kdelay-x"])
+def test_a_name_like_no_header_lists_the_valid_ones(name: str) -> None:
+    with pytest.raises(h.UnknownHeaderError, match="kdelay's headers are kdelay-cancel, "):
+        classify((name, b"x"))
+
+
+@pytest.mark.parametrize("name", ["kdelay-repeat", "KDELAY_REPEAT"])
+def test_a_reserved_name_is_rejected_as_not_supported_yet(name: str) -> None:
+    with pytest.raises(h.UnknownHeaderError, match="does not support yet"):
+        classify((h.DELAY_MS, b"5"), (name, b"R5/PT1S"))
+
+
+@pytest.mark.parametrize("name", sorted(h.DELIVERED_HEADERS))
+def test_headers_kdelay_delivers_pass_through(name: str) -> None:
+    assert classify((name, b"x")) is None
+    assert classify((name, b"x"), (h.DELAY_MS, b"5")) == h.Delay(NOW + 5, None, 5)
+
+
+@pytest.mark.parametrize(
+    ("name", "inside"),
+    [
+        ("kdelay-delay-ms", True),
+        ("KDELAY_ID", True),
+        ("kDeLaY-x", True),
+        ("kdelay", True),
+        ("kdelayed", False),
+        ("x-kdelay-id", False),
+        ("kdela", False),
+        ("", False),
+    ],
+)
+def test_the_namespace(name: str, inside: bool) -> None:
+    assert h.in_namespace(name) is inside
+
+
+_names = st.builds(
+    lambda head, sep, tail: head + sep + tail,
+    st.sampled_from(["kdelay", "KDELAY", "kDelay", "kdela", "x-kdelay", ""]),
+    st.sampled_from(["", "-", "_", "x"]),
+    st.sampled_from(["", "delay-ms", "DELAY_MS", "id", "repeat", "error", "other"]) | st.text(),
+)
+
+
+@given(_names)
+def test_every_name_in_the_namespace_is_known_or_rejected(name: str) -> None:
+    headers = [(h.DELAY_MS, b"5"), (name, b"x")]
+    known = name in h.KNOWN_HEADERS and name not in h.RESERVED_HEADERS
+    if h.in_namespace(name) and not known:
+        with pytest.raises(h.UnknownHeaderError) as info:
+            h.classify(headers, NOW, POLICY)
+        assert info.value.header == name
+    elif name not in h.CONTROL_HEADERS:
+        assert h.classify(headers, NOW, POLICY) == h.Delay(NOW + 5, None, 5)
+
+
+# -- epoch seconds for milliseconds -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b"1763900000", "looks like epoch seconds; send milliseconds (1763900000000)"),
+        (b"1", "is 1970-01-01T00:00:00.001+00:00, before 2001"),
+        (b"978307199999", "before 2001"),
+        (b"1763900000000000", "looks like epoch microseconds or nanoseconds"),
+        (b"1763900000000000000", "looks like epoch microseconds or nanoseconds"),
+    ],
+)
+def test_deliver_at_in_the_wrong_unit_is_rejected_saying_so(raw: bytes, said: str) -> None:
+    with pytest.raises(InvalidHeaderError) as info:
+        classify((h.DELIVER_AT, raw))
+    assert info.value.header == h.DELIVER_AT
+    assert said in str(info.value)
+
+
+def test_deliver_at_from_2001_is_milliseconds_and_rfc3339_before_is_due_now() -> None:
+    first = h.EARLIEST_DELIVER_AT_MS
+    assert classify((h.DELIVER_AT, str(first).encode())) == h.Delay(first, None)
+    assert classify((h.DELIVER_AT, b"1999-12-31T23:59:59Z")) == h.Delay(946_684_799_000, None)

@@ -7,6 +7,8 @@ import pytest
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
+from proxy import internal_topics
+from proxy.internal_topics import RefusedTopicError
 from proxy.routing import (
     BufferUnavailableError,
     Incoming,
@@ -136,13 +138,14 @@ def test_one_bad_record_rejects_the_batch() -> None:
         route("t", 0, records, NOW, POLICY)
     assert isinstance(rejected.value.header_error, InvalidHeaderError)
     assert rejected.value.index == 1
+    assert str(rejected.value) == "record 1: header 'kdelay-delay-ms': 'x' is not an integer"
 
 
 def test_fast_path_only_skips_records_without_kdelay_header_names() -> None:
     plain = Incoming(None, b"v", [("app", h.DELAY_MS.encode()), ("x-kdelay-delay-ms", b"5")])
     assert route_record("t", 0, plain, NOW, POLICY).kind is Kind.IMMEDIATE
-    unknown = Incoming(None, b"v", [("kdelay-unknown", b"1")])
-    assert route_record("t", 0, unknown, NOW, POLICY).kind is Kind.IMMEDIATE
+    delivered = Incoming(None, b"v", [("kdelay-error", b"1"), ("kdelay-source", b"t/0/1")])
+    assert route_record("t", 0, delivered, NOW, POLICY).kind is Kind.IMMEDIATE
     later = Incoming(None, b"v", [("app", b"1"), (h.DELAY_MS, b"5")])
     assert route_record("t", 0, later, NOW, POLICY).deliver_at_ms == NOW + 5
     with pytest.raises(InvalidHeaderError, match=h.DELAY_MS):
@@ -155,3 +158,87 @@ def test_records_without_an_id_for_one_target_partition_share_a_buffer_partition
         out, _ = route("t", partition, records, NOW, POLICY, buffer_partitions=PARTITIONS)
         assert len({o.partition for o in out}) == 1  # appended together: exact ties
         assert {buffer.partition_for(o.id or "", PARTITIONS) for o in out} == {out[0].partition}
+
+
+# -- look-alike header names take the slow path and are rejected -------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["KDELAY-DELAY-MS", "kdelay-delay", "kdelay_delay_ms", "kDelay-id", "kdelay-repeat"]
+)
+def test_a_look_alike_header_rejects_an_immediate_record_naming_its_index(name: str) -> None:
+    records = [
+        Incoming(None, b"ok", [("app", b"1")]),
+        Incoming(None, b"typo", [("app", b"1"), (name, b"1000")]),
+    ]
+    with pytest.raises(RejectedRecordError) as rejected:
+        route("t", 0, records, NOW, POLICY, buffer_partitions=PARTITIONS)
+    assert rejected.value.index == 1
+    assert isinstance(rejected.value.header_error, h.UnknownHeaderError)
+    assert str(rejected.value).startswith(f"record 1: header {name!r}: ")
+
+
+def test_a_look_alike_with_a_long_name_is_caught_on_the_limits_scan_too() -> None:
+    # A name over a quarter of max_header_name_bytes (in characters) takes the slow scan.
+    long_name = "KDELAY_" + "x" * 300
+    with pytest.raises(RejectedRecordError, match="not a kdelay header"):
+        route("t", 0, [Incoming(None, b"v", [(long_name, b"1")])], NOW, POLICY)
+
+
+# -- internal topics (proxy/internal_topics.py) -------------------------------------------------
+
+INTERNAL = ["__kdelay_dead_letter", "__kdelay_checkpoint", "__kdelay_x", "__consumer_offsets",
+            "__transaction_state"]  # fmt: skip
+
+
+@pytest.mark.parametrize("topic", INTERNAL)
+@pytest.mark.parametrize(
+    "headers",
+    [[], [(h.DELAY_MS, b"10")], [(h.CANCEL, b"m-1")]],
+    ids=["immediate", "delayed", "cancel"],
+)
+def test_an_internal_topic_is_refused_for_every_kind_of_record(
+    topic: str, headers: list[tuple[str, bytes | None]]
+) -> None:
+    with pytest.raises(RefusedTopicError) as refused:
+        route(topic, 0, [Incoming(None, b"v", headers)], NOW, POLICY, buffer_partitions=6)
+    assert refused.value.topic == topic
+    assert refused.value.index is None  # the whole topic
+    assert topic in str(refused.value)
+    assert "internal to" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "headers", [[], [(h.DELAY_MS, b"10")], [(h.DELIVER_AT, b"2026-01-01T00:00:00Z")]]
+)
+def test_the_buffer_topic_takes_cancels_only(headers: list[tuple[str, bytes | None]]) -> None:
+    records = [Incoming(None, b"", [(h.CANCEL, b"m-1")]), Incoming(None, b"v", headers)]
+    with pytest.raises(RefusedTopicError) as refused:
+        route(buffer.BUFFER_TOPIC, 0, records, NOW, POLICY, buffer_partitions=PARTITIONS)
+    assert refused.value.index == 1
+    assert str(refused.value).startswith(f"record 1: topic '{buffer.BUFFER_TOPIC}' is internal")
+    assert "only a kdelay-cancel record may be sent to it" in str(refused.value)
+    # What `kdelay cancel` sends: the buffer topic carries the cancel, as before.
+    (out,), _ = route(
+        buffer.BUFFER_TOPIC, 0, records[:1], NOW, POLICY, buffer_partitions=PARTITIONS
+    )
+    assert out.kind is Kind.CANCEL
+    assert out.id == "m-1"
+
+
+@pytest.mark.parametrize(
+    ("topic", "refused"),
+    [
+        ("__kdelay_buffer", True),
+        ("__kdelay_shard_1", True),
+        ("__consumer_offsets", True),
+        ("__share_group_state", True),
+        ("_kdelay_buffer", False),
+        ("__my_topic", False),
+        ("orders", False),
+        ("kdelay_buffer", False),
+    ],
+)
+def test_the_internal_topic_rule(topic: str, refused: bool) -> None:
+    assert (internal_topics.refusal(topic) is not None) is refused
+    assert internal_topics.visible(topic) is (not refused or topic == buffer.BUFFER_TOPIC)

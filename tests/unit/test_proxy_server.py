@@ -1,5 +1,6 @@
 """The Kafka listener's connection contract with an in-process upstream the test controls:
-idle timeout, backpressure, response order, and retries around a failed batch.
+idle timeout, backpressure, the process-wide memory budget, response order, and retries around
+a failed batch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from proxy import protocol as p
 from proxy.broker import Broker
+from proxy.budget import RequestBudget
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Outgoing
 from proxy.server import KafkaServer, Limits
@@ -64,10 +66,12 @@ class GatedUpstream:
 
 
 @contextlib.asynccontextmanager
-async def _server(limits: Limits) -> AsyncIterator[tuple[int, GatedUpstream, Broker]]:
+async def _server(
+    limits: Limits, budget: RequestBudget | None = None
+) -> AsyncIterator[tuple[int, GatedUpstream, Broker]]:
     upstream = GatedUpstream()
     metrics = ProxyMetrics()
-    server = KafkaServer(metrics, limits)
+    server = KafkaServer(metrics, limits, budget=budget)
     host, port = await server.bind("127.0.0.1", 0)
     broker = Broker(upstream, Topics(upstream), metrics, Advertised(1, host, port))
     await server.serve(broker)
@@ -176,6 +180,48 @@ def test_backpressure_stops_reading_and_resumes_in_order() -> None:
             ]
             writer.close()
             p_writer.close()
+
+    asyncio.run(run())
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until ``condition`` holds (checked between loop turns), or fail after the deadline."""
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while not condition():  # noqa: ASYNC110 - the server's own state, no event to await
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def test_a_frame_waits_unread_for_memory_while_small_requests_pass() -> None:
+    """Connection A announces a 6 KiB frame and sends part of it: it holds 6 KiB of an 8 KiB
+    budget. B's 4 KiB Produce then waits, unread, while C's small requests are answered; once
+    A goes away its bytes are given back and B is read and answered."""
+    limit = 8 * 1024
+
+    async def run() -> None:
+        budget = RequestBudget(limit)
+        async with _server(Limits(max_request_bytes=limit), budget) as (port, upstream, _):
+            _, a_writer = await asyncio.open_connection("127.0.0.1", port)
+            a_writer.write(struct.pack(">i", 6 * 1024) + b"\0" * 100)
+            await _until(lambda: budget.used == 6 * 1024, "A to reserve its frame")
+            b_reader, b_writer = await asyncio.open_connection("127.0.0.1", port)
+            big = record_batch([(b"k", b"x" * 4000, [])])
+            b_writer.write(_frame(produce_request("t", 0, big), 1))
+            await _until(lambda: budget.waiting == 1, "B to wait for memory")
+            c_reader, c_writer = await asyncio.open_connection("127.0.0.1", port)
+            for cid in range(1, 4):
+                assert await _round_trip(c_reader, c_writer, cid) == cid
+            assert upstream.submitted == []
+            a_writer.close()  # A's partial frame is dropped: its 6 KiB are free again
+            await upstream.wait_submitted(1)
+            upstream.ack(0)
+            resp = ProduceResponse.decode(await _read_frame(b_reader), version=9, header=True)
+            assert resp.responses[0].partition_responses[0].error_code == 0
+            await _until(lambda: budget.used == 0, "every reservation to be given back")
+            b_writer.close()
+            c_writer.close()
 
     asyncio.run(run())
 
