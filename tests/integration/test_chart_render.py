@@ -336,3 +336,17 @@ def test_internal_topics_and_zookeeper_session_default_to_safe_values(tools: Too
     bad = helm_template_text(tools, sets={"bufferReplication": "0"})
     assert bad.returncode != 0
     assert "bufferReplication" in bad.stderr
+
+
+def test_the_release_mode_defaults_to_exactly_once_and_is_checked(tools: Tools) -> None:
+    import yaml
+
+    def replica(sets: dict[str, str] | None = None) -> dict[str, Any]:
+        data = one(helm_template(tools, sets=sets), "ConfigMap", "-config")["data"]
+        return dict(yaml.safe_load(data["delay-service.yaml"]))
+
+    assert replica()["delivery"] == "exactly-once"
+    assert replica({"delayService.delivery": "at-least-once"})["delivery"] == "at-least-once"
+    bad = helm_template_text(tools, sets={"delayService.delivery": "twice"})
+    assert bad.returncode != 0
+    assert "delivery" in bad.stderr
