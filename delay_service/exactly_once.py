@@ -79,6 +79,7 @@ class ExactlyOnceForwarder(Forwarder):
         self._txn = sender
         self._doomed: dict[bytes, KafkaError] = {}  # entries owed a dead letter
         self._committed_mono = 0.0  # when the last transaction committed
+        self._silent_aborts = 0  # rounds in a row aborted without any acknowledgement
 
     # -- a new term ------------------------------------------------------------------------
 
@@ -184,10 +185,12 @@ class ExactlyOnceForwarder(Forwarder):
         txn.submit_dead_letters(dead)
         txn.tombstones([*owed, *_retired(releases), *_retired([e for e, _ in dead])])
         keys = [e.key for e in releases] + [e.key for e, _ in dead]
-        txn.wait(keys, self._clock.monotonic() + self._cfg.txn_ack_wait_ms / 1000)
+        txn.wait(keys, self._clock.monotonic() + self._patience_s())
         done = txn.take_completed()
         failures = [c for c in done if c.error is not None]
         unanswered = [k for k in keys if txn.is_in_flight(k)]
+        silent = bool(keys) and not done and len(unanswered) == len(keys)
+        self._silent_aborts = self._silent_aborts + 1 if silent else 0
         if failures or unanswered:
             txn.abort()
             self._metrics.transactions.labels("aborted").inc()
@@ -206,6 +209,15 @@ class ExactlyOnceForwarder(Forwarder):
                 lateness_ms = max(0, c.timestamp_ms - c.entry.message.deliver_at_ms)
                 self._metrics.lateness.observe(lateness_ms / 1000)
         return True
+
+    def _patience_s(self) -> float:
+        """How long this round waits for its acknowledgements: ``txn_ack_wait_ms``, doubled for
+        each round in a row that was aborted with *no* acknowledgement at all (a broker slow
+        for everyone), at most ``produce_timeout_ms``: such a broker still gets rounds
+        committed (no livelock of aborts), while a target that fails beside healthy ones (they
+        answer) costs them only ``txn_ack_wait_ms``."""
+        wait_ms: int = self._cfg.txn_ack_wait_ms * 2 ** min(self._silent_aborts, 16)
+        return min(wait_ms, self._cfg.produce_timeout_ms) / 1000
 
     def _failed(
         self,

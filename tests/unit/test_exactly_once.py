@@ -56,10 +56,13 @@ class FakeTxnProducer(FakeProducer):
     def init_transactions(self, timeout: float = -1) -> None:
         self.inits += 1
 
+    begun: float = 0.0
+
     def begin_transaction(self) -> None:
         assert not self.open, "a transaction is already open"
         self.open = True
         self.sent = []
+        self.begun = self.clock.mono if self.clock is not None else 0.0
 
     def commit_transaction(self, timeout: float = -1) -> None:
         assert self.open
@@ -281,3 +284,26 @@ def test_the_forwarder_thread_runs_a_term_and_stops(store: Store) -> None:
     thread.join(10)
     assert ids(producer.visible("t")) == [b"m1"]
     assert producer.inits == 1
+
+
+def test_a_broker_slow_for_everyone_still_gets_rounds_committed(store: Store) -> None:
+    """Acknowledgements that take longer than txn_ack_wait_ms for every target: the first
+    round aborts, the next waits twice as long (and so on): no livelock of aborts."""
+    store.apply([(0, i, msg(i, 100, topic="t", partition=i % 2)) for i in range(4)], {0: 4})
+    producer = FakeTxnProducer()
+    clock_of = producer  # acknowledgements come 25 ms after the transaction began
+    producer.hold = lambda _s: (
+        clock_of.clock is not None and clock_of.clock.mono - clock_of.begun < 0.025
+    )
+    rig = make(store, producer)  # txn_ack_wait_ms=10
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    delivered = 0
+    for _ in range(6):
+        delivered += rig.fwd.forward_once(cps, gen).delivered
+        rig.clock.advance(2)
+        if delivered == 4:
+            break
+    assert delivered == 4
+    assert producer.aborts >= 1  # the first wait was too short
+    assert ids(producer.visible("t")) == [b"m0", b"m1", b"m2", b"m3"]
