@@ -5,11 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.config import component_config
+from kdelay.config import TopicDurability, component_config
 from zk.paths import DEFAULT_ROOT, Paths
 
 EXACTLY_ONCE = "exactly-once"
@@ -17,7 +17,7 @@ AT_LEAST_ONCE = "at-least-once"
 DELIVERY_MODES = (EXACTLY_ONCE, AT_LEAST_ONCE)
 
 
-class ReplicaConfig(BaseSettings):
+class ReplicaConfig(BaseSettings, TopicDurability):
     """Settings of one delay-service replica; validated once, at start-up."""
 
     model_config = component_config("KDELAY_REPLICA_")
@@ -53,17 +53,6 @@ class ReplicaConfig(BaseSettings):
     )
     buffer_partitions: int = Field(
         default=12, ge=1, description="partitions when creating the buffer topic"
-    )
-    buffer_replication: int | None = Field(
-        default=None,
-        ge=1,
-        description="replication factor of the internal topics it creates [auto: min(3, brokers)]",
-    )
-    buffer_min_insync_replicas: int | None = Field(
-        default=None,
-        ge=1,
-        description="min.insync.replicas of the internal topics it creates "
-        "[auto: min(2, replication)]",
     )
     checkpoint_interval_ms: int = Field(
         default=100, ge=1, le=60_000, description="at most this long between checkpoints"
@@ -136,16 +125,6 @@ class ReplicaConfig(BaseSettings):
         description="exactly-once: longest a round waits for its records' acknowledgements "
         "before it aborts and holds the targets that did not answer",
     )
-
-    @model_validator(mode="after")
-    def _durability(self) -> ReplicaConfig:
-        isr, rf = self.buffer_min_insync_replicas, self.buffer_replication
-        if isr is not None and rf is not None and isr > rf:
-            raise ValueError(
-                f"buffer_min_insync_replicas ({isr}) must not exceed buffer_replication ({rf}): "
-                "no write could ever be acknowledged"
-            )
-        return self
 
     @field_validator("delivery")
     @classmethod

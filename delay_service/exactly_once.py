@@ -42,6 +42,7 @@ from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
 from delay_service.metrics import Metrics
 from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
+from delay_service.settle import attempt_failed
 from delay_service.store import Store
 from delay_service.tombstones import Retired
 from delay_service.txn_sender import TxnSender, load_checkpoint
@@ -254,21 +255,9 @@ class ExactlyOnceForwarder(Forwarder):
 
     def _attempt_failed(self, entry: Entry, err: KafkaError) -> int:
         """Count a failed attempt (held, or owed a dead letter); returns the attempts so far."""
-        self._metrics.forward_errors.labels(error_name(err)).inc()
-        permanent = is_permanent(err)
-        verdict = self._retries.failed(entry.key, permanent=permanent, target=target_of(entry))
+        verdict = attempt_failed(entry, err, self._retries, self._metrics)
         if verdict.dead_letter:
             self._doomed[entry.key] = err
-        if permanent:
-            log.warning(
-                "forwarder.forward_failed",
-                id=entry.message.id,
-                topic=entry.message.topic,
-                partition=entry.message.partition,
-                attempt=verdict.attempts,
-                error=str(err),
-                permanent=True,
-            )
         return verdict.attempts
 
     def _settle(

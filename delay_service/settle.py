@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError
 
 from delay_service.entry import Entry
 from delay_service.metrics import Metrics
-from delay_service.retry import RetryPolicy
+from delay_service.retry import RetryPolicy, Verdict
 from delay_service.round import Target, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
 from delay_service.store import Store
@@ -62,6 +62,28 @@ class _Failed:
     attempt: int = 0
 
 
+def attempt_failed(
+    entry: Entry, err: KafkaError, retries: RetryPolicy, metrics: Metrics
+) -> Verdict:
+    """Count one failed release of ``entry`` (both delivery modes): the error metric, the retry
+    policy's verdict, and a ``forwarder.forward_failed`` log when a permanent error is to be
+    retried (on the ``dead_letter_after``-th attempt the entry heads for the dead letters)."""
+    metrics.forward_errors.labels(error_name(err)).inc()
+    permanent = is_permanent(err)
+    verdict = retries.failed(entry.key, permanent=permanent, target=target_of(entry))
+    if permanent and not verdict.dead_letter:
+        log.warning(
+            "forwarder.forward_failed",
+            id=entry.message.id,
+            topic=entry.message.topic,
+            partition=entry.message.partition,
+            attempt=verdict.attempts,
+            error=str(err),
+            permanent=True,
+        )
+    return verdict
+
+
 class Settler:
     """Applies delivery reports to the store, the retry policy, the metrics and tombstones."""
 
@@ -93,26 +115,13 @@ class Settler:
                 lateness_ms = max(0, done.timestamp_ms - entry.message.deliver_at_ms)
                 self._metrics.lateness.observe(lateness_ms / 1000)
             else:
-                self._metrics.forward_errors.labels(error_name(err)).inc()
-                permanent = is_permanent(err)
-                target = target_of(entry)
-                verdict = self._retries.failed(entry.key, permanent=permanent, target=target)
+                verdict = attempt_failed(entry, err, self._retries, self._metrics)
                 if verdict.dead_letter:
                     to_dead_letter.append((entry, err))
                     continue
-                seen = failed.setdefault(target, _Failed(done))
+                seen = failed.setdefault(target_of(entry), _Failed(done))
                 seen.records += 1
                 seen.attempt = max(seen.attempt, verdict.attempts)
-                if permanent:
-                    log.warning(
-                        "forwarder.forward_failed",
-                        id=entry.message.id,
-                        topic=entry.message.topic,
-                        partition=entry.message.partition,
-                        attempt=verdict.attempts,
-                        error=str(err),
-                        permanent=True,
-                    )
         for target, seen in failed.items():
             err = seen.first.error
             log.warning(

@@ -14,12 +14,39 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kdelay.errors import ConfigError
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+class TopicDurability(BaseModel):
+    """The internal topics' durability settings, shared by every component that creates them
+    (the proxy and the delay service; kdelay/topics.py applies them)."""
+
+    buffer_replication: int | None = Field(
+        default=None,
+        ge=1,
+        description="replication factor of the internal topics it creates [auto: min(3, brokers)]",
+    )
+    buffer_min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="min.insync.replicas of the internal topics it creates "
+        "[auto: min(2, replication)]",
+    )
+
+    @model_validator(mode="after")
+    def _durability(self) -> TopicDurability:
+        isr, rf = self.buffer_min_insync_replicas, self.buffer_replication
+        if isr is not None and rf is not None and isr > rf:
+            raise ValueError(
+                f"buffer_min_insync_replicas ({isr}) must not exceed buffer_replication ({rf}): "
+                "no write could ever be acknowledged"
+            )
+        return self
 
 
 def component_config(env_prefix: str) -> SettingsConfigDict:

@@ -301,6 +301,20 @@ class Broker:
         except internal_topics.RefusedTopicError as exc:
             raise _refused(exc) from None
 
+    def _rejected(
+        self, exc: rec.BatchError, topic: str, partition: int, records: int
+    ) -> PartitionResult:
+        """Count and log a rejected batch of ``records``; the partition's answer."""
+        self.metrics.rejected(exc.reason, records)
+        log.info(
+            "proxy.batch_rejected",
+            topic=topic,
+            partition=partition,
+            error=str(exc),
+            reason=exc.reason,
+        )
+        return PartitionResult(exc.code, -1, str(exc), exc.record_errors)
+
     async def _produce_partition(
         self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
     ) -> Awaitable[PartitionResult]:
@@ -308,15 +322,7 @@ class Broker:
         try:
             batch, parts = await self._admit(topic, partition, raw)
         except rec.BatchError as exc:
-            self.metrics.rejected(exc.reason, exc.records)
-            log.info(
-                "proxy.batch_rejected",
-                topic=topic,
-                partition=partition,
-                error=str(exc),
-                reason=exc.reason,
-            )
-            return resolved(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
+            return resolved(self._rejected(exc, topic, partition, exc.records))
         count = batch.last_offset_delta + 1
         entry = None
         pid = batch.producer_id
@@ -352,15 +358,7 @@ class Broker:
         try:
             routed, counts = await self._route(topic, partition, parts, origin)
         except rec.BatchError as exc:
-            self.metrics.rejected(exc.reason, count)
-            log.info(
-                "proxy.batch_rejected",
-                topic=topic,
-                partition=partition,
-                error=str(exc),
-                reason=exc.reason,
-            )
-            return settle(PartitionResult(exc.code, -1, str(exc), exc.record_errors))
+            return settle(self._rejected(exc, topic, partition, count))
         kinds.update(k for k, n in counts.items() if n)
         acked = await self.upstream.submit(routed)
         return loop.create_task(self._finish(counts, acked, settle))

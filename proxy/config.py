@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from kdelay.config import component_config
+from kdelay.config import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from proxy import limits as lim
 
@@ -19,7 +19,7 @@ def _host_port(value: str, setting: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class ProxyConfig(BaseSettings):
+class ProxyConfig(BaseSettings, TopicDurability):
     """Settings of one proxy process; see ``kdelay proxy --help``."""
 
     model_config = component_config("KDELAY_PROXY_")
@@ -37,17 +37,6 @@ class ProxyConfig(BaseSettings):
     )
     buffer_partitions: int = Field(
         default=12, ge=1, description="partitions of __kdelay_buffer when the proxy creates it"
-    )
-    buffer_replication: int | None = Field(
-        default=None,
-        ge=1,
-        description="replication factor of the internal topics it creates [auto: min(3, brokers)]",
-    )
-    buffer_min_insync_replicas: int | None = Field(
-        default=None,
-        ge=1,
-        description="min.insync.replicas of the internal topics it creates "
-        "[auto: min(2, replication)]",
     )
     ensure_topics: bool = Field(default=True, description="create the internal topics if missing")
     node_id: int = Field(default=1, ge=0, description="broker id the proxy advertises")
@@ -157,16 +146,6 @@ class ProxyConfig(BaseSettings):
                 f"max_buffered_request_bytes ({self.max_buffered_request_bytes:,}) must be at "
                 f"least max_request_bytes ({self.max_request_bytes:,}): a request that large "
                 "could never be read"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _durability(self) -> ProxyConfig:
-        isr, rf = self.buffer_min_insync_replicas, self.buffer_replication
-        if isr is not None and rf is not None and isr > rf:
-            raise ValueError(
-                f"buffer_min_insync_replicas ({isr}) must not exceed buffer_replication ({rf}): "
-                "no write could ever be acknowledged"
             )
         return self
 
