@@ -46,6 +46,7 @@ from delay_service.entry import (
 )
 from delay_service.errors import StoreError
 from delay_service.ids import IndexedBatch, RecentlyDone, first_with_id, id_key, reindex
+from delay_service.outcomes import Outcome
 from delay_service.round import DueScan
 from delay_service.tombstones import Retired
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
@@ -214,6 +215,11 @@ class Store:
                 return None
             _, partition, offset = split_key(bytes(key))
             return Entry(bytes(key), decode_entry(bytes(value)), partition, offset)
+
+    def outcome(self, msg_id: str) -> Outcome | None:
+        """What became of the last message with id ``msg_id`` that left the store, if this
+        replica still remembers it (``outcomes.py``)."""
+        return None
 
     def size_bytes(self) -> int:
         """RocksDB's size on disk: live SST files plus the write-ahead log."""

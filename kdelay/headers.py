@@ -25,6 +25,14 @@ DELIVER_AT = "kdelay-deliver-at"
 DELAY_LEVEL = "kdelay-delay-level"
 ID = "kdelay-id"
 CANCEL = "kdelay-cancel"
+REPEAT = "kdelay-repeat"
+OCCURRENCE = "kdelay-occurrence"
+#: The consumer retry helper's headers (``kdelay.retry``): the attempt number and where the
+#: message was first consumed.
+ATTEMPT = "kdelay-attempt"
+ORIGINAL_TOPIC = "kdelay-original-topic"
+ORIGINAL_PARTITION = "kdelay-original-partition"
+ORIGINAL_OFFSET = "kdelay-original-offset"
 
 #: Headers that choose when a record is delivered; at most one may be present.
 TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
@@ -35,10 +43,21 @@ CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL})
 RESERVED_HEADERS: dict[str, str] = {"kdelay-repeat": "repeating messages"}
 #: Headers kdelay writes on the records it delivers or dead-letters (the delay service's
 #: ``kdelay-error``, ``kdelay-source``, ``kdelay-target``, the buffer's ``kdelay-route``, a
-#: repeat's ``kdelay-occurrence``). A producer that replays such a record sends them back; they
-#: are kdelay's own names, not mistakes, and pass through untouched.
+#: repeat's ``kdelay-occurrence``) and those of the retry helper. A producer that replays such
+#: a record sends them back; they are kdelay's own names, not mistakes, and pass through
+#: untouched.
 DELIVERED_HEADERS = frozenset(
-    {"kdelay-error", "kdelay-source", "kdelay-target", "kdelay-route", "kdelay-occurrence"}
+    {
+        "kdelay-error",
+        "kdelay-source",
+        "kdelay-target",
+        "kdelay-route",
+        OCCURRENCE,
+        ATTEMPT,
+        ORIGINAL_TOPIC,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+    }
 )
 #: Every name in kdelay's namespace that is not a mistake.
 KNOWN_HEADERS = CONTROL_HEADERS | DELIVERED_HEADERS | frozenset(RESERVED_HEADERS)
