@@ -1,10 +1,12 @@
-"""``kdelay delay-service`` (run one replica) and ``kdelay status`` (CONTRACT.md)."""
+"""``kdelay delay-service`` (run one replica) and ``kdelay status`` (CONTRACT.md), whose
+``--id ID`` asks the replicas about one message (docs/status.md)."""
 
 from __future__ import annotations
 
 import json
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -43,15 +45,32 @@ def command(config_file: Path | None, **flags: Any) -> None:
 @click.option("--zk-connect", envvar="KDELAY_REPLICA_ZK_CONNECT", default="127.0.0.1:2181")
 @click.option("--zk-root", envvar="KDELAY_REPLICA_ZK_ROOT", default=DEFAULT_ROOT)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
-def status_command(zk_connect: str, zk_root: str, as_json: bool, timeout: float) -> None:
-    """Master, replicas with their lag and pending count, and the checkpoint."""
+@click.option(
+    "--timeout",
+    type=float,
+    default=10.0,
+    help="seconds to wait for ZooKeeper (with --id, for the replicas too)",
+)
+@click.option(
+    "--id",
+    "msg_id",
+    help="show this message's status instead (as GET /v1/messages/{id} does); exit 1 when "
+    "no replica knows it",
+)
+def status_command(
+    zk_connect: str, zk_root: str, as_json: bool, timeout: float, msg_id: str | None
+) -> None:
+    """Master, replicas with their lag and pending count, and the checkpoint; or, with
+    --id, one message's status."""
     from zk import Paths, Session, cluster_status
 
     try:
         paths = Paths(zk_root)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--zk-root") from None
+    if msg_id is not None:
+        _message_status(zk_connect, zk_root, msg_id, as_json=as_json, timeout=timeout)
+        return
     session = Session(zk_connect, timeout)
     session.start(timeout=timeout)
     try:
@@ -79,3 +98,71 @@ def status_command(zk_connect: str, zk_root: str, as_json: bool, timeout: float)
     else:
         click.echo("checkpoint: (none)")
     sys.stdout.flush()
+
+
+def _message_status(
+    zk_connect: str, zk_root: str, msg_id: str, *, as_json: bool, timeout: float
+) -> None:
+    """``kdelay status --id``: ask the replicas (zk/replica_api.py), print the answer."""
+    from zk.replica_api import NoReplicaError, ReplicaApi
+
+    api = ReplicaApi(zk_connect, zk_root, timeout_s=timeout)
+    try:
+        answer = api.message(msg_id)
+    except NoReplicaError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        api.close()
+    body = answer.body
+    if answer.status != 200:
+        error = {"error": body.get("error", f"HTTP {answer.status}"), "field": "id"}
+        if as_json:
+            click.echo(json.dumps(error, sort_keys=True))
+        else:
+            click.echo(f"kdelay: {error['error']}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(body, sort_keys=True))
+        return
+    for label, value in _describe(body):
+        click.echo(f"{label + ':':<13}{value}")
+
+
+def _when(ms: object) -> str:
+    """An epoch-milliseconds time, readable (UTC) and exact."""
+    if not isinstance(ms, int):
+        return "(unknown)"
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return f"{moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')} ({ms})"
+
+
+def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The lines of a message status for people (the JSON has every field)."""
+    partition = doc.get("partition")
+    target = f"{doc.get('topic')}, partition {'by key' if partition is None else partition}"
+    if doc.get("offset") is not None:
+        target += f", offset {doc['offset']}"
+    rows = [
+        ("id", str(doc.get("id"))),
+        ("state", str(doc.get("state"))),
+        ("deliver at", _when(doc.get("deliver_at"))),
+        ("target", target),
+    ]
+    if doc.get("repeat") is not None or doc.get("occurrence") is not None:
+        rows.append(("occurrence", f"{doc.get('occurrence')} of {doc.get('repeat') or 'a series'}"))
+    for field, label in (("released_at", "released at"), ("cancelled_at", "cancelled at")):
+        if field in doc:
+            rows.append((label, _when(doc[field])))
+    last = doc.get("last_outcome")
+    if isinstance(last, dict):
+        at = last.get("released_at", last.get("cancelled_at"))
+        rows.append(("before", f"{last.get('state')} at {_when(at)}"))
+    lag = doc.get("ingest_lag")
+    rows.append(
+        (
+            "answered by",
+            f"{doc.get('answered_by')} ({doc.get('role')}) as of {_when(doc.get('as_of_ms'))}, "
+            f"ingest lag {'unknown' if lag is None else f'{lag} records'}",
+        )
+    )
+    return rows

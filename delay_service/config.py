@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -47,6 +48,18 @@ class ReplicaConfig(BaseSettings, TopicDurability):
     metrics_host: str = Field(default="127.0.0.1", description="address the metrics server binds")
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="metrics port (0: pick a free one)"
+    )
+    advertised_host: str | None = Field(
+        default=None,
+        description="host published in ZooKeeper for the metrics port, where the proxy and "
+        "kdelay status --id reach this replica [metrics_host; when that is a wildcard, "
+        "$POD_IP, else the host name]",
+    )
+    status_scan_limit: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="most store entries one GET /v1/pending scans; past it the answer says "
+        "truncated",
     )
     buffer_topic: str = Field(
         default=BUFFER_TOPIC, min_length=1, description="buffer topic of this replica set"
@@ -125,6 +138,18 @@ class ReplicaConfig(BaseSettings, TopicDurability):
         description="exactly-once: longest a round waits for its records' acknowledgements "
         "before it aborts and holds the targets that did not answer",
     )
+
+    @property
+    def published_host(self) -> str:
+        """The host of the URL this replica publishes for its HTTP port (URL form: an IPv6
+        address in brackets): ``advertised_host``, else ``metrics_host`` unless that is a
+        wildcard, else ``$POD_IP`` (Kubernetes' downward API), else the host name."""
+        host = self.advertised_host
+        if not host:
+            wildcard = self.metrics_host.strip("[]") in ("", "0.0.0.0", "::")
+            host = (os.environ.get("POD_IP") or socket.gethostname()) if wildcard else None
+        host = (host or self.metrics_host).strip("[]")
+        return f"[{host}]" if ":" in host else host
 
     @field_validator("delivery")
     @classmethod

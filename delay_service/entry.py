@@ -11,7 +11,9 @@ Value format version 3 (written): ``version (1) | deliver_at_ms (8, signed) | pa
 signed) | header count (4)``, then id, buffer key (uid), topic, key, value and each header's
 name and value as ``length (4) | bytes`` (length ``0xFFFFFFFF``: null). Version 2 (read only)
 had no buffer key; version 1 also had a 2-byte header count, so a record with 65,536 headers
-could not be stored at all. Every field is as wide as
+could not be stored at all. Version 4 is version 3 followed by a recurring message's series
+fields, ``repeat`` (``length (4) | bytes``) and ``occurrence (4)``; an entry of a message that
+does not repeat is written as version 3. Every field is as wide as
 Kafka's own (int32 counts and sizes, int64 times): whatever one Kafka record can carry encodes;
 :func:`check_storable` names what cannot (a due time beyond int64, a string that is not
 encodable as UTF-8), and ingest dead-letters such records instead of storing them.
@@ -31,12 +33,14 @@ _KEY = struct.Struct(">QQIQ")
 _KEY_V1 = struct.Struct(">QIQ")  # before the order field; read only
 _HEAD_V1 = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
 _HEAD = struct.Struct("<BqiI")  # versions 2 and 3: the header count as wide as Kafka's
-_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD}
+_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD, 4: _HEAD}
 _LEN = struct.Struct("<I")
+_OCCURRENCE = struct.Struct("<I")
 _NULL = 0xFFFFFFFF
 #: The largest length field: ``_NULL`` marks a null.
 MAX_FIELD_BYTES = _NULL - 1
 ENTRY_VERSION = 3
+SERIES_VERSION = 4
 _U64_MAX = 2**64 - 1
 _I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
@@ -59,6 +63,11 @@ def split_key(key: bytes) -> tuple[int, int, int]:
     else:
         deliver_at, _, partition, offset = _KEY.unpack(key)
     return int(deliver_at), int(partition), int(offset)
+
+
+def entry_seq(key: bytes) -> int:
+    """The order field of an entry key (0 for a key written before it existed)."""
+    return 0 if len(key) == _KEY_V1.size else int(_KEY.unpack(key)[1])
 
 
 def _utf8(what: str, text: str) -> bytes:
@@ -93,7 +102,8 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
         raise UnstorableError(f"partition {msg.partition} is beyond a signed 32-bit integer")
     if len(msg.headers) > MAX_FIELD_BYTES:
         raise UnstorableError(f"{len(msg.headers)} headers are more than a store entry holds")
-    out = [_HEAD.pack(ENTRY_VERSION, msg.deliver_at_ms, msg.partition, len(msg.headers))]
+    version = ENTRY_VERSION if msg.repeat is None else SERIES_VERSION
+    out = [_HEAD.pack(version, msg.deliver_at_ms, msg.partition, len(msg.headers))]
     fields: list[bytes | None] = [
         _utf8("id", msg.id),
         _utf8("buffer key", msg.uid),
@@ -104,12 +114,18 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
     for i, (name, value) in enumerate(msg.headers):
         fields.append(_utf8(f"header {i} name", name))
         fields.append(_checked(f"header {i} value", value))
+    if msg.repeat is not None:
+        fields.append(_utf8("repeat", msg.repeat))
     for data in fields:
         if data is None:
             out.append(_LEN.pack(_NULL))
         else:
             out.append(_LEN.pack(len(data)))
             out.append(data)
+    if msg.repeat is not None:
+        if not 1 <= msg.occurrence <= _NULL:
+            raise UnstorableError(f"occurrence {msg.occurrence} is beyond 32 bits")
+        out.append(_OCCURRENCE.pack(msg.occurrence))
     return out
 
 
@@ -122,7 +138,7 @@ def encode_entry(msg: Scheduled) -> bytes:
 
 
 def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry` (format versions 1-3); StoreError on anything else."""
+    """Inverse of :func:`encode_entry` (format versions 1-4); StoreError on anything else."""
     head = _HEADS.get(data[0]) if data else None
     with_uid = bool(data) and data[0] >= 3
     if head is None:
@@ -152,11 +168,27 @@ def decode_entry(data: bytes) -> Scheduled:
         key = take()
         value = take()
         headers = tuple(((take() or b"").decode(), take() or b"") for _ in range(count))
+        repeat, occurrence = None, 1
+        if data[0] == SERIES_VERSION:
+            repeat = (take() or b"").decode()
+            (occurrence,) = _OCCURRENCE.unpack_from(data, pos)
+            pos += _OCCURRENCE.size
     except (struct.error, UnicodeDecodeError) as exc:
         raise StoreError(f"store entry is corrupt: {exc}") from None
     if pos != len(data):
         raise StoreError(f"store entry is corrupt: {len(data) - pos} bytes after the last field")
-    return Scheduled(msg_id, topic, partition, key, value, deliver_at, headers, uid)
+    return Scheduled(
+        msg_id,
+        topic,
+        partition,
+        key,
+        value,
+        deliver_at,
+        headers,
+        uid,
+        repeat=repeat,
+        occurrence=occurrence,
+    )
 
 
 @dataclass(frozen=True, slots=True)

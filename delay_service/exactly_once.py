@@ -4,14 +4,16 @@ A round of :class:`ExactlyOnceForwarder` is the at-least-once round (``forwarder
 atomic:
 
 1. *plan* as there: the due entries of targets not held, by the broker's clock;
-2. *send* inside a transaction (``txn_sender.py``): the releases, the dead letters owed (an
-   entry whose last attempt failed permanently), and the tombstones of everything the round
-   retires plus those queued by cancels;
+2. *send* inside a transaction (``txn_sender.py``): the releases (each with a recurring
+   message's next occurrence, for the buffer topic) and the dead letters owed (an entry whose
+   last attempt failed permanently);
 3. *wait* at most ``txn_ack_wait_ms`` for every record's acknowledgement. If one failed or did
    not answer, the transaction is *aborted* — read_committed consumers never see any of it —
    and only the targets that failed are held (backoff, and dead letters after
    ``dead_letter_after`` permanent failures, as in ``retry.py``); the others go again in the
-   next round's transaction, at once;
+   next round's transaction, at once. Otherwise the tombstones of everything the round
+   retires (with where each was written, for its status) and those queued by cancels join
+   the transaction;
 4. *commit* with the checkpoint ``(T, offsets)`` that covers the round in the same
    transaction (``__kdelay_checkpoint``, keyed by the delay set): a release and the checkpoint
    that drops it are visible together or not at all. Only then does the store delete the
@@ -42,21 +44,18 @@ from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
 from delay_service.metrics import Metrics
 from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
-from delay_service.settle import attempt_failed
+from delay_service.settle import attempt_failed, fate_of, retired
 from delay_service.store import Store
 from delay_service.tombstones import Retired
 from delay_service.txn_sender import TxnSender, load_checkpoint
 from kdelay import logs
+from kdelay.buffer import Fate
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
 from zk.errors import FencedError
 
 log = logs.get(__name__)
 
 _TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
-
-
-def _retired(entries: Sequence[Entry]) -> list[Retired]:
-    return [Retired(e.message.id, e.message.uid, e.partition, e.offset) for e in entries]
 
 
 class ExactlyOnceForwarder(Forwarder):
@@ -137,8 +136,9 @@ class ExactlyOnceForwarder(Forwarder):
             self._rescan = plan.truncated and bool(sent)
             releases = [e for e in sent if e.key not in self._doomed]
             dead = [(e, self._doomed[e.key]) for e in sent if e.key in self._doomed]
-            if self._transaction(releases, dead, owed, claim):
-                self._settle(releases, [e for e, _ in dead], claim)
+            fates = self._transaction(releases, dead, owed, claim)
+            if fates is not None:
+                self._settle(releases, [e for e, _ in dead], claim, fates)
                 result = RoundResult(len(releases), len(dead), held_count, claim.time_ms)
             else:
                 self._tombstones.add(owed)  # still owed: the next transaction writes them
@@ -178,13 +178,13 @@ class ExactlyOnceForwarder(Forwarder):
         dead: list[tuple[Entry, KafkaError]],
         owed: list[Retired],
         claim: Checkpoint,
-    ) -> bool:
-        """Produce the round in one transaction and commit it; False if it was aborted."""
+    ) -> dict[bytes, Fate] | None:
+        """Produce the round in one transaction and commit it: what became of each entry, or
+        None if it was aborted."""
         txn = self._txn
         txn.begin()
         txn.submit(releases)
         txn.submit_dead_letters(dead)
-        txn.tombstones([*owed, *_retired(releases), *_retired([e for e, _ in dead])])
         keys = [e.key for e in releases] + [e.key for e, _ in dead]
         txn.wait(keys, self._clock.monotonic() + self._patience_s())
         done = txn.take_completed()
@@ -196,20 +196,22 @@ class ExactlyOnceForwarder(Forwarder):
             txn.abort()
             self._metrics.transactions.labels("aborted").inc()
             self._failed(failures, unanswered, releases, dead)
-            return False
+            return None
+        fates = {c.entry.key: fate_of(c) for c in done}
+        txn.tombstones([*owed, *retired([*releases, *(e for e, _ in dead)], fates)])
         previous, self._claim = self._claim, claim
         txn.checkpoint(self._record())
         if txn.commit() is not None:
             self._claim = previous
             self._metrics.transactions.labels("aborted").inc()
-            return False
+            return None
         self._committed_mono = self._clock.monotonic()
         self._metrics.transactions.labels("committed").inc()
         for c in done:
             if not c.dead_letter:
                 lateness_ms = max(0, c.timestamp_ms - c.entry.message.deliver_at_ms)
                 self._metrics.lateness.observe(lateness_ms / 1000)
-        return True
+        return fates
 
     def _patience_s(self) -> float:
         """How long this round waits for its acknowledgements: ``txn_ack_wait_ms``, doubled for
@@ -261,7 +263,11 @@ class ExactlyOnceForwarder(Forwarder):
         return verdict.attempts
 
     def _settle(
-        self, delivered: list[Entry], dead_lettered: list[Entry], claim: Checkpoint
+        self,
+        delivered: list[Entry],
+        dead_lettered: list[Entry],
+        claim: Checkpoint,
+        fates: dict[bytes, Fate],
     ) -> None:
         """The transaction committed: its entries leave the store, the claim applies."""
         done = [*delivered, *dead_lettered]
@@ -271,7 +277,7 @@ class ExactlyOnceForwarder(Forwarder):
                 reason = self._doomed.pop(e.key, None)
                 label = error_name(reason) if reason is not None else "unknown"
                 self._metrics.dead_lettered.labels(label).inc()
-            self._store.remove(done)
+            self._store.remove(done, fates)
             self._metrics.pending.set(self._store.pending)
             self._metrics.forwarded.inc(len(delivered))
         self._store.apply_checkpoint(claim)

@@ -1,4 +1,5 @@
-"""The replica's HTTP port: ``/metrics`` (prometheus_client, unchanged), ``/healthz``, ``/readyz``.
+"""The replica's HTTP port: ``/metrics`` (prometheus_client, unchanged), ``/healthz``,
+``/readyz``, and the message queries ``/v1/messages/<id>`` and ``/v1/pending`` (queries.py).
 
 :class:`Health` holds what the two checks read.
 
@@ -7,6 +8,11 @@ supervised thread is gone for good. ``/readyz`` (readiness): caught up with the 
 ingest making progress, no component waiting out a failure backoff. Both answer JSON
 ``{"status": "ok"|"fail", "reason": "..."}`` with 200 or 503; every other path is
 prometheus_client's own WSGI app, exactly as ``start_http_server`` serves it.
+
+``GET /v1/messages/<id>`` (the id percent-encoded, ``/`` as ``%2F``) and ``GET
+/v1/pending?bucket=1m&horizon=24h`` answer JSON from this replica's store with the freshness of
+the answer (queries.py; docs/status.md), errors in the proxy's one shape ``{"error", "field"}``:
+400 a bad id or parameter, 404 an unknown id, 405 another method, 503 too many timelines at once.
 
 Threads: the server runs on a daemon thread of its own and answers each request on a new
 thread; the checks only read events, locked state and single attribute values, never block.
@@ -20,6 +26,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -28,7 +35,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from delay_service.config import ReplicaConfig
+from delay_service.errors import StoreError
 from delay_service.ingest import Ingest
+from delay_service.queries import Answers, QueryError
 from delay_service.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -101,8 +110,47 @@ def _answer(check: Check, start_response: StartResponse) -> Iterable[bytes]:
     return [body]
 
 
-def app(registry: CollectorRegistry, live: Check, ready: Check) -> WSGIApplication:
-    """The WSGI app of the replica's port."""
+_STATUS_LINES = {
+    200: "200 OK",
+    400: "400 Bad Request",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    503: "503 Service Unavailable",
+}
+#: The message queries' path prefixes.
+MESSAGES = "/v1/messages/"
+PENDING = "/v1/pending"
+
+
+def _json(status: int, doc: dict[str, object], start_response: StartResponse) -> Iterable[bytes]:
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    if status == 503:
+        headers.append(("Retry-After", "1"))
+    if status == 405:
+        headers.append(("Allow", "GET"))
+    start_response(_STATUS_LINES[status], headers)
+    return [body]
+
+
+def _query(answers: Answers, environ: WSGIEnvironment, path: str) -> tuple[int, dict[str, object]]:
+    """The answer to a ``/v1/...`` request (queries.py)."""
+    if environ.get("REQUEST_METHOD", "GET") != "GET":
+        return 405, QueryError(405, f"{path}: only GET is served here").body()
+    try:
+        if path.startswith(MESSAGES):
+            # wsgiref decodes PATH_INFO's percent-escapes as ISO-8859-1 (PEP 3333): raw bytes.
+            return answers.message(path[len(MESSAGES) :].encode("iso-8859-1"))
+        params = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+        return answers.pending({k: v[-1] for k, v in params.items()})
+    except StoreError as exc:  # closed: the replica is shutting down
+        return 503, QueryError(503, f"the replica's store cannot answer: {exc}").body()
+
+
+def app(
+    registry: CollectorRegistry, live: Check, ready: Check, answers: Answers | None = None
+) -> WSGIApplication:
+    """The WSGI app of the replica's port; without ``answers``, no message queries."""
     metrics = make_wsgi_app(registry)
 
     def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -111,6 +159,9 @@ def app(registry: CollectorRegistry, live: Check, ready: Check) -> WSGIApplicati
             return _answer(live, start_response)
         if path == "/readyz":
             return _answer(ready, start_response)
+        if answers is not None and (path.startswith(MESSAGES) or path == PENDING):
+            status, doc = _query(answers, environ, path)
+            return _json(status, doc, start_response)
         body: Iterable[bytes] = metrics(environ, start_response)
         return body
 

@@ -1,14 +1,38 @@
 """What became of a message that left the pending set: delivered, cancelled or dead-lettered.
 
-Every replica keeps the outcomes of the messages that left its store for a while (``status
-retention``), so that ``GET /v1/messages/{id}`` and ``kdelay status --id`` can answer after
-delivery, from any replica. :class:`Outcome` is the value; how outcomes are recorded and
-pruned is below it.
+Every replica keeps the outcome of each message that left its store for a while, so that ``GET
+/v1/messages/{id}`` and ``kdelay status --id`` can answer after delivery, from any replica.
+Where a replica learns it, from the richest source down:
+
+- ``master``: the master removes what it released (the target's acknowledgement gives the
+  partition and offset) — only the master's own store;
+- ``tombstone``: the master's tombstone in the buffer topic carries the same facts
+  (``kdelay.buffer.Fate``), so every replica learns them when it reads the tombstone;
+- ``checkpoint``: a follower drops the entries a checkpoint covers (delivered or
+  dead-lettered; no offset) before the tombstone arrives;
+- ``cancel``: a cancel record removed it, or cancelled it on arrival.
+
+A later, richer answer replaces an earlier one for the same id; a message that reuses the id
+replaces the outcome of the one before. Outcomes are kept :attr:`OutcomeLog.retention_ms`
+(by this replica's clock when it learnt them) and at most :attr:`OutcomeLog.max_entries`, the
+oldest pruned first, a bounded number per write, in the same WriteBatch as the store change
+that made them.
+
+Layout: column family ``outcomes``: id -> compact JSON of :class:`Outcome` plus the time it
+was written (``w``); ``outcome_time``: ``written_ms (8) | id`` -> empty, the pruning order;
+``meta`` ``outcomes`` -> count (8). Not thread-safe: the store calls it under its own lock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import struct
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from rocksdict import WriteBatch
+
+from kdelay.buffer import Fate, Scheduled
 
 #: The states a message that left the store can be in (CONTRACT.md v2).
 DELIVERED = "delivered"
@@ -38,3 +62,155 @@ class Outcome:
     offset: int | None = None
     at_ms: int | None = None
     occurrence: int | None = None
+
+
+#: Outcome sources, richest first (a poorer one never replaces a richer one of one message).
+SOURCES = ("master", "tombstone", "cancel", "checkpoint")
+_RANK = {s: i for i, s in enumerate(SOURCES)}
+_U64 = struct.Struct(">Q")
+_META_COUNT = b"outcomes"
+#: Outcomes pruned per write at most (the rest at the next writes).
+PRUNE_BATCH = 1000
+
+
+class OutcomeLog:
+    """The outcomes a replica remembers (see the module docstring)."""
+
+    def __init__(
+        self, db: Any, meta: Any, meta_cf: Any, *, retention_ms: int, max_entries: int
+    ) -> None:
+        self._db = db
+        self._cf = db.get_column_family("outcomes")
+        self._cf_handle = db.get_column_family_handle("outcomes")
+        self._time_cf = db.get_column_family_handle("outcome_time")
+        self._time = db.get_column_family("outcome_time")
+        self._meta_cf = meta_cf
+        raw = meta.get(_META_COUNT)
+        self._count = _U64.unpack(raw)[0] if raw else 0
+        self._pending_delta = 0
+        self._seen: set[bytes] = set()  # ids put in the batch being built
+        self.retention_ms = retention_ms
+        self.max_entries = max_entries
+
+    @property
+    def count(self) -> int:
+        """Outcomes remembered now."""
+        return self._count
+
+    def get(self, msg_id: str) -> Outcome | None:
+        """The outcome of the last message ``msg_id`` that left the store, if remembered."""
+        raw = self._cf.get(msg_id.encode())
+        return None if raw is None else _decode(msg_id, bytes(raw))[0]
+
+    def put(self, batch: WriteBatch, outcome: Outcome, now_ms: int) -> None:
+        """Record ``outcome`` in ``batch`` unless a richer one of the same message is known."""
+        if self.max_entries <= 0:
+            return
+        key = outcome.id.encode()
+        raw = None if key in self._seen else self._cf.get(key)
+        if key in self._seen:
+            pass  # the same batch wrote it already: counted, and its time key is now_ms's
+        elif raw is not None:
+            old, written = _decode(outcome.id, bytes(raw))
+            same = old.deliver_at_ms == outcome.deliver_at_ms or outcome.deliver_at_ms is None
+            if same and old.state == outcome.state and _RANK[old.source] < _RANK[outcome.source]:
+                return
+            batch.delete(_U64.pack(written) + key, self._time_cf)
+        else:
+            self._pending_delta += 1
+        self._seen.add(key)
+        body = {k: v for k, v in asdict(outcome).items() if v is not None and k != "id"}
+        batch.put(
+            key, json.dumps({**body, "w": now_ms}, separators=(",", ":")).encode(), self._cf_handle
+        )
+        batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
+
+    def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
+        """Record what ``source`` tells of message ``msg_id`` (a tombstone's or the master's
+        :class:`kdelay.buffer.Fate`)."""
+        outcome = Outcome(
+            msg_id,
+            fate.state,
+            source,
+            deliver_at_ms=fate.deliver_at_ms,
+            topic=fate.topic,
+            partition=fate.partition,
+            offset=fate.offset,
+            at_ms=fate.released_ms,
+            occurrence=fate.occurrence,
+        )
+        self.put(batch, outcome, now_ms)
+
+    def covered(self, batch: WriteBatch, msg: Scheduled, now_ms: int) -> None:
+        """``msg`` left the store because a checkpoint covers it: delivered (or dead-lettered:
+        the tombstone says which, when it comes)."""
+        self.put(
+            batch,
+            Outcome(
+                msg.id,
+                DELIVERED,
+                "checkpoint",
+                deliver_at_ms=msg.deliver_at_ms,
+                topic=msg.topic,
+                partition=msg.partition if msg.partition >= 0 else None,
+                occurrence=msg.occurrence if msg.repeat is not None else None,
+            ),
+            now_ms,
+        )
+
+    def cancelled(
+        self,
+        batch: WriteBatch,
+        msg_id: str,
+        at_ms: int | None,
+        now_ms: int,
+        msg: Scheduled | None = None,
+    ) -> None:
+        """A cancel (appended at ``at_ms``) removed message ``msg_id``, or cancelled ``msg`` on
+        arrival."""
+        outcome = Outcome(msg_id, CANCELLED, "cancel", at_ms=at_ms)
+        if msg is not None:
+            outcome = replace(outcome, topic=msg.topic, deliver_at_ms=msg.deliver_at_ms)
+        self.put(batch, outcome, now_ms)
+
+    def finish(self, batch: WriteBatch, now_ms: int) -> None:
+        """Prune what is too old or too many, and write the count: call once per batch."""
+        over = self._count + self._pending_delta - self.max_entries
+        it = self._time.iter()
+        it.seek_to_first()
+        pruned = 0
+        while it.valid() and pruned < PRUNE_BATCH:
+            key = bytes(it.key())
+            (written,) = _U64.unpack_from(key, 0)
+            if written >= now_ms - self.retention_ms and pruned >= over:
+                break
+            batch.delete(key, self._time_cf)
+            batch.delete(key[_U64.size :], self._cf_handle)
+            pruned += 1
+            it.next()
+        self._pending_delta -= pruned
+        if self._pending_delta:
+            batch.put(_META_COUNT, _U64.pack(self._count + self._pending_delta), self._meta_cf)
+
+    def commit(self) -> None:
+        """The batch was written: the count is what it holds now."""
+        self._count += self._pending_delta
+        self._pending_delta = 0
+        self._seen.clear()
+
+    def close(self) -> None:
+        """Let go of the column families (RocksDB keeps its lock while any view is open)."""
+        self._cf.close()
+        self._time.close()
+        del self._cf, self._time, self._cf_handle, self._time_cf, self._db, self._meta_cf
+
+    def abort(self) -> None:
+        """The batch was not written."""
+        self._pending_delta = 0
+        self._seen.clear()
+
+
+def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:
+    doc = json.loads(raw)
+    written = int(doc.pop("w", 0))
+    return Outcome(id=msg_id, **doc), written

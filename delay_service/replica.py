@@ -18,7 +18,8 @@ Threads and who calls what:
   only once the backoff is over), so a master never holds the election without forwarding;
   too many failures in a row stop the replica, and the process exits non-zero;
 - kazoo's threads run callbacks only; the HTTP port (``/metrics``, ``/healthz``, ``/readyz``,
-  health.py) answers on threads of its own and only reads thread-safe state.
+  health.py, and the message queries of queries.py) answers on threads of its own and only
+  reads thread-safe state (the store locks; a timeline scan takes its lock chunk by chunk).
 
 Shutdown (SIGTERM/SIGINT): the forwarder finishes its round and writes a last checkpoint,
 the replica leaves the election, ingest stops, RocksDB is flushed and closed, ZooKeeper last.
@@ -45,6 +46,7 @@ from delay_service.exactly_once import make_forwarder
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
+from delay_service.queries import Answers
 from delay_service.store import Store
 from delay_service.supervisor import RestartPolicy, Supervisor
 from kdelay import logs, memory
@@ -146,13 +148,7 @@ class Replica:
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
         self.health.beat()
-        port = health.serve(
-            cfg.metrics_host,
-            cfg.metrics_port,
-            health.app(self.metrics.registry, live=self.health.live, ready=self.health.ready),
-        )
-        self.metrics_url = f"http://{cfg.metrics_host}:{port}/metrics"
-        log.info("replica.metrics_served", url=self.metrics_url)
+        answers = self._serve_http(store)
         session = Session(cfg.zk_connect, cfg.zk_session_timeout)
         session.wakeup = self._wakeup
         try:
@@ -165,6 +161,9 @@ class Replica:
         registry = Registry(session.client, self.paths, cfg.name)
         ingest = self.health.ingest = Ingest(cfg, store, self.metrics)
         forwarder = self._forwarder(store, ingest)
+        answers.attach(
+            role=lambda: _role(forwarder, ingest), lag=ingest.lag, clock=self.broker_clock.now_ms
+        )
         ingest.on_new = forwarder.notify_new
         ingest.on_cancelled = forwarder.add_tombstones
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
@@ -200,6 +199,26 @@ class Replica:
                 f"the {self.health.fatal} thread failed {cfg.max_component_failures} times in a "
                 "row (see supervisor.component_failed in the log); exiting for a restart"
             )
+
+    def _serve_http(self, store: Store) -> Answers:
+        """Serve the HTTP port (health.py): metrics, probes, and the message queries from the
+        store (queries.py), whose role, lag and broker clock are attached once ingest and the
+        forwarder exist. Publishes its URL with the advertised host."""
+        cfg = self.cfg
+        answers = Answers(store, cfg.name, max_scan=cfg.status_scan_limit)
+        port = health.serve(
+            cfg.metrics_host,
+            cfg.metrics_port,
+            health.app(
+                self.metrics.registry,
+                live=self.health.live,
+                ready=self.health.ready,
+                answers=answers,
+            ),
+        )
+        self.metrics_url = f"http://{cfg.published_host}:{port}/metrics"
+        log.info("replica.metrics_served", url=self.metrics_url)
+        return answers
 
     def _forwarder(self, store: Store, ingest: Ingest) -> Forwarder:
         """The forwarder, on the broker's clock: a due time is reached when *Kafka's* clock
@@ -350,12 +369,7 @@ class Replica:
     ) -> None:
         pending = store.pending
         lag = ingest.lag()
-        if forwarder.active.is_set():
-            role = "master"
-        elif ingest.caught_up.is_set():
-            role = "follower"
-        else:
-            role = "catching-up"
+        role = _role(forwarder, ingest)
         now = self.broker_clock.now_ms() or now_ms()
         m = self.metrics
         m.pending.set(pending)
@@ -383,3 +397,10 @@ class Replica:
             registry.publish(status)
         except CoordinationError as exc:
             log.warning("replica.status_not_published", error=str(exc))
+
+
+def _role(forwarder: Forwarder, ingest: Ingest) -> str:
+    """``master`` (forwarding), ``follower`` (caught up) or ``catching-up``; any thread."""
+    if forwarder.active.is_set():
+        return "master"
+    return "follower" if ingest.caught_up.is_set() else "catching-up"

@@ -27,10 +27,10 @@ def _options(cache: Cache) -> Options:
 
 
 def options() -> tuple[Options, dict[str, Options]]:
-    """The database options and those of the ``ids`` and ``meta`` column families."""
+    """The database options and those of the other column families."""
     cache = Cache(BLOCK_CACHE_BYTES)
     opts = _options(cache)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_db_write_buffer_size(MEMTABLE_BYTES)
-    return opts, {"ids": _options(cache), "meta": _options(cache)}
+    return opts, {name: _options(cache) for name in ("ids", "meta", "outcomes", "outcome_time")}

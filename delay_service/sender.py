@@ -39,14 +39,17 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry
+from delay_service.entry import Entry, entry_seq
 from delay_service.round import Target
 from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
+from kdelay.repeat import parse_repeat
 
 log = logs.get(__name__)
 
+#: The proxy checked each gap of a series against its maximum horizon; no second check here.
+_NO_HORIZON = 2**62
 ERROR_HEADER = "kdelay-error"
 TARGET_HEADER = "kdelay-target"
 
@@ -130,6 +133,8 @@ class Completion:
     error: KafkaError | None
     timestamp_ms: int
     cause: KafkaError | None = None
+    partition: int | None = None  # where the record was written (acknowledged ones)
+    offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,8 @@ class _Flight:
     timestamp_ms: int
     deadline: float  # monotonic seconds: after this, it is declared timed out
     cause: KafkaError | None  # a dead letter's reason
+    parts: int = 1  # records still unacknowledged: 2 with a recurring message's next one
+    written: tuple[int, int] | None = None  # the release's partition and offset
 
 
 class Sender:
@@ -263,8 +270,24 @@ class Sender:
                 list(msg.delivered_headers()),
                 self._clock.wall_ms(),
             )
-            self._launch(entry, record, cause=None)
+            self._launch(entry, record, cause=None, then=self._next_occurrence(entry))
         self.pump(0)
+
+    def _next_occurrence(self, entry: Entry) -> _Record | None:
+        """A recurring message's next occurrence, for the buffer topic, or None (not recurring,
+        or the series ends here). It is produced with the release and the entry completes only
+        when both are acknowledged (exactly-once: in the same transaction), so a series loses
+        no occurrence whoever is master; written twice, the copies share a buffer key."""
+        msg = entry.message
+        if msg.repeat is None:
+            return None
+        due = parse_repeat(msg.repeat, _NO_HORIZON).after(msg.occurrence, msg.deliver_at_ms)
+        if due is None:
+            return None
+        enc = encode(msg.next_occurrence(due, entry_seq(entry.key)))
+        return _Record(
+            self._buffer_topic, enc.key, enc.value, entry.partition, list(enc.headers), 0
+        )
 
     def submit_dead_letters(self, failures: Sequence[tuple[Entry, KafkaError]]) -> None:
         """Send permanently failing entries to the dead-letter topic without waiting."""
@@ -293,10 +316,10 @@ class Sender:
     def tombstones(self, retired: Iterable[Retired]) -> None:
         """Tombstones for buffer records that were delivered or cancelled."""
         producer = self._get_producer()
-        for msg_id, uid, partition, offset in retired:
-            enc = encode(Tombstone(msg_id, offset, uid))
+        for r in retired:
+            enc = encode(Tombstone(r.id, r.offset, r.uid, r.fate))
             record = _Record(
-                self._buffer_topic, enc.key, enc.value, partition, list(enc.headers), 0
+                self._buffer_topic, enc.key, enc.value, r.partition, list(enc.headers), 0
             )
             self._produce(producer, record, on_delivery=None)
         producer.poll(0)
@@ -317,28 +340,50 @@ class Sender:
             self._producer = self._factory()
         return self._producer
 
-    def _launch(self, entry: Entry, record: _Record, *, cause: KafkaError | None) -> None:
-        """Produce ``record`` for ``entry`` (its dead letter if ``cause`` is given) and track it
-        until its delivery report."""
+    def _launch(
+        self,
+        entry: Entry,
+        record: _Record,
+        *,
+        cause: KafkaError | None,
+        then: _Record | None = None,
+    ) -> None:
+        """Produce ``record`` for ``entry`` (its dead letter if ``cause`` is given), and
+        ``then`` with it, and track them until their delivery reports: the entry completes
+        with the first error, or when both are acknowledged."""
         if entry.key in self._flights:
             raise ValueError(f"entry {entry.message.id} already has a record in flight")
         producer = self._get_producer()
         deadline = self._clock.monotonic() + self._ack_timeout_s
         flight = _Flight(entry, cause is not None, record.timestamp_ms, deadline, cause)
+        flight.parts = 1 if then is None else 2
         target = (entry.message.topic, entry.message.partition)
 
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        def on_part(err: KafkaError | None, msg: Message | None) -> None:
             if self._flights.get(entry.key) is not flight:
                 return  # abandoned, or already declared timed out
+            flight.parts -= 1
+            if err is None and flight.parts > 0:
+                return
             self._finish(entry.key, err)
             if err is not None and err.fatal():
                 self._broken = True
 
+        def on_delivery(err: KafkaError | None, msg: Message | None) -> None:
+            if err is None and msg is not None and self._flights.get(entry.key) is flight:
+                partition, offset = msg.partition(), msg.offset()
+                if partition is not None and offset is not None and offset >= 0:
+                    flight.written = (partition, offset)
+            on_part(err, msg)
+
         self._flights[entry.key] = flight
         self._targets[target] += 1
-        err = self._produce(producer, record, on_delivery=on_delivery)
-        if err is not None:
-            self._finish(entry.key, err)
+        for rec, callback in ((record, on_delivery), (then, on_part)):
+            if rec is None or self._flights.get(entry.key) is not flight:
+                continue
+            err = self._produce(producer, rec, on_delivery=callback)
+            if err is not None:
+                self._finish(entry.key, err)
 
     def _finish(self, key: bytes, err: KafkaError | None) -> None:
         flight = self._flights.pop(key)
@@ -346,8 +391,17 @@ class Sender:
         self._targets[target] -= 1
         if self._targets[target] <= 0:
             del self._targets[target]
+        partition, offset = flight.written or (None, None)
         self._done.append(
-            Completion(flight.entry, flight.dead_letter, err, flight.timestamp_ms, flight.cause)
+            Completion(
+                flight.entry,
+                flight.dead_letter,
+                err,
+                flight.timestamp_ms,
+                flight.cause,
+                partition if err is None else None,
+                offset if err is None else None,
+            )
         )
 
     def _replace_producer(self) -> None:

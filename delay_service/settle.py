@@ -16,19 +16,21 @@ Threads: a Settler belongs to the forwarder thread, like the sender and retry po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
 from delay_service.entry import Entry
 from delay_service.metrics import Metrics
+from delay_service.outcomes import DEAD_LETTERED, DELIVERED
 from delay_service.retry import RetryPolicy, Verdict
 from delay_service.round import Target, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
 from delay_service.store import Store
 from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
+from kdelay.buffer import DEAD_LETTER_TOPIC, Fate
 
 log = logs.get(__name__)
 
@@ -104,6 +106,7 @@ class Settler:
     def settle(self, completions: Sequence[Completion], *, may_send: bool) -> Settled:
         """Settle ``completions``; dead letters are sent only when ``may_send`` (still master)."""
         out = Settled()
+        fates = {c.entry.key: fate_of(c) for c in completions if c.error is None}
         to_dead_letter: list[tuple[Entry, KafkaError]] = []
         failed: dict[Target, _Failed] = {}
         for done in completions:
@@ -137,7 +140,7 @@ class Settler:
         if to_dead_letter and may_send:
             self._sender.submit_dead_letters(to_dead_letter)
             out.dead_letters_sent = [e.key for e, _ in to_dead_letter]
-        self._remove([*out.delivered, *out.dead_lettered])
+        self._remove([*out.delivered, *out.dead_lettered], fates)
         self._metrics.forwarded.inc(len(out.delivered))
         return out
 
@@ -159,12 +162,32 @@ class Settler:
             backoff_ms=backoff_ms,
         )
 
-    def _remove(self, done: list[Entry]) -> None:
+    def _remove(self, done: list[Entry], fates: dict[bytes, Fate]) -> None:
         if not done:
             return
         self._retries.forget(e.key for e in done)
-        self._store.remove(done)
+        self._store.remove(done, fates)
         self._metrics.pending.set(self._store.pending)
-        self._tombstones.add(
-            Retired(e.message.id, e.message.uid, e.partition, e.offset) for e in done
-        )
+        self._tombstones.add(retired(done, fates))
+
+
+def fate_of(done: Completion) -> Fate:
+    """What became of an acknowledged release or dead letter, for the message's status."""
+    msg = done.entry.message
+    dead = done.dead_letter or msg.topic == DEAD_LETTER_TOPIC  # poison goes there directly
+    return Fate(
+        DEAD_LETTERED if dead else DELIVERED,
+        msg.topic,
+        (msg.partition if msg.partition >= 0 else None) if dead else done.partition,
+        None if dead else done.offset,
+        done.timestamp_ms,
+        msg.deliver_at_ms,
+        msg.occurrence if msg.repeat is not None else None,
+    )
+
+
+def retired(done: Sequence[Entry], fates: Mapping[bytes, Fate]) -> list[Retired]:
+    """The tombstones owed for entries that left the store, with what became of them."""
+    return [
+        Retired(e.message.id, e.message.uid, e.partition, e.offset, fates.get(e.key)) for e in done
+    ]

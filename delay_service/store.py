@@ -11,6 +11,8 @@ Layout (three column families, keys and values raw bytes):
   (``time_ms`` (8, signed), then ``partition (4) | offset (8)`` per partition). What a
   checkpoint covers is ``kdelay.checkpoint``'s rule. ``cancel/...``: the open cancels
   (``cancels.py``: a cancel also cancels a schedule sent with it that arrives after it).
+- ``outcomes``, ``outcome_time``: what became of the messages that left the store, for their
+  status (``outcomes.py``), written in the same WriteBatch as the change that made them.
 
 Every change (entries, ids, offsets, count, open cancels) is one WriteBatch, so after any crash
 the store is exactly "the first K records of each buffer partition, applied".
@@ -46,10 +48,10 @@ from delay_service.entry import (
 )
 from delay_service.errors import StoreError
 from delay_service.ids import IndexedBatch, RecentlyDone, first_with_id, id_key, reindex
-from delay_service.outcomes import Outcome
+from delay_service.outcomes import Outcome, OutcomeLog
 from delay_service.round import DueScan
 from delay_service.tombstones import Retired
-from kdelay.buffer import BufferRecord, Cancel, Scheduled
+from kdelay.buffer import BufferRecord, Cancel, Fate, Scheduled
 from kdelay.checkpoint import NOTHING, Checkpoint
 
 _U64 = struct.Struct(">Q")
@@ -58,6 +60,13 @@ _META_CHECKPOINT = b"checkpoint"
 _META_OFFSET = b"offset/"
 _META_IDS = b"ids-format"
 _IDS_FORMAT = b"2"  # index key = len(id) | id | buffer key (ids.py)
+#: How long, and how many, outcomes a replica keeps for message status (outcomes.py).
+DEFAULT_STATUS_RETENTION_MS = 3_600_000
+DEFAULT_STATUS_MAX_ENTRIES = 1_000_000
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @dataclass(slots=True)
@@ -83,7 +92,13 @@ Incoming = tuple[int, int, BufferRecord | None] | tuple[int, int, BufferRecord |
 class Store:
     """The pending set of one replica; open with :meth:`open`, close with :meth:`close`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        status_retention_ms: int = DEFAULT_STATUS_RETENTION_MS,
+        status_max_entries: int = DEFAULT_STATUS_MAX_ENTRIES,
+    ) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         opts, cfs = rocks.options()
@@ -113,6 +128,13 @@ class Store:
         self._checkpoint = Checkpoint.from_bytes(bytes(raw_cp)) if raw_cp else NOTHING
         self._floor = self._first_key() or due_bound(0)
         self._cancels = CancelMemory(self._meta, self._meta_cf)
+        self._outcomes = OutcomeLog(
+            self._db,
+            self._meta,
+            self._meta_cf,
+            retention_ms=status_retention_ms,
+            max_entries=status_max_entries,
+        )
         if self._meta.get(_META_IDS) != _IDS_FORMAT:
             self._index_again()
 
@@ -203,6 +225,29 @@ class Store:
                         counts[i] += 1
         return counts
 
+    def chunk_after(
+        self, after: bytes | None, until_ms: int, limit: int
+    ) -> list[tuple[bytes, bytes]]:
+        """One chunk of a long read: up to ``limit`` raw ``(key, value)`` pairs of entries
+        due before ``until_ms`` whose key sorts after ``after`` (from the first entry when
+        None), in key order. The lock is held for this chunk only, and the caller decodes
+        outside it (``entry.split_key``, ``entry.decode_entry``), so a reader walking the
+        whole store (queries.py) never stalls ingest or the forwarder for long; entries added
+        or removed between two chunks may or may not be seen."""
+        out: list[tuple[bytes, bytes]] = []
+        with self._lock:
+            self._check_open()
+            ro = ReadOptions()
+            ro.set_iterate_upper_bound(due_bound(until_ms))
+            it = self._db.iter(ro)
+            it.seek(self._floor if after is None else max(after, self._floor))
+            while it.valid() and len(out) < limit:
+                key = bytes(it.key())
+                if key != after:
+                    out.append((key, bytes(it.value())))
+                it.next()
+        return out
+
     def get(self, msg_id: str) -> Entry | None:
         """A pending entry with id ``msg_id`` (the earliest-produced one), if any."""
         with self._lock:
@@ -219,7 +264,15 @@ class Store:
     def outcome(self, msg_id: str) -> Outcome | None:
         """What became of the last message with id ``msg_id`` that left the store, if this
         replica still remembers it (``outcomes.py``)."""
-        return None
+        with self._lock:
+            self._check_open()
+            return self._outcomes.get(msg_id)
+
+    @property
+    def outcomes(self) -> int:
+        """Outcomes this replica remembers."""
+        with self._lock:
+            return self._outcomes.count
 
     def size_bytes(self) -> int:
         """RocksDB's size on disk: live SST files plus the write-ahead log."""
@@ -261,6 +314,8 @@ class Store:
                     removed, owed = cancels.cancel(txn, at, record)
                     result.cancelled += len(removed)
                     result.retired += [*removed, *owed]
+                    if removed:
+                        self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
                 else:
                     index_key = id_key(record.id, record.uid)
                     retiring = txn.lookup(index_key)
@@ -268,6 +323,10 @@ class Store:
                         txn.delete(index_key, retiring)
                         self._done.add(record.id, record.uid, time.monotonic())
                         result.tombstoned += 1
+                    if record.fate is not None:
+                        self._outcomes.learn(
+                            txn.batch, record.id, record.fate, "tombstone", _wall_ms()
+                        )
             new_offsets = dict(self._offsets)
             for partition, next_offset in offsets.items():
                 if next_offset > new_offsets.get(partition, -1):
@@ -279,7 +338,7 @@ class Store:
                     )
             txn.batch.put(_META_PENDING, _U64.pack(self._pending + txn.delta), self._meta_cf)
             cancels.finish()
-            self._db.write(txn.batch)
+            self._write(txn.batch)
             cancels.commit()
             self._pending += txn.delta
             self._offsets = new_offsets
@@ -303,6 +362,7 @@ class Store:
             result.duplicates += 1
         elif (retired := cancels.on_arrival(at, record)) is not None:
             result.retired.append(retired)
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
         else:
@@ -311,8 +371,9 @@ class Store:
             if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
                 result.earliest_new_ms = record.deliver_at_ms
 
-    def remove(self, entries: Iterable[Entry]) -> int:
-        """Delete entries (delivered ones); those already gone (a cancel raced) are skipped."""
+    def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
+        """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.
+        ``fates``, by entry key: what became of them (the master's outcome of each)."""
         removed = 0
         with self._lock:
             self._check_open()
@@ -325,9 +386,11 @@ class Store:
                 batch.delete(index_key, self._ids_cf)
                 self._done.add(entry.message.id, entry.message.uid, time.monotonic())
                 removed += 1
+                if fates is not None and (fate := fates.get(entry.key)) is not None:
+                    self._outcomes.learn(batch, entry.message.id, fate, "master", _wall_ms())
             if removed:
                 batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
-                self._db.write(batch)
+                self._write(batch)
                 self._pending -= removed
         return removed
 
@@ -350,15 +413,28 @@ class Store:
                     batch.delete(id_key(message.id, message.uid), self._ids_cf)
                     self._done.add(message.id, message.uid, time.monotonic())
                     dropped += 1
+                    self._outcomes.covered(batch, message, _wall_ms())
                 elif first_kept is None:
                     first_kept = key
             batch.put(_META_CHECKPOINT, cp.to_bytes(), self._meta_cf)
             batch.put(_META_PENDING, _U64.pack(self._pending - dropped), self._meta_cf)
-            self._db.write(batch)
+            self._write(batch)
             self._pending -= dropped
             self._checkpoint = cp
             self._floor = first_kept or due_bound(cp.time_ms + 1)
         return dropped
+
+    # -- outcomes (outcomes.py) -------------------------------------------------------------
+
+    def _write(self, batch: WriteBatch) -> None:
+        """Write ``batch`` with the outcomes' pruning and count (under the lock)."""
+        self._outcomes.finish(batch, _wall_ms())
+        try:
+            self._db.write(batch)
+        except BaseException:
+            self._outcomes.abort()
+            raise
+        self._outcomes.commit()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -374,7 +450,8 @@ class Store:
             # Column-family views share the DB; all must go for RocksDB to release its LOCK.
             self._ids.close()
             self._meta.close()
-            del self._ids, self._meta, self._ids_cf, self._meta_cf, self._cancels
+            self._outcomes.close()
+            del self._ids, self._meta, self._ids_cf, self._meta_cf, self._cancels, self._outcomes
             self._db.close()
 
     def due_skipping(

@@ -32,18 +32,22 @@ from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from kdelay.buffer import Fate
+
 #: Queued tombstones at which the forwarder writes its checkpoint early and produces them.
 FLUSH_AT = 100_000
 
 
 class Retired(NamedTuple):
     """A buffer record whose tombstone is owed: its message id, buffer key (its Kafka key;
-    "" for a format-1 record, keyed by the id), partition and offset."""
+    "" for a format-1 record, keyed by the id), partition and offset, and what became of the
+    message when the master knows (the tombstone tells every replica, for its status)."""
 
     id: str
     uid: str
     partition: int
     offset: int
+    fate: Fate | None = None
 
 
 class TombstoneQueue:

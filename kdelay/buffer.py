@@ -23,11 +23,18 @@ message that reuses its id.
   ``{"v": 2, "op": "schedule", "i": id, "t": topic, "p": partition (-1: by key), "k": base64
   key or null, "n": value was null, "d": deliver-at epoch ms or null, "r": delay ms after the
   record's (append) timestamp or null, "s": order}``. Exactly one of ``d`` and ``r`` is set.
-  ``s`` orders messages due at the same millisecond: the proxy's acceptance order.
+  ``s`` orders messages due at the same millisecond: the proxy's acceptance order. A
+  recurring message (``kdelay/repeat.py``) adds ``"rp": its canonical kdelay-repeat value,
+  "oc": occurrence number (1, 2, ...)``; the delay service writes occurrence n+1 when it
+  releases occurrence n, with the same id, ``s`` and content, buffer key ``<key of
+  occurrence 1>#<n+1>`` and an absolute ``d``.
 - cancel: value ``b""``; ``kdelay-route`` = ``{"v": 2, "op": "cancel", "i": id}``: cancels
   every message with that id produced before it.
 - tombstone: value null, key = the buffer key of the record it retires; ``kdelay-route`` =
-  ``{"v": 2, "op": "done", "i": id, "o": buffer offset of that record}``.
+  ``{"v": 2, "op": "done", "i": id, "o": buffer offset of that record}``, plus, when the
+  master knows what became of the message, ``"x": "delivered" | "dead_lettered" |
+  "cancelled", "t": target topic, "tp": partition written to, "to": offset there, "ts": release
+  time, "d": due time, "oc": occurrence`` (what ``GET /v1/messages/{id}`` reports).
 
 Version 1 (read only): key = the message id; no ``i``, ``r``, ``s``; ``d`` always set.
 """
@@ -38,7 +45,7 @@ import base64
 import binascii
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafka.partitioner.default import murmur2
@@ -71,6 +78,12 @@ ROUTE_FIELDS: dict[str, str] = {
     "i": "STRING",
     "r": "BIGINT",
     "s": "BIGINT",
+    "rp": "STRING",
+    "oc": "INT",
+    "x": "STRING",
+    "tp": "INT",
+    "to": "BIGINT",
+    "ts": "BIGINT",
 }
 
 
@@ -96,6 +109,8 @@ class Scheduled:
     uid: str = ""  # the buffer key; "" for a version-1 record, whose key is the id
     seq: int = 0  # order among messages due at the same millisecond
     delay_ms: int | None = None  # set: written as "r", due = append time + delay_ms
+    repeat: str | None = None  # a recurring message's canonical kdelay-repeat value
+    occurrence: int = 1  # which occurrence of its series this record is
 
     @property
     def buffer_key(self) -> str:
@@ -103,12 +118,32 @@ class Scheduled:
         return self.uid or self.id
 
     def delivered_headers(self) -> list[tuple[str, bytes]]:
-        """Headers of the released record: the producer's own, plus the id and the due time."""
-        return [
+        """Headers of the released record: the producer's own, plus the id and the due time
+        (and a recurring message's occurrence number)."""
+        out = [
             *self.headers,
             (h.ID, self.id.encode()),
             (h.DELIVER_AT, str(self.deliver_at_ms).encode()),
         ]
+        if self.repeat is not None:
+            out.append((h.OCCURRENCE, str(self.occurrence).encode()))
+        return out
+
+    def next_occurrence(self, deliver_at_ms: int, seq: int) -> Scheduled:
+        """Occurrence n+1 of this recurring message, due at ``deliver_at_ms``: same id, order
+        ``seq`` (occurrence 1's: its acceptance time, so a cancel of the series also cancels an
+        occurrence written just after it, ``cancels.py`` rule 2) and content, buffer key ``<key
+        of occurrence 1>#<n+1>`` (so a copy written twice, by two masters around a failover,
+        is kept once)."""
+        root = self.buffer_key.partition("#")[0]
+        return replace(
+            self,
+            deliver_at_ms=deliver_at_ms,
+            uid=f"{root}#{self.occurrence + 1}",
+            delay_ms=None,
+            seq=seq,
+            occurrence=self.occurrence + 1,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +160,20 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Fate:
+    """What became of a message, as its tombstone tells: ``state`` is ``delivered``,
+    ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written."""
+
+    state: str
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    released_ms: int | None = None
+    deliver_at_ms: int | None = None
+    occurrence: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tombstone:
     """Retires the record at ``offset`` (message ``id``, buffer key ``uid``): delivered or
     cancelled."""
@@ -132,6 +181,7 @@ class Tombstone:
     id: str
     offset: int
     uid: str = ""  # the retired record's buffer key; "" for version 1 (the id)
+    fate: Fate | None = None  # what became of it, when the master knows
 
     @property
     def buffer_key(self) -> str:
@@ -179,24 +229,37 @@ def encode(record: BufferRecord) -> Encoded:
     key = record.buffer_key.encode()
     if isinstance(record, Scheduled):
         relative = record.delay_ms is not None
-        route = _route(
-            {
-                "op": OP_SCHEDULE,
-                "i": record.id,
-                "t": record.topic,
-                "p": record.partition,
-                "k": None if record.key is None else base64.b64encode(record.key).decode(),
-                "n": record.value is None,
-                "d": None if relative else record.deliver_at_ms,
-                "r": record.delay_ms,
-                "s": record.seq,
-            }
-        )
+        fields: dict[str, Any] = {
+            "op": OP_SCHEDULE,
+            "i": record.id,
+            "t": record.topic,
+            "p": record.partition,
+            "k": None if record.key is None else base64.b64encode(record.key).decode(),
+            "n": record.value is None,
+            "d": None if relative else record.deliver_at_ms,
+            "r": record.delay_ms,
+            "s": record.seq,
+        }
+        if record.repeat is not None:
+            fields |= {"rp": record.repeat, "oc": record.occurrence}
+        route = _route(fields)
         value = b"" if record.value is None else record.value
         return Encoded(key, value, [*record.headers, route])
     if isinstance(record, Cancel):
         return Encoded(key, b"", [_route({"op": OP_CANCEL, "i": record.id})])
-    return Encoded(key, None, [_route({"op": OP_DONE, "i": record.id, "o": record.offset})])
+    done: dict[str, Any] = {"op": OP_DONE, "i": record.id, "o": record.offset}
+    if (o := record.fate) is not None:
+        facts = {
+            "x": o.state,
+            "t": o.topic,
+            "tp": o.partition,
+            "to": o.offset,
+            "ts": o.released_ms,
+            "d": o.deliver_at_ms,
+            "oc": o.occurrence,
+        }
+        done |= {k: v for k, v in facts.items() if v is not None}
+    return Encoded(key, None, [_route(done)])
 
 
 def decode(
@@ -239,6 +302,25 @@ def decode(
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc!r}") from None
 
 
+def _fate(route: dict[str, Any]) -> Fate | None:
+    if route.get("x") is None:
+        return None
+
+    def opt(name: str) -> int | None:
+        return None if route.get(name) is None else int(route[name])
+
+    topic = route.get("t")
+    return Fate(
+        str(route["x"]),
+        None if topic is None else str(topic),
+        opt("tp"),
+        opt("to"),
+        opt("ts"),
+        opt("d"),
+        opt("oc"),
+    )
+
+
 def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private call
     msg_id: str,
     uid: str,
@@ -271,9 +353,11 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             uid=uid,
             seq=int(route.get("s") or 0),
             delay_ms=delay_ms,
+            repeat=None if route.get("rp") is None else str(route["rp"]),
+            occurrence=int(route.get("oc") or 1),
         )
     if op == OP_CANCEL:
         return Cancel(msg_id, uid)
     if op == OP_DONE:
-        return Tombstone(msg_id, int(route["o"]), uid)
+        return Tombstone(msg_id, int(route["o"]), uid, _fate(route))
     raise ValueError(f"unknown op {op!r}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from difflib import get_close_matches
 
+from kdelay import repeat
 from kdelay.errors import InvalidHeaderError
 
 DELAY_MS = "kdelay-delay-ms"
@@ -25,7 +26,7 @@ DELIVER_AT = "kdelay-deliver-at"
 DELAY_LEVEL = "kdelay-delay-level"
 ID = "kdelay-id"
 CANCEL = "kdelay-cancel"
-REPEAT = "kdelay-repeat"
+REPEAT = repeat.REPEAT
 OCCURRENCE = "kdelay-occurrence"
 #: The consumer retry helper's headers (``kdelay.retry``): the attempt number and where the
 #: message was first consumed.
@@ -37,10 +38,10 @@ ORIGINAL_OFFSET = "kdelay-original-offset"
 #: Headers that choose when a record is delivered; at most one may be present.
 TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
 #: Headers the proxy consumes; they are not passed on with the delivered record.
-CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL})
-#: Names in kdelay's namespace kept for a feature this version does not implement (CONTRACT.md
-#: v2): a record carrying one is rejected, saying so, rather than delivered at once.
-RESERVED_HEADERS: dict[str, str] = {"kdelay-repeat": "repeating messages"}
+CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL, REPEAT})
+#: Names in kdelay's namespace kept for a feature this version does not implement: a record
+#: carrying one is rejected, saying so, rather than delivered at once. (None at present.)
+RESERVED_HEADERS: dict[str, str] = {}
 #: Headers kdelay writes on the records it delivers or dead-letters (the delay service's
 #: ``kdelay-error``, ``kdelay-source``, ``kdelay-target``, the buffer's ``kdelay-route``, a
 #: repeat's ``kdelay-occurrence``) and those of the retry helper. A producer that replays such
@@ -93,6 +94,7 @@ class Delay:
     deliver_at_ms: int
     id: str | None
     delay_ms: int | None = None
+    repeat: str | None = None  # the canonical kdelay-repeat value (kdelay/repeat.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,16 +269,43 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
         return None
     timing = [h for h in TIMING_HEADERS if h in seen]
     if CANCEL in seen:
-        if timing:
-            raise InvalidHeaderError(CANCEL, f"cannot be combined with {timing[0]!r}")
+        if timing or REPEAT in seen:
+            other = timing[0] if timing else REPEAT
+            raise InvalidHeaderError(CANCEL, f"cannot be combined with {other!r}")
         return CancelRequest(validate_id(CANCEL, seen[CANCEL]))
     msg_id = validate_id(ID, seen[ID]) if ID in seen else None
     if len(timing) > 1:
         raise InvalidHeaderError(timing[1], f"only one of {', '.join(TIMING_HEADERS)} may be set")
+    if REPEAT in seen:
+        return _series(seen, msg_id, now_ms, policy)
     if not timing:
         raise InvalidHeaderError(ID, f"an id needs one of {', '.join(TIMING_HEADERS)}")
     due, delay = resolve_timing(timing[0], seen[timing[0]], now_ms, policy)
     return Delay(due, msg_id, delay)
+
+
+def _series(
+    seen: dict[str, bytes | None], msg_id: str | None, now_ms: int, policy: DelayPolicy
+) -> Delay:
+    """A recurring message (``kdelay-repeat``): the due time of its first occurrence."""
+    rule = repeat.parse_repeat(_ascii(REPEAT, seen[REPEAT]), policy.max_horizon_ms)
+    if rule.count is None and rule.end_ms is None and msg_id is None:
+        raise InvalidHeaderError(
+            REPEAT, f"a series without an end needs {ID!r}, so that it can be cancelled"
+        )
+    timing = [h for h in TIMING_HEADERS if h in seen]
+    due, delay = (
+        resolve_timing(timing[0], seen[timing[0]], now_ms, policy) if timing else (now_ms, 0)
+    )
+    if rule.cron is not None:  # occurrences are cron's matches: an absolute first due time
+        due, delay = rule.first(due), None
+        if due - now_ms > policy.max_horizon_ms:
+            raise InvalidHeaderError(
+                REPEAT,
+                f"the first cron match is {(due - now_ms) // 1000} s ahead, beyond the "
+                f"maximum horizon of {policy.max_horizon_ms // 1000} s",
+            )
+    return Delay(due, msg_id, delay, rule.text)
 
 
 def strip_control(headers: Iterable[tuple[str, bytes | None]]) -> tuple[tuple[str, bytes], ...]:

@@ -33,6 +33,7 @@ from proxy.server import KafkaServer, Limits
 from proxy.supervision import ComponentStoppedError, Supervisor
 from proxy.topics import Advertised, Topics
 from proxy.upstream import Upstream
+from zk.replica_api import ReplicaApi
 
 log = logs.get(__name__)
 
@@ -72,6 +73,7 @@ class Proxy:
         self.metrics = metrics or ProxyMetrics()
         self.upstream: Upstream | None = None
         self.kafka: KafkaServer | None = None
+        self.replicas: ReplicaApi | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_config: uvicorn.Config | None = None
         self._watchers: list[asyncio.Task[None]] = []
@@ -150,6 +152,12 @@ class Proxy:
         await self.kafka.serve(broker)
 
         http_host, http_port = cfg.http_address
+        # The status and timeline questions go to the replicas (zk/replica_api.py); their
+        # ZooKeeper session starts with the first question, so ZooKeeper never delays start-up.
+        if cfg.zk_connect is not None:
+            self.replicas = ReplicaApi(
+                cfg.zk_connect, cfg.zk_root, timeout_s=cfg.replica_timeout_ms / 1000
+            )
         app = create_app(
             topics,
             self.upstream,
@@ -160,6 +168,8 @@ class Proxy:
             max_body_bytes=cfg.max_request_bytes,
             budget=budget,
             availability=self.upstream.availability,
+            replicas=self.replicas,
+            pending_timeout_s=cfg.pending_timeout_ms / 1000,
         )
         self._http_config = uvicorn.Config(
             app, host=http_host, port=http_port, log_config=None, lifespan="off"
@@ -258,6 +268,8 @@ class Proxy:
             await self.kafka.close()
         if self.upstream is not None:
             await asyncio.to_thread(self.upstream.close)
+        if self.replicas is not None:
+            await asyncio.to_thread(self.replicas.close)
         log.info("proxy.stopped")
 
 

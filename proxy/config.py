@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings
 from kdelay.config import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from proxy import limits as lim
+from zk.paths import DEFAULT_ROOT, Paths
 
 
 def _host_port(value: str, setting: str) -> tuple[str, int]:
@@ -122,6 +123,26 @@ class ProxyConfig(BaseSettings, TopicDurability):
         ge=1,
         description="consecutive failures of one component after which the process exits (code 70)",
     )
+    zk_connect: str | None = Field(
+        default=None,
+        description="ZooKeeper hosts of the delay-service replicas, for GET /v1/messages/{id} "
+        "and GET /v1/pending (unset: those answer 503)",
+    )
+    zk_root: str = Field(
+        default=DEFAULT_ROOT, description="ZooKeeper root of the replica set to ask"
+    )
+    replica_timeout_ms: int = Field(
+        default=2_000,
+        ge=100,
+        le=60_000,
+        description="longest GET /v1/messages/{id} waits for the replicas, all tried together",
+    )
+    pending_timeout_ms: int = Field(
+        default=60_000,
+        ge=100,
+        le=600_000,
+        description="longest GET /v1/pending waits for the replicas (a timeline scans the store)",
+    )
     tls_cert: Path | None = Field(default=None, description="PEM certificate of the listener")
     tls_key: Path | None = Field(default=None, description="PEM key of the listener")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
@@ -131,6 +152,17 @@ class ProxyConfig(BaseSettings, TopicDurability):
     def _valid_address(cls, value: str, info: ValidationInfo) -> str:
         _host_port(value, str(info.field_name))
         return value
+
+    @field_validator("zk_root")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        Paths(value)  # raises ValueError with the reason
+        return value
+
+    @field_validator("zk_connect")
+    @classmethod
+    def _zk_connect(cls, value: str | None) -> str | None:
+        return (value.strip() or None) if value is not None else None
 
     @field_validator("delay_levels_ms")
     @classmethod

@@ -199,6 +199,7 @@ def scheduled(
     buffer_partitions: int,
     delay_ms: int | None = None,
     seq: int = 0,
+    repeat: str | None = None,
 ) -> Outgoing:
     """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
     ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate)."""
@@ -214,6 +215,7 @@ def scheduled(
             uid=uid,
             seq=seq,
             delay_ms=delay_ms,
+            repeat=repeat,
         )
     )
     return Outgoing(
@@ -346,6 +348,7 @@ def route(
                 buffer_partitions=buffer_partitions,
                 delay_ms=asked.delay_ms,
                 seq=order.next(),
+                repeat=asked.repeat,
             )
         counts[routed.kind] += 1
         append(routed)

@@ -110,6 +110,18 @@ OVERVIEW = [
         description="Pending messages due within each window (cumulative).",
     ),
     Panel(
+        "Due in the next hour / day (master)",
+        [
+            q(f'max(kdelay_replica_due_messages{{within="1h"}} and {MASTER})', "next hour"),
+            q(f'max(kdelay_replica_due_messages{{within="1d"}} and {MASTER})', "next day"),
+        ],
+        "short",
+        kind="stat",
+        description="Pending messages due within the next hour and day, overdue ones included "
+        "(the count stops at 50,000). The proxy's GET /v1/pending gives the timeline per "
+        "bucket and target topic (docs/status.md); alert KdelayDueSpike.",
+    ),
+    Panel(
         "Forward rate",
         [q(f"sum(rate(kdelay_replica_forwarded_total[{RATE}]))", "forwarded")],
         "rps",

@@ -160,6 +160,9 @@ class LocalStack:
                 self.bootstrap,
                 "--buffer-partitions",
                 str(self.options.buffer_partitions),
+                # Where the replicas are: GET /v1/messages/{id} and /v1/pending ask them.
+                "--zk-connect",
+                self.zk_connect,
             ),
             data / "proxy.log",
         )

@@ -162,10 +162,14 @@ def test_config_files_carry_settings_and_pod_values_come_from_env(
     assert proxy["http_listen"] == "0.0.0.0:8080"
     assert replica["zk_connect"].startswith("zk-0.zk.data.svc:2181,")
     assert replica["zk_root"] == "/kdelay/prod"
+    # The proxy finds the replicas where they register (GET /v1/messages/{id}, /v1/pending).
+    assert (proxy["zk_connect"], proxy["zk_root"]) == (replica["zk_connect"], replica["zk_root"])
     assert replica["data_dir"] == "/var/lib/kdelay"
     assert proxy["buffer_partitions"] == replica["buffer_partitions"] == 12
     env = {e["name"]: e for e in _container(one(docs, "StatefulSet"))["env"]}
     assert env["KDELAY_REPLICA_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    advertised = env["KDELAY_REPLICA_ADVERTISED_HOST"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert advertised == "status.podIP"
     secret = one(docs, "Secret", "-kafka")
     assert secret["stringData"]["sasl-username"] == "kdelay"
     mounts = {

@@ -114,6 +114,9 @@ BAD_HEADERS = [
     pytest.param([(h.DELAY_MS, b"1"), (h.ID, b"x" * 256)], h.ID, id="id-too-long"),
     pytest.param([(h.CANCEL, b"abc"), (h.DELAY_MS, b"1")], h.CANCEL, id="cancel-with-delay"),
     pytest.param([(h.ID, b"abc")], h.ID, id="id-without-timing"),
+    pytest.param([(h.REPEAT, b"R/PT1H")], "needs 'kdelay-id'", id="endless-series-without-id"),
+    pytest.param([(h.REPEAT, b"R3/P1M"), (h.ID, b"x")], "months and years", id="repeat-months"),
+    pytest.param([(h.REPEAT, b"cron:61 * * * *"), (h.ID, b"x")], "cron", id="repeat-bad-cron"),
 ]
 
 

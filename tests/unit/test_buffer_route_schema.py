@@ -12,6 +12,7 @@ from kdelay.buffer import (
     OP_SCHEDULE,
     ROUTE_FIELDS,
     Cancel,
+    Fate,
     Scheduled,
     Tombstone,
     encode,
@@ -21,7 +22,13 @@ from kdelay.buffer import (
 
 @pytest.mark.parametrize(
     "record",
-    [Scheduled("a", "t", 0, b"k", None, 1), Cancel("a"), Tombstone("a", 7)],
+    [
+        Scheduled("a", "t", 0, b"k", None, 1),
+        Scheduled("a", "t", 0, b"k", None, 1, repeat="R5/PT1S", occurrence=2),
+        Cancel("a"),
+        Tombstone("a", 7),
+        Tombstone("a", 7, "u", Fate("delivered", "t", 1, 9, 2, 3, 4)),
+    ],
 )
 def test_every_field_written_is_in_the_schema(record: Scheduled | Cancel | Tombstone) -> None:
     route = json.loads(encode(record).headers[-1][1])
@@ -32,5 +39,5 @@ def test_every_field_written_is_in_the_schema(record: Scheduled | Cancel | Tombs
 def test_schema_ddl() -> None:
     assert route_schema("v", "op", "d") == "v INT, op STRING, d BIGINT"
     assert route_schema().count(",") == len(ROUTE_FIELDS) - 1
-    with pytest.raises(ValueError, match="'x'"):
-        route_schema("x")
+    with pytest.raises(ValueError, match="'zz'"):
+        route_schema("zz")

@@ -164,7 +164,7 @@ def test_records_without_an_id_for_one_target_partition_share_a_buffer_partition
 
 
 @pytest.mark.parametrize(
-    "name", ["KDELAY-DELAY-MS", "kdelay-delay", "kdelay_delay_ms", "kDelay-id", "kdelay-repeat"]
+    "name", ["KDELAY-DELAY-MS", "kdelay-delay", "kdelay_delay_ms", "kDelay-id", "KDELAY-REPEAT"]
 )
 def test_a_look_alike_header_rejects_an_immediate_record_naming_its_index(name: str) -> None:
     records = [

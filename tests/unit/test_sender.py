@@ -4,7 +4,7 @@ records in flight per target."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import EllipsisType
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -18,7 +18,7 @@ from delay_service.sender import (
     is_permanent,
 )
 from delay_service.tombstones import Retired
-from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled
+from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, decode
 
 Callback = Callable[[KafkaError | None, Message], None]
 Headers = list[tuple[str, str | bytes | None]]
@@ -243,3 +243,31 @@ def test_abandoned_records_report_nothing() -> None:
     r.sender.submit([entry(0)])  # the entry may be sent again (by a later term)
     assert r.sender.in_flight == 0
     assert [c.entry for c in r.sender.take_completed()] == [entry(0)]
+
+
+def test_a_series_release_writes_the_next_occurrence_and_completes_when_both_are_acked() -> None:
+    r = rig(answer=lambda topic: ... if topic == "buf" else None)
+    seq = 123 << 20
+    msg = Scheduled("s", "t", 0, None, b"v", 1000, (), "u" * 32, repeat="R3/PT1S")
+    first = Entry(entry_key(1000, 2, 40, seq), msg, 2, 40)
+    r.sender.submit([first])
+    r.sender.pump(0.01)
+    assert r.sender.take_completed() == []  # the release is acknowledged, the next one not yet
+    (release, nxt) = r.producers[0].produced
+    assert release[0] == "t"
+    assert (nxt[0], nxt[2]) == ("buf", 2)  # the id's buffer partition, like occurrence 1
+    hdrs = [(n, v.encode() if isinstance(v, str) else v) for n, v in nxt[4]]
+    decoded = decode(nxt[1], b"v", hdrs, timestamp_ms=5)
+    assert isinstance(decoded, Scheduled)
+    assert (decoded.occurrence, decoded.deliver_at_ms, decoded.seq) == (2, 2000, seq)
+    assert decoded.uid == "u" * 32 + "#2"
+    r.producers[0].answer = lambda _t: None
+    [done] = settle(r.sender, [first])
+    assert done.error is None
+    # The last occurrence writes nothing more.
+    last = Entry(
+        entry_key(3000, 2, 41, seq), replace(msg, uid="u" * 32 + "#3", occurrence=3), 2, 41
+    )
+    r.producers[0].produced.clear()
+    send(r.sender, [last])
+    assert [p[0] for p in r.producers[0].produced] == ["t"]

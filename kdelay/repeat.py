@@ -1,0 +1,231 @@
+"""Recurring messages: the ``kdelay-repeat`` header's three forms and their occurrence times.
+
+A series is one message delivered again and again, each occurrence as its own record carrying
+``kdelay-occurrence`` (1, 2, ...). The first occurrence is due at the time the timing header
+asks for (at once without one); :meth:`Repeat.after` gives each next due time from the one
+before, so a series never drifts with release lateness. Forms (README "Recurring messages"):
+
+- ISO 8601 repeating interval: ``R5/PT1S`` (5 occurrences, 1 s apart), ``R/PT1H`` (until
+  cancelled), ``R/PT1H/2027-01-01T00:00:00Z`` or ``R10/PT1M/<end>`` (none due after the end, an
+  RFC 3339 time). The duration takes weeks, days, hours, minutes and (fractional) seconds:
+  ``P1W``, ``P1DT12H``, ``PT0.5S``; not months or years, whose length varies (use cron).
+- Exponential backoff: ``exp:INITIAL,FACTOR,MAX,COUNT``, durations in kdelay's grammar
+  (``500ms``, ``10s``, ``2m``, ``1h``): ``exp:1s,2,1m,8`` is due at t, t+1 s, t+3 s, t+7 s,
+  t+15 s, t+31 s, t+63 s, t+123 s (the gap doubles up to MAX), 8 occurrences in all.
+- Cron, in a time zone: ``cron:0 9 * * 1-5`` (UTC) or ``cron:CRON_TZ=Europe/Berlin 0 9 * * 1-5``
+  (the ``CRON_TZ=`` prefix of Kubernetes CronJobs), five fields, evaluated by cronsim
+  (daylight-saving transitions as cron does them). Occurrences are the matching minutes at or
+  after the series' start; ``R<n>/cron:...`` stops after n of them.
+
+Every form is parsed and checked by :func:`parse` (the proxy, which rejects a bad value like any
+bad header) and kept as :attr:`Repeat.text`, its canonical spelling, in the buffer record; the
+delay service calls :func:`parse` again (cached) when it releases an occurrence. A gap between
+occurrences must be at least :data:`MIN_GAP_MS` and at most the proxy's maximum horizon, so
+every next occurrence is within the horizon when it is scheduled.
+
+Pure values and functions: any thread may use them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from kdelay.durations import duration_ms
+from kdelay.errors import InvalidHeaderError
+
+REPEAT = "kdelay-repeat"
+
+#: The shortest gap between two occurrences: a next occurrence is scheduled when the one
+#: before it is released, which takes a round trip to Kafka; shorter gaps would only be late.
+MIN_GAP_MS = 100
+_ISO = re.compile(r"R(\d*)/(P[^/]+)(?:/(.+))?\Z")
+_DURATION = re.compile(
+    r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?"
+    r"(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:[.,]\d{1,3})?)S)?)?\Z"
+)
+_COUNTED = re.compile(r"R(\d+)/(cron:.*)\Z")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _bad(reason: str) -> InvalidHeaderError:
+    return InvalidHeaderError(REPEAT, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A parsed ``kdelay-repeat`` value.
+
+    ``count`` is the number of occurrences (None: unbounded, until ``end_ms`` or a cancel).
+    Exactly one of ``every_ms`` (fixed interval), ``initial_ms`` (exponential) and ``cron`` is
+    the rule.
+    """
+
+    text: str
+    count: int | None = None
+    end_ms: int | None = None
+    every_ms: int | None = None
+    initial_ms: int | None = None
+    factor: float = 1.0
+    max_ms: int | None = None
+    cron: str | None = None
+    zone: str = "UTC"
+
+    def first(self, start_ms: int) -> int:
+        """The due time of occurrence 1 for a series that starts at ``start_ms``."""
+        if self.cron is None:
+            return start_ms
+        due = self._cron_after(start_ms - 1)
+        if due is None:
+            raise _bad(f"cron expression {self.cron!r} matches no time after the start")
+        return due
+
+    def after(self, occurrence: int, due_ms: int) -> int | None:
+        """The due time of occurrence ``occurrence + 1``, given occurrence ``occurrence`` was
+        due at ``due_ms``; None when the series ends with ``occurrence``."""
+        if self.count is not None and occurrence >= self.count:
+            return None
+        if self.every_ms is not None:
+            nxt: int | None = due_ms + self.every_ms
+        elif self.initial_ms is not None:
+            gap = self.initial_ms * self.factor ** (occurrence - 1)
+            nxt = due_ms + int(min(gap, float(self.max_ms or gap)))
+        else:
+            nxt = self._cron_after(due_ms)
+        if nxt is None or (self.end_ms is not None and nxt > self.end_ms):
+            return None
+        return nxt
+
+    def _cron_after(self, after_ms: int) -> int | None:
+        """The first cron match strictly after ``after_ms`` (cron has minute resolution)."""
+        assert self.cron is not None
+        start = datetime.fromtimestamp(after_ms / 1000, tz=ZoneInfo(self.zone))
+        try:
+            match = next(iter(CronSim(self.cron, start)))
+        except StopIteration:
+            return None
+        return int((match - _EPOCH) / timedelta(milliseconds=1))
+
+
+def _iso_duration_ms(text: str) -> int:
+    m = _DURATION.match(text)
+    if not m or text in ("P", "PT") or text.endswith("T"):
+        raise _bad(
+            f"{text!r} is not an ISO 8601 duration kdelay takes (weeks, days, hours, minutes, "
+            "seconds: P1W, P1DT12H, PT0.5S; months and years vary in length: use cron)"
+        )
+    parts = {k: v for k, v in m.groupdict().items() if v}
+    seconds = float(parts.get("s", "0").replace(",", "."))
+    return round(
+        ((int(parts.get("w", 0)) * 7 + int(parts.get("d", 0))) * 86400) * 1000
+        + (int(parts.get("h", 0)) * 3600 + int(parts.get("m", 0)) * 60) * 1000
+        + seconds * 1000
+    )
+
+
+def _end_ms(text: str) -> int:
+    try:
+        end = datetime.fromisoformat(text)
+    except ValueError:
+        raise _bad(f"end {text!r} is not an RFC 3339 time") from None
+    if end.tzinfo is None:
+        raise _bad(f"end {text!r} has no UTC offset (RFC 3339 needs one)")
+    return -(-((end - _EPOCH) // timedelta(microseconds=1)) // 1000)
+
+
+def _count(text: str) -> int | None:
+    if not text:
+        return None
+    count = int(text)
+    if count < 1:
+        raise _bad(f"R{count}: a series has at least one occurrence")
+    return count
+
+
+def _checked_gap(what: str, gap_ms: int, max_horizon_ms: int) -> int:
+    if gap_ms < MIN_GAP_MS:
+        raise _bad(f"{what} is {gap_ms} ms; occurrences must be at least {MIN_GAP_MS} ms apart")
+    if gap_ms > max_horizon_ms:
+        raise _bad(
+            f"{what} is {gap_ms // 1000} s, beyond the maximum horizon of "
+            f"{max_horizon_ms // 1000} s"
+        )
+    return gap_ms
+
+
+def _parse_iso(m: re.Match[str], max_horizon_ms: int) -> Repeat:
+    every = _checked_gap("the interval", _iso_duration_ms(m[2]), max_horizon_ms)
+    end = _end_ms(m[3]) if m[3] else None
+    return Repeat(m[0], count=_count(m[1]), end_ms=end, every_ms=every)
+
+
+def _parse_exp(body: str, max_horizon_ms: int) -> Repeat:
+    parts = [p.strip() for p in body.split(",")]
+    if len(parts) != 4:
+        raise _bad(f"exp:{body!r} needs INITIAL,FACTOR,MAX,COUNT (e.g. exp:1s,2,1m,8)")
+    try:
+        initial, cap = duration_ms(parts[0]), duration_ms(parts[2])
+        factor, count = float(parts[1]), int(parts[3])
+    except ValueError as exc:
+        raise _bad(f"exp:{body!r}: {exc}") from None
+    if not 1.0 <= factor <= 1000.0:
+        raise _bad(f"exp factor {parts[1]} must be between 1 and 1000")
+    _checked_gap("the initial gap", initial, max_horizon_ms)
+    _checked_gap("the maximum gap", max(cap, initial), max_horizon_ms)
+    return Repeat(
+        f"exp:{parts[0]},{parts[1]},{parts[2]},{count}",
+        count=_count(str(count)),
+        initial_ms=initial,
+        factor=factor,
+        max_ms=max(cap, initial),
+    )
+
+
+def _parse_cron(body: str, count: int | None, max_horizon_ms: int) -> Repeat:
+    zone = "UTC"
+    expr = body.strip()
+    prefix = re.match(r"(?:CRON_TZ|TZ)=(\S+)\s+", expr)
+    if prefix:
+        zone, expr = prefix[1], expr[prefix.end() :]
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise _bad(f"unknown time zone {zone!r} (an IANA name such as Europe/Berlin)") from None
+    if len(expr.split()) != 5:
+        raise _bad(f"cron expression {expr!r} needs five fields: minute hour day month weekday")
+    try:
+        CronSim(expr, datetime.now(UTC))
+    except CronSimError as exc:
+        raise _bad(f"cron expression {expr!r}: {exc}") from None
+    text = f"cron:CRON_TZ={zone} {expr}"
+    rule = Repeat(text if count is None else f"R{count}/{text}", count=count, cron=expr, zone=zone)
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    first = rule.first(now)
+    second = rule.after(1, first) if count != 1 else None
+    if second is not None:
+        _checked_gap("the gap between cron matches", second - first, max_horizon_ms)
+    return rule
+
+
+@lru_cache(maxsize=4096)
+def parse_repeat(text: str, max_horizon_ms: int) -> Repeat:
+    """Parse a ``kdelay-repeat`` value; InvalidHeaderError naming the header and the reason."""
+    text = text.strip()
+    if m := _ISO.match(text):
+        return _parse_iso(m, max_horizon_ms)
+    if text.startswith("exp:"):
+        return _parse_exp(text[4:], max_horizon_ms)
+    counted = _COUNTED.match(text)
+    if counted:
+        return _parse_cron(counted[2][5:], _count(counted[1]), max_horizon_ms)
+    if text.startswith("cron:"):
+        return _parse_cron(text[5:], None, max_horizon_ms)
+    raise _bad(
+        f"{text!r} is none of kdelay's repeat forms: R5/PT1S, R/PT1H/<end>, "
+        "exp:1s,2,1m,8 or cron:CRON_TZ=Europe/Berlin 0 9 * * 1-5"
+    )

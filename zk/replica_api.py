@@ -1,0 +1,232 @@
+"""Ask the delay-service replicas about messages: found through ZooKeeper, asked over HTTP.
+
+The proxy's ``GET /v1/messages/{id}`` and ``GET /v1/pending`` and ``kdelay status --id`` use
+it (docs/status.md). It needs ``zk`` (the registry the replicas publish to), kazoo and the
+standard library, never a component's internals: the proxy uses it without knowing
+delay_service.
+
+Discovery: every replica publishes a status znode (``zk/registry.py``) with its ``role`` and
+its ``metrics`` URL, ``http://<advertised host>:<port>/metrics``; that HTTP port answers the
+queries (``delay_service/health.py``, ``delay_service/queries.py``). Replicas are asked in
+this order: the master (it releases, so its store is the reference), then followers by
+ingest lag, then the rest (catching up). The first to answer 200, 400 or 404 gives the
+answer, which states its own freshness (which replica, its role, its lag). One that refuses
+the connection, does not connect within ``connect_timeout_s``, does not answer in time or
+answers anything else (a 503 while it stops, a replica without the queries) is passed over.
+All the attempts of one question share one deadline; each but the last may use half of the
+time left (so a hung master, which accepts connections and never answers, leaves time for the
+followers). When none answers: NoReplicaError, naming each replica and why.
+
+The replica list is read from ZooKeeper at most once per ``cache_s``; while ZooKeeper is
+unreachable the last list read is used (the replicas may well answer meanwhile).
+
+Threads: blocking calls (kazoo, http.client); the proxy runs them on worker threads
+(``asyncio.to_thread``). One :class:`ReplicaApi` serves any number of threads at once: kazoo's
+client is thread-safe, and the session and the cached list are behind a lock.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from kdelay.errors import KdelayError
+from zk.connection import RECONNECT
+from zk.errors import CoordinationError, zk_errors
+from zk.paths import DEFAULT_ROOT, Paths
+from zk.registry import members
+
+#: Replica statuses whose answers are returned (any other is passed over).
+ANSWERS = frozenset({200, 400, 404})
+_RANK = {"master": 0, "follower": 1}
+_ZK_SESSION_S = 10.0
+
+
+class NoReplicaError(KdelayError):
+    """No replica answered (none registered, none reachable, ZooKeeper unreachable before the
+    first list was read); the message says why, replica by replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A registered replica, as its status znode describes it."""
+
+    name: str
+    role: str
+    lag: int | None
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAnswer:
+    """A replica's answer: its HTTP status (200, 400 or 404) and JSON document."""
+
+    status: int
+    body: dict[str, Any]
+    replica: str
+
+
+def ordered(statuses: dict[str, dict[str, Any]]) -> list[Replica]:
+    """The replicas to ask, in order (module docstring), from their status documents; those
+    without a usable URL are left out."""
+    out = []
+    for name, doc in statuses.items():
+        try:
+            url = urllib.parse.urlsplit(str(doc.get("metrics") or ""))
+            host, port = url.hostname, url.port
+        except ValueError:
+            continue
+        if not host or not port:
+            continue
+        lag = doc.get("lag")
+        out.append(
+            Replica(
+                name,
+                str(doc.get("role", "unknown")),
+                lag if isinstance(lag, int) else None,
+                host,
+                port,
+            )
+        )
+    out.sort(key=lambda r: (_RANK.get(r.role, 2), 2**63 if r.lag is None else r.lag, r.name))
+    return out
+
+
+class ReplicaApi:
+    """The replicas of the replica set under ``zk_root`` in ZooKeeper at ``zk_connect``.
+
+    ``timeout_s``: how long one question may take in all, connecting included (a timeline
+    asks with its own, longer, timeout); ``connect_timeout_s``: how long one connection may
+    take. Call :meth:`close` when done.
+    """
+
+    def __init__(
+        self,
+        zk_connect: str,
+        zk_root: str = DEFAULT_ROOT,
+        *,
+        timeout_s: float = 2.0,
+        connect_timeout_s: float = 1.0,
+        cache_s: float = 1.0,
+    ) -> None:
+        self.zk_connect = zk_connect
+        self.paths = Paths(zk_root)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.cache_s = cache_s
+        self._lock = threading.Lock()
+        self._client: KazooClient | None = None
+        self._cached: list[Replica] | None = None
+        self._cached_at = 0.0
+
+    # -- questions -------------------------------------------------------------------------
+
+    def message(self, msg_id: str) -> ReplicaAnswer:
+        """``GET /v1/messages/<id>`` of the first replica that answers."""
+        return self.ask("/v1/messages/" + urllib.parse.quote(msg_id, safe=""))
+
+    def pending(self, bucket: str, horizon: str, timeout_s: float | None = None) -> ReplicaAnswer:
+        """``GET /v1/pending?bucket=..&horizon=..`` of the first replica that answers."""
+        query = urllib.parse.urlencode({"bucket": bucket, "horizon": horizon})
+        return self.ask(f"/v1/pending?{query}", timeout_s)
+
+    def ask(self, path: str, timeout_s: float | None = None) -> ReplicaAnswer:
+        """GET ``path`` from the replicas in order until one answers (module docstring)."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        replicas = self.replicas()
+        if not replicas:
+            raise NoReplicaError(
+                f"no delay-service replica is registered under {self.paths.root} in ZooKeeper "
+                f"at {self.zk_connect}"
+            )
+        passed: list[str] = []
+        for i, replica in enumerate(replicas):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                passed.append(f"{replica.name}: not asked, out of time")
+                continue
+            # Half of the time left, all of it for the last: the first asked (the master)
+            # gets the most, and one that accepts but never answers cannot take it all.
+            budget = left if i == len(replicas) - 1 else left / 2
+            try:
+                status, body = self._get(replica, path, budget)
+            except (OSError, http.client.HTTPException, ValueError, TypeError) as exc:
+                passed.append(f"{replica.name} ({replica.role}): {_reason(exc)}")
+                continue
+            if status in ANSWERS:
+                return ReplicaAnswer(status, body, replica.name)
+            passed.append(f"{replica.name} ({replica.role}): HTTP {status} {body.get('error', '')}")
+        raise NoReplicaError("no delay-service replica answered: " + "; ".join(passed))
+
+    def _get(self, replica: Replica, path: str, timeout_s: float) -> tuple[int, dict[str, Any]]:
+        conn = http.client.HTTPConnection(
+            replica.host, replica.port, timeout=min(self.connect_timeout_s, timeout_s)
+        )
+        try:
+            conn.connect()
+            conn.sock.settimeout(timeout_s)
+            conn.request("GET", path, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise TypeError("the answer is not a JSON object")
+        return resp.status, doc
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def replicas(self) -> list[Replica]:
+        """The registered replicas in the order they are asked (cached for ``cache_s``)."""
+        errors: tuple[type[Exception], ...] = (CoordinationError, *zk_errors())
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached_at < self.cache_s:
+                return self._cached
+            try:
+                found = ordered(members(self._session(), self.paths))
+            except errors as exc:
+                if self._cached is not None:
+                    return self._cached  # the replicas may answer while ZooKeeper does not
+                raise NoReplicaError(
+                    f"ZooKeeper at {self.zk_connect} did not say where the replicas are: "
+                    f"{_reason(exc)}"
+                ) from None
+            self._cached, self._cached_at = found, now
+            return found
+
+    def _session(self) -> KazooClient:
+        """The ZooKeeper client, started on first use (kazoo reconnects it by itself)."""
+        if self._client is None:
+            client = KazooClient(
+                hosts=self.zk_connect, timeout=_ZK_SESSION_S, connection_retry=dict(RECONNECT)
+            )
+            # start() stops and closes the client when it times out: a new one next time.
+            client.start(timeout=max(self.timeout_s, self.connect_timeout_s))
+            self._client = client
+        return self._client
+
+    def close(self) -> None:
+        """Close the ZooKeeper session (idempotent)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.stop()
+                client.close()
+            except zk_errors():
+                pass
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
