@@ -344,3 +344,35 @@ def test_http_rejects_deliver_at_in_seconds() -> None:
     assert resp.json()["error"].startswith("deliver_at: 1763900000 read as epoch milliseconds")
     assert "looks like epoch seconds" in resp.json()["error"]
     assert upstream.written == []
+
+
+# -- recurring messages over HTTP ----------------------------------------------------------------
+
+
+def test_http_takes_a_series_with_or_without_a_timing_field() -> None:
+    resp, upstream = _post({"topic": "t", "value": "v", "repeat": "R3/PT1S", "delay_ms": 500})
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["deliver_at"] == NOW + 500
+    resp, upstream = _post({"topic": "t", "value": "v", "repeat": "R3/PT1S"})  # at once
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["deliver_at"] == NOW
+    (record,) = upstream.written
+    route = dict(record.headers)[buffer.ROUTE_HEADER]
+    assert b'"rp":"R3/PT1S"' in (route or b"")
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"repeat": "R3/P1M"}, "repeat: 'P1M' is not an ISO 8601 duration"),
+        ({"repeat": "R/PT1H"}, "needs 'kdelay-id'"),
+        ({"repeat": "R3/PT1S", "delay_ms": 1, "deliver_at": 5}, "give exactly one of"),
+    ],
+)
+def test_http_rejects_a_bad_series_with_400_naming_the_field(
+    body: dict[str, Any], said: str
+) -> None:
+    resp, upstream = _post({"topic": "t", "value": "v", **body})
+    assert resp.status_code == 400, resp.text
+    assert said in resp.json()["error"]
+    assert upstream.written == []
