@@ -169,6 +169,10 @@ def test_upstream_down_is_503(kafka: KafkaInfra, topic: str) -> None:
             assert "error" in resp.json()
 
 
+# Hypothesis warns when the global `random` state changes while it draws a case. Other threads
+# of this process (kazoo clients of the in-process proxy and replicas, which shuffle hosts and
+# jitter retries with `random`) may change it at any moment: a false alarm that failed CI once.
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 def test_openapi_conformance(proxy: Proxy) -> None:
     """schemathesis: every documented operation, a bounded number of generated inputs."""
     assert proxy.addresses is not None
