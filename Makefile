@@ -10,6 +10,7 @@ STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
 .PHONY: help install jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+.PHONY: containers containers-down test-containers demo-compose
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
@@ -81,3 +82,31 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .cache .kdelay .mypy_cache .ruff_cache .pytest_cache
+
+# ---- Containers (docs/containers.md); none of it is part of `make test` -------------------------
+# Debian's podman and runc (apt-get, as faketime), its configuration and image storage under
+# .kdelay/containers and .cache/containers, a Docker API socket, and every image built here
+# (debootstrap, the pinned jars; no registry). A Docker Engine that answers is used instead.
+containers: $(STAMP) jvm
+	$(BIN)/python -m kdelay.containers up
+
+# Removes the containers the tests and the Compose demo left, stops the socket.
+containers-down: $(STAMP)
+	$(BIN)/python -m kdelay.containers down
+
+# The testcontainers backend. tests/containers: the e2e failover subset, the image run as the
+# chart runs it, the images. CONTAINER_TESTS="tests/containers tests/integration tests/e2e" runs
+# the other suites on containerised Kafka and ZooKeeper too; CONTAINER_IMAGES="kafka zookeeper
+# kdelay" builds only those (all by default). The session starts (and stops) its own Docker API
+# socket unless `make containers` left one running.
+CONTAINER_TESTS ?= tests/containers
+CONTAINER_IMAGES ?=
+test-containers: $(STAMP) jvm
+	$(BIN)/python -m kdelay.containers up --no-service --only $(CONTAINER_IMAGES)
+	KDELAY_TEST_INFRA=testcontainers $(BIN)/pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+# deploy/docker/compose.yaml on the local images, the demo's burst, the demo's SLO.
+demo-compose: $(STAMP) jvm
+	$(BIN)/python -m kdelay.containers up --no-service
+	$(BIN)/python -m kdelay.containers demo-compose

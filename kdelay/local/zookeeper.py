@@ -54,18 +54,6 @@ class LocalZooKeeper:
         )
         return cfg
 
-    def _session_ok(self) -> bool:
-        client = KazooClient(hosts=self.connect_string, timeout=2.0, logger=_QUIET)
-        try:
-            client.start(timeout=2.0)
-            client.get_children("/")
-        except Exception:  # noqa: BLE001 - any failure means "not ready yet"
-            return False
-        finally:
-            client.stop()
-            client.close()
-        return True
-
     def start(self) -> LocalZooKeeper:
         cfg = self._config()
         argv = java_argv(
@@ -78,7 +66,7 @@ class LocalZooKeeper:
         self.process = ManagedProcess("zookeeper", argv, self.data_dir / "zookeeper.log")
         self.process.start()
         wait_until(
-            self._session_ok,
+            lambda: session_ok(self.connect_string),
             timeout=self.start_timeout,
             what=f"a ZooKeeper session at {self.connect_string}",
             interval=0.25,
@@ -109,3 +97,17 @@ class LocalZooKeeper:
 _QUIET = logging.getLogger("kdelay.local.zookeeper.kazoo")
 _QUIET.setLevel(logging.CRITICAL)
 _QUIET.propagate = False
+
+
+def session_ok(connect: str) -> bool:
+    """Whether a ZooKeeper session opens at ``connect`` and can list ``/``."""
+    client = KazooClient(hosts=connect, timeout=2.0, logger=_QUIET)
+    try:
+        client.start(timeout=2.0)
+        client.get_children("/")
+    except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+        return False
+    finally:
+        client.stop()
+        client.close()
+    return True
