@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kdelay import headers as h
 from kdelay.local.process import wait_until
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
+from tests.support.stream import DelayedStream
 from tests.support.up import (
     UpProcess,
     children_of,
@@ -34,54 +34,6 @@ from tests.support.up import (
 
 PARTITIONS = 4
 FAILOVER_TIMEOUT = 180.0
-
-
-class Stream(threading.Thread):
-    """A steady stream of delayed messages (500-3000 ms) through the proxy until stopped."""
-
-    def __init__(self, proxy: str, topic: str) -> None:
-        super().__init__(name="failover-stream", daemon=True)
-        self.topic = topic
-        self.producer = Producer(
-            {"bootstrap.servers": proxy, "enable.idempotence": True, "linger.ms": 5}
-        )
-        self.acked: set[str] = set()
-        self.failed: list[tuple[str, KafkaError]] = []
-        self._lock = threading.Lock()
-        self._halt = threading.Event()
-        self.sent = 0
-
-    def acked_count(self) -> int:
-        with self._lock:
-            return len(self.acked)
-
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        msg_id = (msg.key() or b"").decode()
-        with self._lock:
-            if err is None:
-                self.acked.add(msg_id)
-            else:
-                self.failed.append((msg_id, err))
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            i = self.sent
-            msg_id = f"fo-{i}"
-            self.producer.produce(
-                self.topic,
-                f"value-{i}".encode(),
-                msg_id.encode(),
-                partition=i % PARTITIONS,
-                headers=[(h.DELAY_MS, str(500 + (i * 37) % 2501).encode()), (h.ID, msg_id)],
-                on_delivery=self._on_delivery,
-            )
-            self.sent += 1
-            self.producer.poll(0.02)  # pacing: about 40 messages a second
-
-    def finish(self) -> None:
-        self._halt.set()
-        self.join(timeout=60)
-        assert self.producer.flush(120) == 0, "messages still unacknowledged after 120 s"
 
 
 class Deliveries:
@@ -117,7 +69,7 @@ def _master(zk: str) -> str | None:
     return str(master) if master is not None and roles(status).get(master) == "master" else None
 
 
-def _kill_master_and_wait_for_failover(up: UpProcess, stream: Stream) -> str:
+def _kill_master_and_wait_for_failover(up: UpProcess, stream: DelayedStream) -> str:
     zk = str(up.state["zookeeper"])
     found: list[str] = []
 
@@ -170,7 +122,7 @@ def test_killing_the_master_twice_loses_nothing_and_the_replicas_rejoin(
     first_pids = {r["name"]: r["pid"] for r in state["replicas"]}
     topic = unique_topic("failover")
     create_topic(kafka, topic, PARTITIONS, config={"message.timestamp.type": "LogAppendTime"})
-    stream = Stream(str(state["proxy"]), topic)
+    stream = DelayedStream(str(state["proxy"]), topic, prefix="fo", partitions=PARTITIONS)
     stream.start()
     try:
         wait_until(lambda: stream.acked_count() >= 100, timeout=120, what="the stream to flow")

