@@ -49,8 +49,10 @@ OUTCOME = (
 
 
 def message(i: int, topic: str, due: int, repeat: str | None) -> Scheduled:
-    uid = uuid.UUID(int=i).hex
-    return Scheduled(f"s{i}", topic, i % PARTITIONS, None, b"v" * 100, due, (), uid, repeat=repeat)
+    uid = uuid.uuid4().hex  # the replicas keep one record per (id, buffer key)
+    return Scheduled(
+        f"{topic}-{i}", topic, i % PARTITIONS, None, b"v" * 100, due, (), uid, repeat=repeat
+    )
 
 
 def codec_bytes(repeat: str | None) -> int:
@@ -80,9 +82,14 @@ def burst(rs: Replicas, n: int, repeat: str | None) -> tuple[float, int]:
     """Messages released per second when ``n`` fall due at once; store bytes meanwhile."""
     topic = f"bench-series-{uuid.uuid4().hex[:8]}"
     create_topic(rs.bootstrap, topic, PARTITIONS, config=LOG_APPEND_TIME)
-    due = int(time.time() * 1000) + 30_000 + n // 5  # after the buffer was written
+    # Due once every replica holds all of them, whatever the machine's speed.
+    due = int(time.time() * 1000) + 60_000 + n * 2
     produce_buffer(rs.bootstrap, rs.buffer, (message(i, topic, due, repeat) for i in range(n)))
-    wait_until(lambda: pending(rs) >= n, timeout=300, what=f"{n} pending on every replica")
+    wait_until(
+        lambda: pending(rs) >= n,
+        timeout=max(30, (due - time.time() * 1000) / 1000),
+        what=f"{n} pending on every replica before they are due",
+    )
     disk = store_bytes(rs)
     lat = consume_lateness(rs.bootstrap, topic, n, timeout=900)
     spread_ms = max(lat.release, default=0) - min(lat.release, default=0)
