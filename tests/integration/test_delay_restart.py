@@ -128,7 +128,15 @@ def test_empty_disk_replica_rebuilds_before_joining_the_election(
         )
         status = {r["name"]: r for r in rs.status()["replicas"]}
         assert status["replica-2"]["pending"] == 3_000
-        events = [e["event"] for e in rs.replicas["replica-2"].log_events()]
+        # "follower" is published once ingest caught up; it joins the election just after,
+        # on its next loop turn (at most a second later).
+        events: list[str] = []
+
+        def joined() -> bool:
+            events[:] = [e["event"] for e in rs.replicas["replica-2"].log_events()]
+            return "replica.election_joined" in events
+
+        wait_until(joined, timeout=30, what="replica-2 to join the election")
         assert events.index("ingest.caught_up") < events.index("replica.election_joined")
         # It can take over with the rebuilt store.
         rs.kill("replica-1")
