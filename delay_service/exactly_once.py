@@ -102,7 +102,7 @@ class ExactlyOnceForwarder(Forwarder):
             self._wake_at_ms = None
         may_send = self._may_forward(generation) and self._hold() is None
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
-        now = self._clock.wall_ms()
+        now = self._planned_ms = self._clock.wall_ms()
         held = self._retries.held_targets()
         self._known = {k: t for k, t in self._known.items() if t in held}
         scan = self._store.due_skipping(

@@ -115,6 +115,8 @@ class Forwarder:
         self._unwritten = False
         self._last_cp_mono = 0.0
         self._rescan = False  # the last scan was cut with entries sent: scan again at once
+        #: When the last round looked for due entries: what fell due after that is still owed.
+        self._planned_ms: int | None = None
         self._known: dict[bytes, tuple[str, int]] = {}  # targets of held entries, by key
         self.last_checkpoint_ms = 0
         self.active = threading.Event()  # set while forwarding as master
@@ -311,11 +313,14 @@ class Forwarder:
 
     def _next_wake_ms(self) -> int:
         now_wall = self._clock.wall_ms()
-        # Everything due by now was handled (or is held): look past now.
+        # Everything due when the last round planned was handled (or is held): look past that
+        # time, not past now. What fell due while the round ran is owed at once; looking past
+        # now left it for the next wake-up (up to 10 checkpoint intervals: ~1 s late).
+        looked = now_wall if self._planned_ms is None else min(now_wall, self._planned_ms)
         return next_wake_ms(
             now_wall,
             rescan=self._rescan,
-            next_due_ms=None if self._rescan else self._store.next_due_ms(after_ms=now_wall),
+            next_due_ms=None if self._rescan else self._store.next_due_ms(after_ms=looked),
             retry_in_ms=self._retries.next_retry_in_ms(),
             since_checkpoint_ms=int((self._clock.monotonic() - self._last_cp_mono) * 1000),
             interval_ms=self._cfg.checkpoint_interval_ms,
@@ -336,7 +341,7 @@ class Forwarder:
         self._sender.pump(0)
         settled = self._settler.settle(self._sender.take_completed(), may_send=may_send)
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
-        now = self._clock.wall_ms()
+        now = self._planned_ms = self._clock.wall_ms()
         held = self._sender.in_flight_targets() | self._retries.held_targets()
         self._known = {k: t for k, t in self._known.items() if t in held}
         scan = self._store.due_skipping(

@@ -531,3 +531,28 @@ def test_queued_tombstones_are_written_even_when_the_term_ends_fenced(store: Sto
         thread.join(10)
     assert not thread.is_alive()
     assert [s.key for s in producer.to("__kdelay_buffer")] == [b"m0"]
+
+
+def test_an_entry_that_falls_due_during_a_round_is_owed_at_once(store: Store) -> None:
+    """A round that takes 20 ms: an entry due 5 ms after it planned must wake the next round
+    at once, not wait for the next due time or checkpoint refresh (it was ~1 s late)."""
+    producer = FakeProducer()
+    rig = make(store, producer)
+    now = rig.clock.now_ms
+    store.apply([(0, 0, msg(1, now)), (0, 1, msg(2, now + 5)), (0, 2, msg(3, now + 10**6))], {0: 3})
+    cps = FakeCheckpoints()
+    generation = rig.fwd.activate(cps)
+    # The round's acknowledgements take 20 ms: m2 falls due while it runs.
+    poll = producer.poll
+
+    def slow_poll(timeout: float = -1) -> int:
+        rig.clock.advance(20)
+        return poll(timeout)
+
+    producer.poll = slow_poll  # type: ignore[method-assign]
+    result = rig.fwd.forward_once(cps, generation)
+    assert result.delivered == 1
+    assert rig.clock.now_ms >= now + 20
+    assert rig.fwd._next_wake_ms() <= now + 5  # the wake-up is the point
+    assert rig.fwd.forward_once(cps, generation).delivered == 1
+    assert [s.value for s in producer.to("t")] == [b"v1", b"v2"]
