@@ -13,8 +13,6 @@ This is the e2e subset CI can afford through containers: one test, about a minut
 
 from __future__ import annotations
 
-import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -26,10 +24,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kdelay import headers as h
 from kdelay.local import free_port, wait_until
-from kdelay.local.process import python_argv
 from tests.support.infra import ContainerSession, KafkaInfra, ZooKeeperInfra, containers, logs
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream
+from tests.support.up import cluster_status
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -51,17 +49,7 @@ class Stack:
 
     def status(self) -> dict[str, Any]:
         """``kdelay status --json`` from the host, as a user runs it."""
-        result = subprocess.run(
-            python_argv(
-                "status", "--zk-connect", self.zk_connect, "--zk-root", self.zk_root, "--json"
-            ),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-        doc: dict[str, Any] = json.loads(result.stdout)
-        return doc
+        return cluster_status(self.zk_connect, self.zk_root)
 
     def roles(self) -> dict[str, str]:
         return {str(r["name"]): str(r["role"]) for r in self.status()["replicas"]}

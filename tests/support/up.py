@@ -74,10 +74,12 @@ def replica_pid(up: UpProcess, name: str) -> int:
     return pid
 
 
-def cluster_status(zk_connect: str) -> dict[str, Any]:
-    """``kdelay status --json`` against ``zk_connect``, as a user would run it."""
+def cluster_status(zk_connect: str, zk_root: str | None = None) -> dict[str, Any]:
+    """``kdelay status --json`` against ``zk_connect`` (and ``zk_root``), as a user would run
+    it."""
+    root = [] if zk_root is None else ["--zk-root", zk_root]
     result = subprocess.run(
-        python_argv("status", "--zk-connect", zk_connect, "--json"),
+        python_argv("status", "--zk-connect", zk_connect, *root, "--json"),
         capture_output=True,
         text=True,
         check=True,
