@@ -121,9 +121,12 @@ class ExactlyOnceForwarder(Forwarder):
         held_count = plan.skipped + len(plan.entries) - len(plan.sendable)
         sent = self._probed(plan.sendable) if may_send else []
         held_count += len(plan.sendable) - len(sent) if may_send else 0
-        claim = Checkpoint(
-            max(claim_ms(plan, now, {e.key for e in sent}), self._claim.time_ms), offsets
-        )
+        # Never back in time, and never an older time with newer offsets: an entry already
+        # due at that time when it arrived (a delay of 0, a deliver-at in the past) has an
+        # offset past the old claim's, and (old time, new offsets) would cover it unreleased.
+        # The old claim stays, whole, until the time can move past what is still pending.
+        claimed = claim_ms(plan, now, {e.key for e in sent})
+        claim = Checkpoint(claimed, offsets) if claimed >= self._claim.time_ms else self._claim
         owed = self._tombstones.take() if may_send else []
         since_commit_s = self._clock.monotonic() - self._committed_mono
         refresh = (

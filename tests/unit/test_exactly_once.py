@@ -18,7 +18,7 @@ from delay_service.exactly_once import ExactlyOnceForwarder
 from delay_service.metrics import Metrics
 from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
-from kdelay.checkpoint import CheckpointRecord
+from kdelay.checkpoint import Checkpoint, CheckpointRecord
 from kdelay.topics import CHECKPOINT_TOPIC
 from tests.unit.test_forwarder import (
     FakeCheckpoints,
@@ -42,6 +42,7 @@ class FakeTxnProducer(FakeProducer):
     fence_at_commit: bool = False
     open: bool = False
     leaderless: set[str] = field(default_factory=set)  # topics whose partitions have no leader
+    invalid: dict[str, KafkaError] = field(default_factory=dict)  # the metadata's topic errors
     probes: list[str] = field(default_factory=list)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> SimpleNamespace:
@@ -49,8 +50,9 @@ class FakeTxnProducer(FakeProducer):
         self.probes.append(topic)
         leader = -1 if topic in self.leaderless else 1
         part = SimpleNamespace(leader=leader)
+        error = self.invalid.get(topic)
         return SimpleNamespace(
-            topics={topic: SimpleNamespace(error=None, partitions={0: part, 1: part})}
+            topics={topic: SimpleNamespace(error=error, partitions={0: part, 1: part})}
         )
 
     def init_transactions(self, timeout: float = -1) -> None:
@@ -217,6 +219,48 @@ def test_a_permanent_error_dead_letters_in_the_transaction_of_its_checkpoint(
     assert len(producer.visible(CHECKPOINT_TOPIC)) == 1  # committed with it
     assert store.pending == 0
     assert rig.value("kdelay_replica_dead_lettered_total", reason="UNKNOWN_TOPIC_OR_PART") == 1
+
+
+@pytest.mark.parametrize("arrival", ["failing target", "target held behind a retry"])
+def test_an_entry_already_due_when_it_arrives_is_never_covered_while_pending(
+    store: Store, arrival: str
+) -> None:
+    """Found by CI (messages due at once to a bad target vanished: neither released nor
+    dead-lettered). A round committed the claim (T, O); then an entry due before T arrives
+    (a delay of 0, a deliver-at in the past) at an offset past O[p]. A later round that cannot
+    release it must not claim T with the new offsets: that covers it, and the checkpoint drops
+    it from every store. The claim keeps its old offsets until its time can pass the entry."""
+    producer = FakeTxnProducer(
+        fail=lambda s: KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if s.topic == "gone" else None
+    )
+    # After its first failure, the metadata probe says so too (a permanent error).
+    producer.invalid["gone"] = KafkaError(KafkaError.TOPIC_EXCEPTION)
+    rig = make(store, producer, dead_letter_after=3)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    now = rig.clock.now_ms
+    store.apply([(0, 0, msg(1, now - 10, topic="good"))], {0: 1})
+    rig.fwd.forward_once(cps, gen)
+    assert ids(producer.visible("good")) == [b"m1"]  # claim (now, {0: 1}) committed
+    rig.clock.advance(5)
+    if arrival == "failing target":
+        late = [(0, 1, msg(2, now - 5, topic="gone"))]
+    else:  # an earlier entry of its target fails first and holds it
+        late = [(0, 1, msg(2, now - 8, topic="gone")), (1, 0, msg(3, now - 5, topic="gone"))]
+    store.apply(late, {0: 2, 1: 1} if len(late) == 2 else {0: 2})
+    dead_ids: list[bytes | str | None] = []
+    for _ in range(12):
+        rig.fwd.forward_once(cps, gen)
+        rig.clock.advance(2)
+        dead_ids = ids(producer.visible("__kdelay_dead_letter"))
+        for cp in producer.visible(CHECKPOINT_TOPIC):
+            record = CheckpointRecord.decode(cp.value or b"")
+            claim = Checkpoint(record.time_ms, record.offsets)
+            for partition, offset, m in late:
+                if claim.covers(partition, offset, m.deliver_at_ms):
+                    assert m.id.encode() in dead_ids, f"{m.id} covered, never dead-lettered"
+    assert sorted(i or b"" for i in dead_ids) == sorted(m.id.encode() for _, _, m in late)
+    assert store.pending == 0
 
 
 def test_a_fenced_commit_stops_the_master_and_keeps_the_entries(store: Store) -> None:
