@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import urllib.request
 import uuid
@@ -29,17 +30,41 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (0 when it is gone), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class Replicas:
     """N replicas of one replica set (own ZooKeeper root and buffer topic)."""
 
     def __init__(
-        self, base: Path, bootstrap: str, zk: str, n: int, extra_args: tuple[str, ...] = ()
+        self,
+        base: Path,
+        bootstrap: str,
+        zk: str,
+        n: int,
+        extra_args: tuple[str, ...] = (),
+        *,
+        shard: tuple[int, int] = (0, 1),
+        root: str | None = None,
+        buffer: str | None = None,
     ) -> None:
         self.base, self.bootstrap, self.zk = base, bootstrap, zk
+        self.shard, self.shards = shard
+        if self.shards > 1:
+            extra_args = ("--shards", str(self.shards), "--shard", str(self.shard), *extra_args)
         self.extra_args = extra_args
-        self.root = f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
-        self.buffer = f"bench-buffer-{uuid.uuid4().hex[:8]}"
-        self.names = [f"r{i}" for i in range(1, n + 1)]
+        self.set_root = root or f"/kdelay-bench/{uuid.uuid4().hex[:8]}"
+        self.root = Paths(self.set_root).shard(self.shard, self.shards).root
+        self.buffer = buffer or f"bench-buffer-{uuid.uuid4().hex[:8]}"
+        prefix = f"s{self.shard}" if self.shards > 1 else ""
+        self.names = [f"{prefix}r{i}" for i in range(1, n + 1)]
         self.procs: dict[str, ManagedProcess] = {}
         self.client = KazooClient(hosts=zk)
         self.client.start(15)
@@ -50,7 +75,7 @@ class Replicas:
             self.bootstrap,
             self.zk,
             self.base / name,
-            zk_root=self.root,
+            zk_root=self.set_root,
             zk_session_timeout=4,
             buffer_topic=self.buffer,
             buffer_partitions=PARTITIONS,
@@ -90,6 +115,11 @@ class Replicas:
             if line.startswith(metric + " "):
                 return float(line.split()[1])
         return float("nan")
+
+    def cpu_seconds(self, name: str) -> float:
+        """User + system CPU time of replica ``name`` so far (0 when it is gone)."""
+        pid = self.procs[name].pid
+        return 0.0 if pid is None else cpu_seconds(pid)
 
     def rss_bytes(self, name: str) -> int:
         pid = self.procs[name].pid

@@ -62,7 +62,8 @@ def status_command(
 ) -> None:
     """Master, replicas with their lag and pending count, and the checkpoint; or, with
     --id, one message's status."""
-    from zk import Paths, Session, cluster_status
+    from zk import Paths, Session
+    from zk.layout import delay_set_status
 
     try:
         paths = Paths(zk_root)
@@ -74,30 +75,42 @@ def status_command(
     session = Session(zk_connect, timeout)
     session.start(timeout=timeout)
     try:
-        status = cluster_status(session.client, paths)
+        status = delay_set_status(session.client, paths)
     finally:
         session.stop()
     if as_json:
         click.echo(json.dumps(status, sort_keys=True))
         return
-    click.echo(f"master: {status['master'] or '(none)'}")
+    sharded = len(status["shards"]) > 1
+    for shard in status["shards"]:
+        _print_shard(shard, sharded=sharded)
+    sys.stdout.flush()
+
+
+def _print_shard(shard: dict[str, Any], *, sharded: bool) -> None:
+    """One replica set's lines of ``kdelay status`` (headed by its shard when there are more)."""
+    indent = ""
+    if sharded:
+        click.echo(f"shard {shard['shard']} ({shard['root']}):")
+        indent = "  "
+    click.echo(f"{indent}master: {shard['master'] or '(none)'}")
     rows = [("NAME", "ROLE", "LAG", "PENDING", "METRICS")]
-    for r in status["replicas"]:
+    for r in shard["replicas"]:
         rows.append(
             (r["name"], r["role"], str(r["lag"]), str(r["pending"]), str(r.get("metrics", "")))
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    cp = status["checkpoint"]
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        click.echo(f"{indent}{cells}".rstrip())
+    cp = shard["checkpoint"]
     if cp:
         click.echo(
-            f"checkpoint: time_ms={cp['time_ms']} epoch={cp['epoch']} writer={cp['writer']} "
-            f"offsets={json.dumps(cp['offsets'], sort_keys=True)}"
+            f"{indent}checkpoint: time_ms={cp['time_ms']} epoch={cp['epoch']} "
+            f"writer={cp['writer']} offsets={json.dumps(cp['offsets'], sort_keys=True)}"
         )
     else:
-        click.echo("checkpoint: (none)")
-    sys.stdout.flush()
+        click.echo(f"{indent}checkpoint: (none)")
 
 
 def _message_status(
@@ -166,3 +179,36 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
         )
     )
     return rows
+
+
+@click.command("reshard")
+@click.option("--zk-connect", envvar="KDELAY_REPLICA_ZK_CONNECT", default="127.0.0.1:2181")
+@click.option("--zk-root", envvar="KDELAY_REPLICA_ZK_ROOT", default=DEFAULT_ROOT)
+@click.option(
+    "--shards", type=click.IntRange(1, 1024), required=True, help="the new number of shards"
+)
+@click.option("--timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+def reshard_command(zk_connect: str, zk_root: str, shards: int, timeout: float) -> None:
+    """Change the shard count of a delay set whose replicas are all stopped; then start them
+    with the new --shards (docs/operations.md, "Shards")."""
+    from delay_service.reshard import reshard
+    from zk import Paths, Session
+
+    try:
+        paths = Paths(zk_root)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--zk-root") from None
+    session = Session(zk_connect, timeout)
+    session.start(timeout=timeout)
+    try:
+        result = reshard(session.client, paths, shards)
+    finally:
+        session.stop()
+    if result.old == result.new:
+        click.echo(f"{zk_root} has {shards} shard(s) already: nothing changed")
+        return
+    click.echo(f"{zk_root}: {result.old} -> {result.new} shard(s)")
+    for root, record in result.checkpoints.items():
+        offsets = json.dumps({str(p): o for p, o in sorted(record.offsets.items())})
+        click.echo(f"  {root}: checkpoint time_ms={record.time_ms} offsets={offsets}")
+    click.echo(f"start the replicas with --shards {shards} (--shard 0..{shards - 1})")

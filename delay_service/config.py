@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
@@ -33,7 +33,22 @@ class ReplicaConfig(BaseSettings, TopicDurability):
         default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers"
     )
     zk_connect: str = Field(default="127.0.0.1:2181", min_length=1, description="ZooKeeper hosts")
-    zk_root: str = Field(default=DEFAULT_ROOT, description="ZooKeeper root of this replica set")
+    zk_root: str = Field(
+        default=DEFAULT_ROOT,
+        description="ZooKeeper root of the delay set (with --shards N > 1, shard i's replica "
+        "set lives under <root>/shard-i)",
+    )
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="shards dividing the buffer partitions: shard i owns partition p when "
+        "p % shards == i (kdelay/shards.py); every replica of the set must agree, and only "
+        "kdelay reshard changes it",
+    )
+    shard: int = Field(
+        default=0, ge=0, description="the shard this replica belongs to, 0 .. shards-1"
+    )
     zk_session_timeout: float = Field(
         default=2.0,
         gt=0,
@@ -150,6 +165,19 @@ class ReplicaConfig(BaseSettings, TopicDurability):
             host = (os.environ.get("POD_IP") or socket.gethostname()) if wildcard else None
         host = (host or self.metrics_host).strip("[]")
         return f"[{host}]" if ":" in host else host
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_in_range(cls, value: int, info: ValidationInfo) -> int:
+        shards = info.data.get("shards")  # validated first (declared first)
+        if isinstance(shards, int) and value >= shards:
+            raise ValueError(f"must be in 0..{shards - 1} with {shards} shard(s), not {value}")
+        return value
+
+    @property
+    def set_paths(self) -> Paths:
+        """The znodes of this replica's replica set: its shard's (``zk/layout.py``)."""
+        return Paths(self.zk_root).shard(self.shard, self.shards)
 
     @field_validator("delivery")
     @classmethod

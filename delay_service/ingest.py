@@ -1,4 +1,7 @@
-"""Ingest: every buffer partition into the store, by manual assignment (no consumer group).
+"""Ingest: the shard's buffer partitions into the store, by manual assignment (no consumer group).
+
+A replica of shard ``i`` of ``n`` reads only the partitions its shard owns (``kdelay/shards.py``:
+``p % n == i``; all of them with one shard).
 
 Each poll's records are decoded and applied to the store *together with* the next offsets, in
 one WriteBatch, so a restart resumes exactly where the store ends. A record this replica cannot
@@ -44,6 +47,7 @@ from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
 from kdelay.errors import BufferFormatError
+from kdelay.shards import owned
 
 log = logs.get(__name__)
 
@@ -146,7 +150,8 @@ class Ingest:
         if topic is None or topic.error is not None:
             log.warning("ingest.metadata_unavailable", error=str(topic and topic.error))
             return False
-        new = sorted(set(topic.partitions) - self._partitions)
+        cfg = self._cfg
+        new = owned(set(topic.partitions) - self._partitions, cfg.shard, cfg.shards)
         if not new:
             return True
         # The catch-up target of a partition is read *before* it is assigned: a partition

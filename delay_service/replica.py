@@ -37,7 +37,7 @@ from typing import Any
 
 from kazoo.recipe.watchers import DataWatch
 
-from delay_service import health
+from delay_service import health, shard_dir
 from delay_service.broker_clock import BrokerClock, SkewHold
 from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
@@ -53,6 +53,7 @@ from kdelay import logs, memory
 from kdelay.backoff import Backoff
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
+from kdelay.errors import ConfigError
 from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
 from zk import (
     CONNECTED,
@@ -65,6 +66,7 @@ from zk import (
     Registry,
     Session,
 )
+from zk.layout import ensure_layout
 
 log = logs.get(__name__)
 
@@ -80,7 +82,7 @@ class Replica:
 
     def __init__(self, cfg: ReplicaConfig) -> None:
         self.cfg = cfg
-        self.paths = Paths(cfg.zk_root)
+        self.paths = cfg.set_paths
         self.metrics = Metrics()
         self.metrics_url = ""
         self._stop = threading.Event()
@@ -134,32 +136,21 @@ class Replica:
     def run(self) -> None:
         cfg = self.cfg
         log.info("replica.starting", name=cfg.name, data_dir=str(cfg.data_dir))
-        ensure_internal_topics(
-            cfg.bootstrap_servers,
-            partitions=cfg.buffer_partitions,
-            replication=cfg.buffer_replication,
-            min_insync=cfg.buffer_min_insync_replicas,
-        )
-        if cfg.buffer_topic != BUFFER_TOPIC:
-            ensure_buffer_topic(
-                cfg.bootstrap_servers,
-                cfg.buffer_topic,
-                partitions=cfg.buffer_partitions,
-                replication=cfg.buffer_replication,
-                min_insync=cfg.buffer_min_insync_replicas,
-            )
+        self._ensure_topics()
+        session = Session(cfg.zk_connect, cfg.zk_session_timeout)
+        session.wakeup = self._wakeup
+        session.start(timeout=max(15.0, cfg.zk_session_timeout))
+        try:
+            self._check_layout(session)  # before the store: a wrong --shards changes nothing
+        except (ConfigError, CoordinationError):
+            session.stop()
+            raise
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        shard_dir.prepare(cfg)  # a store of another shard or layout is rebuilt from the topic
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
         self.health.beat()
         answers = self._serve_http(store)
-        session = Session(cfg.zk_connect, cfg.zk_session_timeout)
-        session.wakeup = self._wakeup
-        try:
-            session.start(timeout=max(15.0, cfg.zk_session_timeout))
-        except CoordinationError:
-            store.close()
-            raise
         self._write_session_file(session)
         self.metrics.set_zk_state(CONNECTED)
         registry = Registry(session.client, self.paths, cfg.name)
@@ -203,6 +194,37 @@ class Replica:
                 f"the {self.health.fatal} thread failed {cfg.max_component_failures} times in a "
                 "row (see supervisor.component_failed in the log); exiting for a restart"
             )
+
+    def _ensure_topics(self) -> None:
+        cfg = self.cfg
+        ensure_internal_topics(
+            cfg.bootstrap_servers,
+            partitions=cfg.buffer_partitions,
+            replication=cfg.buffer_replication,
+            min_insync=cfg.buffer_min_insync_replicas,
+        )
+        if cfg.buffer_topic != BUFFER_TOPIC:
+            ensure_buffer_topic(
+                cfg.bootstrap_servers,
+                cfg.buffer_topic,
+                partitions=cfg.buffer_partitions,
+                replication=cfg.buffer_replication,
+                min_insync=cfg.buffer_min_insync_replicas,
+            )
+
+    def _check_layout(self, session: Session) -> None:
+        """Refuse to run under another shard layout than ZooKeeper's (``zk/layout.py``): two
+        layouts would forward the same partitions twice."""
+        cfg = self.cfg
+        root = Paths(cfg.zk_root)
+        layout = ensure_layout(session.client, root, cfg.shards)
+        if layout.shards != cfg.shards:
+            raise ConfigError(
+                f"shards: this replica has --shards {cfg.shards}, but the delay set at "
+                f"{root.layout} has {layout.shards}; start it with --shards {layout.shards}, "
+                f"or stop every replica and change the layout with kdelay reshard"
+            )
+        log.info("replica.shard", shard=cfg.shard, shards=cfg.shards, root=self.paths.root)
 
     def _serve_http(self, store: Store) -> Answers:
         """Serve the HTTP port (health.py): metrics, probes, and the message queries from the
@@ -390,6 +412,7 @@ class Replica:
             m.checkpoint_age.set(max(0.0, (now - self._last_cp.written_at_ms) / 1000))
         status = {
             "name": self.cfg.name,
+            "shard": self.cfg.shard,
             "role": role,
             "lag": lag,
             "pending": pending,

@@ -74,8 +74,9 @@ _NO_LEADER = KafkaError(KafkaError.LEADER_NOT_AVAILABLE)
 
 
 def set_key(cfg: ReplicaConfig) -> str:
-    """The delay set's name: its ZooKeeper root and buffer topic (one per shard)."""
-    return f"{cfg.zk_root}|{cfg.buffer_topic}"
+    """The replica set's name: its shard's ZooKeeper root and the buffer topic (one per shard;
+    one shard keeps the set's root, as before shards existed)."""
+    return f"{cfg.set_paths.root}|{cfg.buffer_topic}"
 
 
 def transactional_id(cfg: ReplicaConfig) -> str:

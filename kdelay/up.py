@@ -25,7 +25,16 @@ def _echo(line: str) -> None:
 
 
 @click.command("up")
-@click.option("--replicas", type=click.IntRange(1, 9), default=3, help="delay-service replicas")
+@click.option(
+    "--replicas", type=click.IntRange(1, 9), default=3, help="delay-service replicas per shard"
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(1, 16),
+    default=1,
+    help="shards dividing the buffer partitions (at most --buffer-partitions), each a replica "
+    "set of --replicas",
+)
 @click.option(
     "--proxy-port", type=click.IntRange(0, 65535), default=0, help="Kafka listener (0: free)"
 )
@@ -42,8 +51,14 @@ def _echo(line: str) -> None:
 @click.option("--state-file", type=click.Path(path_type=Path), default=Path(".kdelay/up.json"))
 @click.option("--buffer-partitions", type=click.IntRange(1, 1024), default=6)
 def command(**options: Any) -> None:
-    """Start ZooKeeper, Kafka, the proxy and N replicas; print `kdelay ready`; keep them running
-    (a child that exits is restarted with back-off) until SIGINT or SIGTERM."""
+    """Start ZooKeeper, Kafka, the proxy and N replicas per shard; print `kdelay ready`; keep
+    them running (a child that exits is restarted with back-off) until SIGINT or SIGTERM."""
+    if options["shards"] > options["buffer_partitions"]:
+        raise click.BadParameter(
+            f"{options['shards']} shards need at least as many buffer partitions "
+            f"(--buffer-partitions is {options['buffer_partitions']})",
+            param_hint="--shards",
+        )
     opts = StackOptions(**options)
     stack = LocalStack(opts, progress=_echo)
     stop = threading.Event()

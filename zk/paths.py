@@ -40,3 +40,13 @@ class Paths:
     def checkpoint(self) -> str:
         """The checkpoint znode (one JSON document)."""
         return f"{self.root}/checkpoint"
+
+    @property
+    def layout(self) -> str:
+        """The delay set's shard layout (``zk/layout.py``); on the set's root, not a shard's."""
+        return f"{self.root}/layout"
+
+    def shard(self, shard: int, shards: int) -> Paths:
+        """The znodes of shard ``shard`` of ``shards``: the set's own root for one shard (as
+        before shards existed), ``<root>/shard-<i>`` otherwise."""
+        return self if shards == 1 else Paths(f"{self.root}/shard-{shard}")

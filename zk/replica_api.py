@@ -32,6 +32,7 @@ import json
 import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,10 @@ from kazoo.client import KazooClient
 from kdelay.errors import KdelayError
 from zk.connection import RECONNECT
 from zk.errors import CoordinationError, zk_errors
+from zk.layout import shard_paths
 from zk.paths import DEFAULT_ROOT, Paths
 from zk.registry import members
+from zk.shard_merge import merge_pending
 
 #: Replica statuses whose answers are returned (any other is passed over).
 ANSWERS = frozenset({200, 400, 404})
@@ -101,7 +104,8 @@ def ordered(statuses: dict[str, dict[str, Any]]) -> list[Replica]:
 
 
 class ReplicaApi:
-    """The replicas of the replica set under ``zk_root`` in ZooKeeper at ``zk_connect``.
+    """The replicas of the delay set under ``zk_root`` in ZooKeeper at ``zk_connect``: of
+    each of its shards (``zk/layout.py``), or of its one replica set.
 
     ``timeout_s``: how long one question may take in all, connecting included (a timeline
     asks with its own, longer, timeout); ``connect_timeout_s``: how long one connection may
@@ -124,24 +128,68 @@ class ReplicaApi:
         self.cache_s = cache_s
         self._lock = threading.Lock()
         self._client: KazooClient | None = None
-        self._cached: list[Replica] | None = None
+        self._cached: list[list[Replica]] | None = None
         self._cached_at = 0.0
 
     # -- questions -------------------------------------------------------------------------
 
     def message(self, msg_id: str) -> ReplicaAnswer:
-        """``GET /v1/messages/<id>`` of the first replica that answers."""
-        return self.ask("/v1/messages/" + urllib.parse.quote(msg_id, safe=""))
+        """``GET /v1/messages/<id>`` of the first replica that answers; with shards, the
+        shard that knows the id answers (404 only when every shard says so)."""
+        path = "/v1/messages/" + urllib.parse.quote(msg_id, safe="")
+        answers = self._ask_shards(path, self.timeout_s)
+        for wanted in (200, 400):
+            found = [a for a in answers if a.status == wanted]
+            if found:
+                return found[0]
+        if len(answers) == 1:
+            return answers[0]
+        asked = ", ".join(a.replica for a in answers)
+        error = (
+            f"id: no message {msg_id!r} is pending in any of the {len(answers)} shards, and "
+            f"none remembers one that left (asked {asked})"
+        )
+        return ReplicaAnswer(404, {"error": error, "field": "id"}, asked)
 
     def pending(self, bucket: str, horizon: str, timeout_s: float | None = None) -> ReplicaAnswer:
-        """``GET /v1/pending?bucket=..&horizon=..`` of the first replica that answers."""
+        """``GET /v1/pending?bucket=..&horizon=..`` of the first replica that answers; with
+        shards, one per shard, merged (``zk/shard_merge.py``)."""
         query = urllib.parse.urlencode({"bucket": bucket, "horizon": horizon})
-        return self.ask(f"/v1/pending?{query}", timeout_s)
+        answers = self._ask_shards(f"/v1/pending?{query}", timeout_s or self.timeout_s)
+        bad = [a for a in answers if a.status != 200]
+        if bad or len(answers) == 1:
+            return (bad or answers)[0]
+        return ReplicaAnswer(
+            200, merge_pending([a.body for a in answers]), ",".join(a.replica for a in answers)
+        )
 
     def ask(self, path: str, timeout_s: float | None = None) -> ReplicaAnswer:
-        """GET ``path`` from the replicas in order until one answers (module docstring)."""
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        replicas = self.replicas()
+        """GET ``path`` from shard 0's replicas in order until one answers (module docstring)."""
+        shards = self.shards()
+        return self._ask_set(shards[0], path, time.monotonic() + (timeout_s or self.timeout_s))
+
+    def _ask_shards(self, path: str, timeout_s: float) -> list[ReplicaAnswer]:
+        """One answer per shard, asked at once, shard 0 first; NoReplicaError when a shard
+        gives none (its messages cannot be told apart from unknown ones then)."""
+        shards = self.shards()
+        deadline = time.monotonic() + timeout_s
+        if len(shards) == 1:
+            return [self._ask_set(shards[0], path, deadline)]
+        with ThreadPoolExecutor(len(shards), thread_name_prefix="kdelay-shard-ask") as pool:
+            futures = [pool.submit(self._ask_set, r, path, deadline) for r in shards]
+            answers: list[ReplicaAnswer] = []
+            failed: list[str] = []
+            for i, future in enumerate(futures):
+                try:
+                    answers.append(future.result())
+                except NoReplicaError as exc:
+                    failed.append(f"shard {i}: {exc}")
+        if failed:
+            raise NoReplicaError("; ".join(failed))
+        return answers
+
+    def _ask_set(self, replicas: list[Replica], path: str, deadline: float) -> ReplicaAnswer:
+        """GET ``path`` from one replica set's ``replicas`` in order until one answers."""
         if not replicas:
             raise NoReplicaError(
                 f"no delay-service replica is registered under {self.paths.root} in ZooKeeper "
@@ -186,14 +234,20 @@ class ReplicaApi:
     # -- discovery -------------------------------------------------------------------------
 
     def replicas(self) -> list[Replica]:
-        """The registered replicas in the order they are asked (cached for ``cache_s``)."""
+        """Every registered replica, shard by shard, each shard's in the order asked."""
+        return [r for shard in self.shards() for r in shard]
+
+    def shards(self) -> list[list[Replica]]:
+        """Per shard (``zk/layout.py``; one without shards), its registered replicas in the
+        order they are asked; cached for ``cache_s``."""
         errors: tuple[type[Exception], ...] = (CoordinationError, *zk_errors())
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached_at < self.cache_s:
                 return self._cached
             try:
-                found = ordered(members(self._session(), self.paths))
+                client = self._session()
+                found = [ordered(members(client, p)) for p in shard_paths(client, self.paths)]
             except errors as exc:
                 if self._cached is not None:
                     return self._cached  # the replicas may answer while ZooKeeper does not

@@ -27,6 +27,8 @@ class ReplicaSpec:
     zk_connect: str
     data_dir: Path
     zk_root: str | None = None
+    shards: int | None = None
+    shard: int | None = None
     zk_session_timeout: float | None = None
     buffer_topic: str | None = None
     buffer_partitions: int | None = None

@@ -1,4 +1,4 @@
-"""The whole kdelay stack on one machine: ZooKeeper, Kafka, the proxy and N replicas.
+"""The whole kdelay stack on one machine: ZooKeeper, Kafka, the proxy and N replicas per shard.
 
 ``kdelay up`` runs it in the foreground; ``make demo`` and the end-to-end tests drive
 ``kdelay up`` as a subprocess. Kafka and ZooKeeper are local unless ``bootstrap_servers`` /
@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -51,6 +52,7 @@ class StackOptions:
     """What ``kdelay up`` was asked for (CONTRACT.md flags)."""
 
     replicas: int = 3
+    shards: int = 1
     proxy_port: int = 0
     http_port: int = 0
     kafka_port: int = 0
@@ -71,6 +73,7 @@ class Replica:
     name: str
     metrics_port: int
     process: ManagedProcess
+    shard: int = 0
 
     @property
     def metrics_url(self) -> str:
@@ -121,6 +124,7 @@ class LocalStack:
             ).start()
             self.bootstrap = self.kafka.bootstrap_servers
         self._start_proxy(data)
+        self._reshard()
         self._start_replicas(data)
         self.progress("==> waiting for the proxy and for a master to be elected")
         self._wait_ready()
@@ -168,23 +172,43 @@ class LocalStack:
         )
         self.proxy.start()
 
-    def _start_replicas(self, data: Path) -> None:
-        for i in range(1, self.options.replicas + 1):
-            name = f"replica-{i}"
-            self.progress(f"==> starting {name}")
-            port = free_port()
-            spec = ReplicaSpec(
-                name,
-                self.bootstrap,
-                self.zk_connect,
-                data / name,
-                metrics_port=port,
-                buffer_partitions=self.options.buffer_partitions,
-                zk_session_timeout=self.options.zk_session_timeout,
+    def _reshard(self) -> None:
+        """Bring the delay set to ``--shards`` before any replica starts: ``kdelay reshard``
+        (a no-op when it has that many already; refused while other replicas run on it)."""
+        self.progress(f"==> checking the shard layout ({self.options.shards} shard(s))")
+        argv = python_argv(
+            "reshard", "--zk-connect", self.zk_connect, "--shards", str(self.options.shards)
+        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise InfrastructureError(
+                f"kdelay reshard --shards {self.options.shards} failed: "
+                f"{(done.stderr or done.stdout).strip()}"
             )
-            proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
-            proc.start()
-            self.replicas.append(Replica(name, port, proc))
+        for line in done.stdout.splitlines():
+            self.progress(f"    {line}")
+
+    def _start_replicas(self, data: Path) -> None:
+        shards = self.options.shards
+        for shard in range(shards):
+            for i in range(1, self.options.replicas + 1):
+                name = f"replica-{i}" if shards == 1 else f"shard{shard}-replica-{i}"
+                self.progress(f"==> starting {name}")
+                port = free_port()
+                spec = ReplicaSpec(
+                    name,
+                    self.bootstrap,
+                    self.zk_connect,
+                    data / name,
+                    shards=shards if shards > 1 else None,
+                    shard=shard if shards > 1 else None,
+                    metrics_port=port,
+                    buffer_partitions=self.options.buffer_partitions,
+                    zk_session_timeout=self.options.zk_session_timeout,
+                )
+                proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
+                proc.start()
+                self.replicas.append(Replica(name, port, proc, shard))
 
     def _wait_ready(self) -> None:
         assert self.proxy is not None
@@ -206,9 +230,9 @@ class LocalStack:
             )
         try:
             wait_until(
-                lambda: self.master() is not None,
+                lambda: len(self.masters()) == self.options.shards,
                 timeout=timeout,
-                what="a delay-service master",
+                what="a delay-service master" + (" per shard" if self.options.shards > 1 else ""),
                 interval=0.2,
             )
         except InfrastructureError as exc:
@@ -216,12 +240,20 @@ class LocalStack:
             raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
 
     def master(self) -> str | None:
-        """The replica whose metrics say it is master, if any."""
+        """The replica whose metrics say it is master (of shard 0), if any."""
+        return self.masters().get(0)
+
+    def masters(self) -> dict[int, str]:
+        """Per shard, the replica whose metrics say it is master (shards without one left
+        out)."""
+        found: dict[int, str] = {}
         for replica in self.replicas:
+            if replica.shard in found:
+                continue
             body = _http_get(f"{replica.metrics_url}/metrics")
             if body is not None and _MASTER.search(body):
-                return replica.name
-        return None
+                found[replica.shard] = replica.name
+        return found
 
     def state(self) -> dict[str, object]:
         """The state-file document of CONTRACT.md."""
@@ -231,7 +263,7 @@ class LocalStack:
             "kafka": self.bootstrap,
             "zookeeper": self.zk_connect,
             "replicas": [
-                {"name": r.name, "pid": r.process.pid, "metrics": r.metrics_url}
+                {"name": r.name, "shard": r.shard, "pid": r.process.pid, "metrics": r.metrics_url}
                 for r in self.replicas
             ],
         }

@@ -74,9 +74,12 @@ class ReplicaSet:
     replicas: dict[str, Replica] = field(default_factory=dict)
     #: Per replica, a command to run it under and its environment (``faketime -f +5s``).
     wrap: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    #: This set is shard ``shard`` of ``shards`` of the delay set under ``root`` (kdelay/shards.py).
+    shards: int = 1
+    shard: int = 0
 
     def __post_init__(self) -> None:
-        self.paths = Paths(self.root)
+        self.paths = Paths(self.root).shard(self.shard, self.shards)
         for i in range(1, self.count + 1):
             name = f"replica-{i}"
             self.replicas[name] = Replica(
@@ -104,6 +107,8 @@ class ReplicaSet:
             self.zk_connect,
             self.replicas[name].data_dir,
             zk_root=self.root,
+            shards=self.shards if self.shards > 1 else None,
+            shard=self.shard if self.shards > 1 else None,
             zk_session_timeout=self.session_timeout,
             buffer_topic=self.buffer_topic,
             buffer_partitions=self.partitions,
@@ -182,7 +187,7 @@ class ReplicaSet:
                 return True
             return False
 
-        wait_until(ready, timeout=timeout, what=f"a master in {self.root}", interval=0.05)
+        wait_until(ready, timeout=timeout, what=f"a master in {self.paths.root}", interval=0.05)
         return found[-1]
 
     def wait_roles(self, names: list[str], roles: set[str], timeout: float = 60.0) -> None:

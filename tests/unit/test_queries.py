@@ -340,19 +340,21 @@ def test_replicas_are_asked_master_first_then_followers_by_lag() -> None:
 
 
 class GivenReplicas(ReplicaApi):
-    """A ReplicaApi whose replica list is given, not read from ZooKeeper."""
+    """A ReplicaApi whose replica list is given (one list per shard), not read from ZooKeeper."""
 
-    def __init__(self, replicas: list[Replica], **options: Any) -> None:
+    def __init__(
+        self, replicas: list[Replica], *more_shards: list[Replica], **options: Any
+    ) -> None:
         super().__init__("unused:2181", **options)
-        self.given = replicas
+        self.given = [replicas, *more_shards]
 
-    def replicas(self) -> list[Replica]:
+    def shards(self) -> list[list[Replica]]:
         return self.given
 
 
-@pytest.fixture
-def replica_port(store: Store) -> Iterator[int]:
-    """The replica's HTTP port (health.py's app) on loopback, over ``store``."""
+@contextlib.contextmanager
+def serving(store: Store) -> Iterator[int]:
+    """A replica's HTTP port (health.py's app) on loopback, over ``store``."""
     httpd = make_server("127.0.0.1", 0, port_app(store), ThreadingWSGIServer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -362,6 +364,13 @@ def replica_port(store: Store) -> Iterator[int]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(10)
+
+
+@pytest.fixture
+def replica_port(store: Store) -> Iterator[int]:
+    """The replica's HTTP port (health.py's app) on loopback, over ``store``."""
+    with serving(store) as port:
+        yield port
 
 
 def closed_port() -> int:
@@ -411,6 +420,47 @@ def test_no_replica_answering_names_each_one(store: Store) -> None:
         assert "mute (follower): " in text
     with pytest.raises(NoReplicaError, match="no delay-service replica is registered"):
         GivenReplicas([]).message("m")
+
+
+def test_with_shards_the_one_that_knows_the_id_answers_and_timelines_add_up(
+    store: Store, replica_port: int, tmp_path: Path
+) -> None:
+    """A delay set of two shards (zk/layout.py): each replica knows its own partitions only."""
+    fill(store, [sched("a", NOW + MIN, "t")])
+    other = Store(tmp_path / "other")
+    try:
+        fill(other, [sched("b", NOW + MIN, "t"), sched("c", NOW + 2 * MIN, "u")], partition=1)
+        with serving(other) as other_port:
+            api = GivenReplicas(
+                [Replica("s0", "master", 0, "127.0.0.1", replica_port)],
+                [Replica("s1", "master", 0, "127.0.0.1", other_port)],
+            )
+            assert api.message("a").body["state"] == "pending"
+            assert api.message("b").body["buffer"]["partition"] == 1
+            missing = api.message("nobody")
+            assert missing.status == 404
+            assert "in any of the 2 shards" in missing.body["error"]
+            assert missing.body["field"] == "id"
+            doc = api.pending("1m", "1h").body
+            assert (doc["counted"], doc["pending"], doc["overdue"]) == (3, 3, 0)
+            assert doc["topics"] == {"t": 2, "u": 1}
+            starts = {b["start"]: b["count"] for b in doc["buckets"]}
+            assert starts == {T0 + MIN: 2, T0 + 2 * MIN: 1}
+            assert [(s["shard"], s["answered_by"]) for s in doc["shards"]] == [
+                (0, "replica-1"),
+                (1, "replica-1"),
+            ]
+            assert set(doc["ingested_offsets"]) == {"0", "1"}
+            # A shard nobody answers for: its ids cannot be told from unknown ones.
+            half = GivenReplicas(
+                [Replica("s0", "master", 0, "127.0.0.1", replica_port)],
+                [Replica("gone", "master", 0, "127.0.0.1", closed_port())],
+                timeout_s=1.0,
+            )
+            with pytest.raises(NoReplicaError, match=r"shard 1: .*gone"):
+                half.message("nobody")
+    finally:
+        other.close()
 
 
 # -- the proxy's endpoints -------------------------------------------------------------------
