@@ -87,6 +87,13 @@ class Metrics:
             registry=r,
         )
         self.is_master = Gauge("kdelay_replica_is_master", "1 on the master, else 0", registry=r)
+        self.shard_info = Gauge(
+            "kdelay_replica_shard_info",
+            "1, labelled with the replica's shard and the delay set's shard count (join on "
+            "instance to group any replica metric by shard)",
+            ["shard", "shards"],
+            registry=r,
+        )
         self.checkpoint_rejected = Counter(
             "kdelay_replica_checkpoint_rejected",
             "checkpoint writes rejected or unconfirmed by ZooKeeper (the master stepped down)",

@@ -84,6 +84,7 @@ class Replica:
         self.cfg = cfg
         self.paths = cfg.set_paths
         self.metrics = Metrics()
+        self.metrics.shard_info.labels(str(cfg.shard), str(cfg.shards)).set(1)
         self.metrics_url = ""
         self._stop = threading.Event()
         self._wakeup = threading.Event()

@@ -31,6 +31,15 @@ RATE = "$__rate_interval"
 MASTER = "on (instance) (kdelay_replica_is_master == 1)"
 
 
+def per_shard(metric: str) -> str:
+    """``metric`` labelled with each replica's shard (kdelay_replica_shard_info); replicas that
+    do not export it (one shard, older versions) keep theirs without."""
+    info = "kdelay_replica_shard_info"
+    return (
+        f"({metric} * on (instance, job) group_left (shard) {info} or on (instance, job) {metric})"
+    )
+
+
 @dataclass(frozen=True)
 class Panel:
     title: str
@@ -84,36 +93,44 @@ OVERVIEW = [
         "Ingest rate (buffer topic)",
         [q(f"max by (kind) (rate(kdelay_replica_ingested_total[{RATE}]))", "{{kind}}")],
         "rps",
-        description="Buffer records ingested; every replica ingests everything, so the max.",
+        description="Buffer records ingested by the busiest replica (with one shard every "
+        "replica ingests everything; with more, a replica ingests its shard's partitions).",
     ),
     Panel(
-        "Pending messages (master)",
-        [q(f"max(kdelay_replica_pending_messages and {MASTER})", "pending")],
+        "Pending messages (masters)",
+        [q(f"sum(kdelay_replica_pending_messages and {MASTER})", "pending")],
         "short",
         kind="stat",
         width=6,
+        description="Summed over the shards' masters (one shard: the master's).",
     ),
     Panel(
-        "Current master",
-        [q("max by (instance) (kdelay_replica_is_master == 1)", "{{instance}}")],
+        "Current master (per shard)",
+        [
+            q(
+                f"max by (shard, instance) ({per_shard('kdelay_replica_is_master')} == 1)",
+                "{{shard}} {{instance}}",
+            )
+        ],
         "none",
         kind="stat",
         width=6,
         options={"textMode": "name", "colorMode": "background"},
-        description="The replica holding the election; none: nothing forwards (KdelayNoMaster).",
+        description="The replica holding each shard's election; a shard without one forwards "
+        "nothing (KdelayNoMaster names it).",
     ),
     Panel(
-        "Due soon (master)",
-        [q(f"max by (within) (kdelay_replica_due_messages and {MASTER})", "{{within}}")],
+        "Due soon (masters)",
+        [q(f"sum by (within) (kdelay_replica_due_messages and {MASTER})", "{{within}}")],
         "short",
         kind="bargauge",
-        description="Pending messages due within each window (cumulative).",
+        description="Pending messages due within each window (cumulative), over the shards.",
     ),
     Panel(
-        "Due in the next hour / day (master)",
+        "Due in the next hour / day (masters)",
         [
-            q(f'max(kdelay_replica_due_messages{{within="1h"}} and {MASTER})', "next hour"),
-            q(f'max(kdelay_replica_due_messages{{within="1d"}} and {MASTER})', "next day"),
+            q(f'sum(kdelay_replica_due_messages{{within="1h"}} and {MASTER})', "next hour"),
+            q(f'sum(kdelay_replica_due_messages{{within="1d"}} and {MASTER})', "next day"),
         ],
         "short",
         kind="stat",
@@ -152,6 +169,18 @@ OVERVIEW = [
         ],
         "rps",
         description="Exactly-once release: an aborted transaction is sent again (by outcome).",
+    ),
+    Panel(
+        "Ingest lag per shard (slowest replica)",
+        [
+            q(
+                f"max by (shard) ({per_shard('kdelay_replica_buffer_lag_messages')})",
+                "shard {{shard}}",
+            )
+        ],
+        "short",
+        description="Buffer records the slowest replica of each shard has not ingested yet. "
+        "A shard whose lag keeps growing cannot keep up: docs/operations.md, Shards.",
     ),
 ]
 

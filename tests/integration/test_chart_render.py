@@ -354,3 +354,33 @@ def test_the_release_mode_defaults_to_exactly_once_and_is_checked(tools: Tools) 
     bad = helm_template_text(tools, sets={"delayService.delivery": "twice"})
     assert bad.returncode != 0
     assert "delivery" in bad.stderr
+
+
+def test_shards_render_a_statefulset_and_a_budget_each(tools: Tools) -> None:
+    """docs/operations.md, Shards: shard i of N is its own StatefulSet (`-delay-service-<i>`),
+    told its shard by the environment, selecting only its pods; one budget per shard (pods
+    under two budgets cannot be evicted). One shard keeps today's names and selectors."""
+    docs = helm_template(tools, values=[CI / "shards-values.yaml"])
+    sets = find(docs, "StatefulSet")
+    assert [s["metadata"]["name"] for s in sets] == [
+        f"kd-kdelay-delay-service-{i}" for i in range(3)
+    ]
+    budgets = [
+        b for b in find(docs, "PodDisruptionBudget") if "-delay-service" in b["metadata"]["name"]
+    ]
+    assert len(budgets) == 3
+    for i, (sts, pdb) in enumerate(zip(sets, budgets, strict=True)):
+        assert sts["spec"]["replicas"] == 2
+        env = {e["name"]: e.get("value") for e in _container(sts)["env"]}
+        assert (env["KDELAY_REPLICA_SHARDS"], env["KDELAY_REPLICA_SHARD"]) == ("3", str(i))
+        selector = sts["spec"]["selector"]["matchLabels"]
+        assert selector["kdelay.io/shard"] == str(i)
+        assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+        assert pdb["spec"]["selector"]["matchLabels"] == selector
+        claim = sts["spec"]["volumeClaimTemplates"][0]
+        assert claim["metadata"]["labels"]["kdelay.io/shard"] == str(i)
+    single = helm_template(tools)
+    sts = one(single, "StatefulSet", "-delay-service")
+    assert sts["metadata"]["name"] == "kd-kdelay-delay-service"
+    assert "kdelay.io/shard" not in sts["spec"]["selector"]["matchLabels"]
+    assert "KDELAY_REPLICA_SHARDS" not in {e["name"] for e in _container(sts)["env"]}
