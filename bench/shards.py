@@ -4,8 +4,8 @@
 
 Starts its own Kafka and ZooKeeper (kdelay.local). For each shard count, one replica per shard
 (``kdelay delay-service --shards N --shard i``, exactly-once, the default) reads a fresh buffer
-topic of 4 partitions; ``--messages`` buffer records (100 B values, ids spread over the
-partitions as the proxy spreads them) are written straight to it (as the proxy would), all due
+topic of 4 partitions; ``--messages`` buffer records (100 B values, round-robin over the
+partitions) are written straight to it (as the proxy would), all due
 at one time once every replica has caught up; the target is a LogAppendTime topic. Per shard
 count it reports:
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.delay_service import consume_lateness, produce_buffer
 from bench.replicas import PARTITIONS, Replicas
-from kdelay.buffer import Scheduled, partition_for
+from kdelay.buffer import Scheduled
 from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
 from kdelay.shards import owns
@@ -64,9 +64,9 @@ def run(base: Path, bs: str, zk: str, shards: int, n: int) -> dict[str, float]:
         topic = f"bench-shards-{uuid.uuid4().hex[:8]}"
         create_topic(bs, topic, PARTITIONS, config=LOG_APPEND_TIME)
         ids = [f"s{i}-{uuid.uuid4().hex[:12]}" for i in range(n)]
+        # bench.delay_service.produce_buffer writes record i to partition i % PARTITIONS.
         share = {
-            i: sum(1 for m in ids if owns(partition_for(m, PARTITIONS), i, shards))
-            for i in range(shards)
+            s: sum(1 for i in range(n) if owns(i % PARTITIONS, s, shards)) for s in range(shards)
         }
         cpu0 = {(rs.shard, name): rs.cpu_seconds(name) for rs in sets for name in rs.names}
         due = int(time.time() * 1000) + 3_600_000  # far away: ingest first, release later

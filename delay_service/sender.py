@@ -225,12 +225,22 @@ class Sender:
         """Serve delivery reports for up to ``timeout`` seconds (librdkafka returns early when
         one arrives); declare records past their acknowledgement deadline timed out."""
         if self._flights and self._producer is not None:
-            self._producer.poll(timeout)
+            try:
+                self._producer.poll(timeout)
+            except KafkaException as exc:  # librdkafka raises a fatal error from poll()
+                self._poll_failed(exc)
         # Deadlines grow with insertion order (one timeout, a monotonic clock): the first is
         # the earliest.
         oldest = next(iter(self._flights.values()), None)
         if self._broken or (oldest is not None and oldest.deadline <= self._clock.monotonic()):
             self._replace_producer()
+
+    def _poll_failed(self, exc: KafkaException) -> None:
+        """A producer error raised by ``poll()`` (a fatal one): the producer must go; what it
+        holds is declared timed out below (a duplicate at worst)."""
+        err = exc.args[0]
+        log.error("sender.producer_failed", error=str(err))
+        self._broken = True
 
     def wait(self, keys: Collection[bytes], deadline: float) -> None:
         """Pump until none of the entries ``keys`` has a record in flight, or until the

@@ -173,6 +173,16 @@ class TxnSender(Sender):
             return None if part.leader >= 0 else _NO_LEADER
         return None if any(p.leader >= 0 for p in found.partitions.values()) else _NO_LEADER
 
+    def _poll_failed(self, exc: KafkaException) -> None:
+        """A fatal error raised by ``poll()``: fenced (a newer master's ``init_transactions``)
+        is FencedError, as from any other transactional call (seen when a stalled master
+        woke: "Failed to add partitions to transaction: ... fenced by a newer instance")."""
+        err = exc.args[0]
+        if isinstance(err, KafkaError) and fenced(err):
+            self._drop()
+            raise FencedError(f"poll fenced: {err.str()}") from None
+        super()._poll_failed(exc)
+
     def begin(self) -> None:
         """Open the round's transaction."""
         producer = self._get_producer()

@@ -277,6 +277,32 @@ def test_a_fenced_commit_stops_the_master_and_keeps_the_entries(store: Store) ->
         rig.fwd._sender.begin()  # type: ignore[attr-defined]  # no lazy producer after a fence
 
 
+@dataclass
+class FencedAtPoll(FakeTxnProducer):
+    """librdkafka raising the fatal error from poll(), as a stalled master saw on waking."""
+
+    def poll(self, timeout: float = -1) -> int:
+        if self.queued:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._FENCED, "Failed to add partitions to transaction", fatal=True
+                )
+            )
+        return super().poll(timeout)
+
+
+def test_a_fence_raised_by_poll_stops_the_master_like_any_other(store: Store) -> None:
+    store.apply([(0, 0, msg(1, 100))], {0: 1})
+    producer = FencedAtPoll()
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    with pytest.raises(FencedError, match="poll fenced"):
+        rig.fwd.forward_once(cps, gen)
+    assert producer.committed == []
+    assert store.pending == 1  # the next master releases it
+
+
 @pytest.mark.parametrize(
     ("kafka_epoch", "zk_epoch", "expected"),
     [
