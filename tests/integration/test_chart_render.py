@@ -379,7 +379,14 @@ def test_shards_render_a_statefulset_and_a_budget_each(tools: Tools) -> None:
         assert pdb["spec"]["selector"]["matchLabels"] == selector
         claim = sts["spec"]["volumeClaimTemplates"][0]
         assert claim["metadata"]["labels"]["kdelay.io/shard"] == str(i)
-    single = helm_template(tools)
+    # A release installed before `shards` existed, upgraded with --reuse-values, has no such
+    # value (null drops it here): still one StatefulSet, never none (found on a real cluster).
+    for single in (
+        helm_template(tools),
+        helm_template(tools, sets={"delayService.shards": "null"}),
+    ):
+        sts = one(single, "StatefulSet", "-delay-service")
+        assert sts["metadata"]["name"] == "kd-kdelay-delay-service"
     sts = one(single, "StatefulSet", "-delay-service")
     assert sts["metadata"]["name"] == "kd-kdelay-delay-service"
     assert "kdelay.io/shard" not in sts["spec"]["selector"]["matchLabels"]
