@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help install jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
+.PHONY: k8s-up k8s-down test-k8s
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
@@ -110,3 +111,23 @@ test-containers: $(STAMP) jvm
 demo-compose: $(STAMP) jvm
 	$(BIN)/python -m kdelay.containers up --no-service
 	$(BIN)/python -m kdelay.containers demo-compose
+
+# ---- Kubernetes (docs/kubernetes.md); not part of `make test` ------------------------------------
+# A real single-node cluster: etcd, the control plane, the kubelet, kube-proxy and CoreDNS built
+# from the Go module proxy (once per version, .cache/k8s), Debian's containerd, runc and CNI
+# plugins, state and logs in .kdelay/k8s, the project's images (make containers) loaded into
+# containerd. Left running until `make k8s-down`, which leaves no process, mount or netns.
+K8S_IMAGES := kdelay kafka zookeeper
+k8s-up: $(STAMP) jvm
+	$(BIN)/python -m kdelay.containers up --no-service --only $(K8S_IMAGES)
+	$(BIN)/python -m kdelay.k8s up
+
+k8s-down: $(STAMP)
+	$(BIN)/python -m kdelay.k8s down
+
+# tests/k8s against that cluster (brought up first when it is not): the chart installed with
+# Kafka and ZooKeeper in the cluster, delayed messages through the proxy's Service, the master's
+# pod deleted mid-stream, helm upgrade and rollback, kubectl drain, helm uninstall.
+test-k8s: k8s-up
+	KDELAY_TEST_K8S=1 $(BIN)/pytest tests/k8s $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
