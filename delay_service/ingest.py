@@ -91,6 +91,7 @@ class Ingest:
         self._targets: dict[int, int] = {}  # catch-up target per partition
         self._partitions: set[int] = set()
         self._unassigned = 0  # partitions in the metadata not assigned yet (retried)
+        self._partition_count = 0  # the buffer's partitions at the last metadata check
         self._positions: dict[int, int] = {}
         self._last_progress = time.monotonic()
 
@@ -151,6 +152,7 @@ class Ingest:
             log.warning("ingest.metadata_unavailable", error=str(topic and topic.error))
             return False
         cfg = self._cfg
+        self._check_layout(len(topic.partitions))
         new = owned(set(topic.partitions) - self._partitions, cfg.shard, cfg.shards)
         if not new:
             return True
@@ -173,6 +175,34 @@ class Ingest:
             self._assign(consumer, ready)
         self._unassigned = len(new) - len(ready)
         return self._unassigned == 0
+
+    def _check_layout(self, count: int) -> None:
+        """Say so when the buffer's partitions do not suit the shards (docs/operations.md,
+        Shards): a shard that owns none of them never catches up, and a growth that is not to a
+        multiple of a count the shards divide can separate a cancel from its message."""
+        cfg, seen = self._cfg, self._partition_count
+        self._partition_count = count
+        if cfg.shards == 1 or count == seen:
+            return
+        if cfg.shard >= count:
+            log.error(
+                "ingest.shard_owns_no_partition",
+                shard=cfg.shard,
+                shards=cfg.shards,
+                partitions=count,
+                setting="shards",
+                consequence="this replica never catches up; use at most as many shards as "
+                "buffer partitions",
+            )
+        if seen and (count % seen or seen % cfg.shards):
+            log.error(
+                "ingest.unsafe_partition_growth",
+                before=seen,
+                after=count,
+                shards=cfg.shards,
+                consequence="a cancel may reach another shard than its message; grow to a "
+                "multiple of a count the shard count divides",
+            )
 
     def _assign(self, consumer: Consumer, ready: list[int]) -> None:
         stored = self._store.offsets()

@@ -15,6 +15,7 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
+from structlog.testing import capture_logs
 
 from delay_service.config import ReplicaConfig
 from delay_service.errors import StoreError
@@ -255,4 +256,32 @@ def test_a_cancel_read_before_its_message_cancels_it_by_the_records_own_times(
     assert [r[:4] for r in retired[1:]] == [
         ("order-42", "s" * 32, 2, 1),
         ("order-42", "c" * 32, 2, 0),
+    ]
+
+
+def test_a_shard_takes_only_its_partitions_and_says_when_they_do_not_suit_it(
+    store: Store,
+) -> None:
+    """kdelay/shards.py: shard 1 of 2 assigns the odd partitions, new ones included; a shard
+    with none, and a growth that can move an id to another shard, are logged as errors."""
+    ingest = Ingest(ReplicaConfig(name="r", shards=2, shard=1), store, Metrics())
+    consumer = FakeConsumer(high=dict.fromkeys(range(4), 0))
+    with capture_logs() as logs:
+        assert ingest._assign_new(consumer) is True  # type: ignore[arg-type]
+        assert sorted(consumer.assigned) == [1, 3]
+        consumer.high |= dict.fromkeys(range(4, 8), 0)  # 4 -> 8: safe
+        ingest._assign_new(consumer)  # type: ignore[arg-type]
+        assert sorted(consumer.assigned) == [1, 3, 5, 7]
+        assert [e for e in logs if e["log_level"] == "error"] == []
+        consumer.high |= dict.fromkeys(range(8, 10), 0)  # 8 -> 10: 10 is no multiple of 8
+        ingest._assign_new(consumer)  # type: ignore[arg-type]
+    assert sorted(consumer.assigned) == [1, 3, 5, 7, 9]
+    [growth] = [e for e in logs if e["event"] == "ingest.unsafe_partition_growth"]
+    assert (growth["before"], growth["after"]) == (8, 10)
+
+    lonely = Ingest(ReplicaConfig(name="r", shards=3, shard=2), store, Metrics())
+    with capture_logs() as logs:
+        lonely._assign_new(FakeConsumer(high={0: 0, 1: 0}))  # type: ignore[arg-type]
+    assert [e["setting"] for e in logs if e["event"] == "ingest.shard_owns_no_partition"] == [
+        "shards"
     ]
