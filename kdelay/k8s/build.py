@@ -39,29 +39,21 @@ class Group:
     ldflags: str
 
 
+_K8S_BINARIES = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+)
+
 GROUPS = (
     Group(
         "kubernetes",
         KUBERNETES_VERSION,
-        (
-            "kube-apiserver",
-            "kube-controller-manager",
-            "kube-scheduler",
-            "kubelet",
-            "kube-proxy",
-            "kubectl",
-        ),
-        tuple(
-            f"k8s.io/kubernetes/cmd/{b}"
-            for b in (
-                "kube-apiserver",
-                "kube-controller-manager",
-                "kube-scheduler",
-                "kubelet",
-                "kube-proxy",
-                "kubectl",
-            )
-        ),
+        _K8S_BINARIES,
+        tuple(f"k8s.io/kubernetes/cmd/{b}" for b in _K8S_BINARIES),
         _K8S_LDFLAGS,
     ),
     Group("etcd", ETCD_VERSION, ("etcd",), (".",), "-s -w"),

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from kdelay import headers as h
 from kdelay.local import free_port, wait_until
 from tests.support.infra import ContainerSession, KafkaInfra, ZooKeeperInfra, containers, logs
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
-from tests.support.stream import DelayedStream
+from tests.support.stream import DelayedStream, read_deliveries
 from tests.support.up import cluster_status
 
 if TYPE_CHECKING:
@@ -141,31 +140,6 @@ def stack(kafka: KafkaInfra, zookeeper: ZooKeeperInfra) -> Iterator[Stack]:
         yield running
 
 
-def _delivered(kafka: str, topic: str, want: set[str]) -> list[Record]:
-    consumer = Consumer(
-        {"bootstrap.servers": kafka, "group.id": "containers-check", "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, p, -2) for p in range(PARTITIONS)])
-    records: list[Record] = []
-
-    def ids() -> set[str]:
-        for msg in consumer.consume(2000, timeout=0.5):
-            if msg.error() is None:
-                records.append(Record.of(msg))
-        return {(r.header(h.ID) or b"").decode() for r in records}
-
-    try:
-        wait_until(
-            lambda: want <= ids(),
-            timeout=300,
-            what=f"all {len(want)} acknowledged messages to be delivered",
-            interval=0.5,
-        )
-    finally:
-        consumer.close()
-    return records
-
-
 def test_killing_the_masters_container_loses_nothing_and_it_rejoins(stack: Stack) -> None:
     topic = unique_topic("containers-failover")
     create_topic(stack.kafka, topic, PARTITIONS, config=LOG_APPEND_TIME)
@@ -200,7 +174,7 @@ def test_killing_the_masters_container_loses_nothing_and_it_rejoins(stack: Stack
         stream.finish()
     assert stream.failed == [], stream.failed[:5]
 
-    records = _delivered(stack.kafka, topic, stream.acked)
+    records = read_deliveries(stack.kafka, topic, stream.acked, partitions=PARTITIONS)
     early = [r for r in records if r.timestamp_ms < int(r.header(h.DELIVER_AT) or b"0")]
     assert early == [], f"{len(early)} delivered before their due time, e.g. {early[:3]}"
     distinct = {r.header(h.ID) for r in records}

@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from kdelay import headers as h
 from kdelay.k8s import kube
 from kdelay.k8s.settings import NODE_IP, NODE_NAME, Layout
 from kdelay.local import wait_until
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
-from tests.support.stream import DelayedStream
+from tests.support.stream import DelayedStream, read_deliveries
 from tests.support.up import cluster_status
 
 NAMESPACE = "kdelay"
@@ -158,33 +157,7 @@ def release(k8s: Layout, kafka_zookeeper: tuple[str, str]) -> Iterator[Release]:
 
 
 def _deliveries(kafka: str, topic: str, want: set[str]) -> list[Record]:
-    return _deliveries_of(kafka, topic, want, partitions=PARTITIONS)
-
-
-def _deliveries_of(kafka: str, topic: str, want: set[str], *, partitions: int) -> list[Record]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka,
-            "group.id": f"k8s-check-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
-    records: list[Record] = []
-
-    def ids() -> set[str]:
-        for msg in consumer.consume(2000, timeout=0.5):
-            if msg.error() is None:
-                records.append(Record.of(msg))
-        return {(r.header(h.ID) or b"").decode() for r in records}
-
-    try:
-        wait_until(lambda: want <= ids(), timeout=TIMEOUT, what="every acknowledged message")
-        ids()  # and whatever duplicates are already there
-    finally:
-        consumer.close()
-    return records
+    return read_deliveries(kafka, topic, want, partitions=PARTITIONS, timeout=TIMEOUT)
 
 
 def _max_gap(records: list[Record], start_ms: int, end_ms: int) -> int:
@@ -282,7 +255,7 @@ def test_a_pod_reaches_the_proxy_by_its_service_name(release: Release) -> None:
         assert phase() == "Succeeded", logs
     finally:
         release.kubectl("delete", "pod", "kdelay-client", "--wait=false", check=False)
-    records = _deliveries_of(release.kafka, topic, {"dns-1"}, partitions=1)
+    records = read_deliveries(release.kafka, topic, {"dns-1"}, partitions=1)
     assert [r.timestamp_ms >= int(r.header(h.DELIVER_AT) or b"0") for r in records] == [True]
     release.record("dns_client", {"bootstrap": bootstrap, "kubectl_logs": logs.strip()[-200:]})
 
@@ -454,3 +427,49 @@ def test_uninstall_leaves_only_the_claims(release: Release) -> None:
     release.record("uninstall_left", sorted(f"{i['kind']}/{i['metadata']['name']}" for i in left))
     assert kinds_left == ["PersistentVolumeClaim"], kinds_left
     assert len(left) == 3
+
+
+def test_shards_install_each_with_its_master_and_its_partitions(release: Release) -> None:
+    """delayService.shards=2 (issue 13): a StatefulSet of two replicas per shard, each shard
+    electing its own master and ingesting only its buffer partitions; a stream through the
+    proxy loses nothing, none early or twice, while one shard's master pod is deleted."""
+    zk_root = release.zk_root + "-sharded"
+    sharded = Release(release.lay, release.kafka, release.zk_connect, zk_root, release.chart)
+    values = _values(release.kafka, release.zk_connect, zk_root)
+    began = time.monotonic()
+    shard_values = ["--set", "delayService.shards=2", "--set", "delayService.replicaCount=2"]
+    sharded.helm("install", RELEASE, sharded.chart, *values, *shard_values)
+    try:
+        wait_until(lambda: sharded.all_ready(want=6), timeout=600, what="every pod Ready")
+        wait_until(
+            lambda: all(s["master"] for s in sharded.status()["shards"]),
+            timeout=TIMEOUT,
+            what="a master in each of the 2 shards",
+            interval=1.0,
+        )
+    except Exception:
+        print(sharded.describe())
+        raise
+    sharded.record("sharded_install_to_masters_s", round(time.monotonic() - began, 1))
+    shards = sharded.status()["shards"]
+    assert [len(s["replicas"]) for s in shards] == [2, 2]
+    stream, topic = _stream(sharded, "k8s-shards")
+    try:
+        victim = str(sharded.status()["shards"][1]["master"])
+        sharded.kubectl("delete", "pod", victim, "--wait=false")
+        wait_until(
+            lambda: sharded.status()["shards"][1]["master"] not in (None, victim),
+            timeout=TIMEOUT,
+            what="another master in shard 1",
+            interval=0.5,
+        )
+        after = stream.acked_count() + 100
+        wait_until(lambda: stream.acked_count() >= after, timeout=TIMEOUT, what="100 more acks")
+    finally:
+        stream.finish()
+    _judge(sharded, "sharded_delivery", stream, topic)
+    for shard in sharded.status()["shards"]:
+        for replica in shard["replicas"]:
+            partitions = {int(p) for p in replica["offsets"]}
+            assert all(p % 2 == shard["shard"] for p in partitions), (replica["name"], partitions)
+    sharded.helm("uninstall", RELEASE, "--wait", "--timeout=5m")

@@ -8,10 +8,13 @@ failures are kept, so a test can check that every acknowledged message was deliv
 from __future__ import annotations
 
 import threading
+import uuid
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kdelay import headers as h
+from kdelay.local import wait_until
+from kdelay.local.kafka_tools import Record
 
 
 class DelayedStream(threading.Thread):
@@ -63,3 +66,38 @@ class DelayedStream(threading.Thread):
         self._halt.set()
         self.join(timeout=60)
         assert self.producer.flush(120) == 0, "messages still unacknowledged after 120 s"
+
+
+def read_deliveries(
+    kafka: str, topic: str, want: set[str], *, partitions: int, timeout: float = 300.0
+) -> list[Record]:
+    """``topic``'s records, read_committed from the beginning, until every id in ``want`` is
+    there (``kdelay-id``), plus whatever duplicates had already arrived by then."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka,
+            "group.id": f"stream-check-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])  # -2: beginning
+    records: list[Record] = []
+
+    def ids() -> set[str]:
+        for msg in consumer.consume(2000, timeout=0.5):
+            if msg.error() is None:
+                records.append(Record.of(msg))
+        return {(r.header(h.ID) or b"").decode() for r in records}
+
+    try:
+        wait_until(
+            lambda: want <= ids(),
+            timeout=timeout,
+            what=f"all {len(want)} acknowledged messages to be delivered",
+            interval=0.5,
+        )
+        ids()  # and whatever duplicates are already there
+    finally:
+        consumer.close()
+    return records
