@@ -6,11 +6,14 @@ measures, beside a plain Kafka produce->consume baseline from the same run:
 
 - lateness (record timestamp - due time, and consumer receipt - due time) p50/p99/max at
   several rates, with 1 and 3 replicas;
-- ingest rate of one replica (a fresh replica reading a pre-filled buffer topic);
-- forward rate (a burst of messages all due at once);
+- ingest rate of one replica (a fresh replica reading a pre-filled buffer topic, from its
+  ``kdelay_replica_ingested_total``), against a plain consumer reading the same records;
+- forward rate (a burst of messages all due at once), against the rate the bench itself
+  produced the buffer records at (one confluent-kafka producer);
 - with a large pending set: store bytes per message, replica RSS, restart-to-first-delivery.
 
-Figures depend on the machine; the baseline shows what the same machine does without kdelay.
+``--replicas ""`` skips the lateness runs (only the one-replica figures). Figures depend on the
+machine; the baseline shows what the same machine does without kdelay.
 """
 
 from __future__ import annotations
@@ -76,6 +79,35 @@ def produce_buffer(bootstrap: str, topic: str, messages: Iterable[Scheduled]) ->
         if i % 1000 == 0:
             p.poll(0)
     p.flush(120)
+
+
+def plain_consume_per_s(bootstrap: str, topic: str, count: int) -> float:
+    """The baseline of one replica's ingest: a plain confluent-kafka consumer reading ``count``
+    records of ``topic`` from the start, in batches as ingest does, touching each record's key,
+    value and headers (what ingest reads); records per second from the first record on."""
+    c = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"bench-plain-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "fetch.wait.max.ms": 50,
+    })  # fmt: skip
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        seen, start = 0, 0.0
+        deadline = time.monotonic() + 600
+        while seen < count and time.monotonic() < deadline:
+            batch = c.consume(2000, timeout=0.5)
+            if batch and not start:
+                start = time.monotonic()
+            for m in batch:
+                if m.error() is None:
+                    m.key(), m.value(), m.headers(), m.timestamp()
+                    seen += 1
+        return seen / max(time.monotonic() - start, 1e-3)
+    finally:
+        c.close()
 
 
 def paced(rate: int, seconds: float, make: Callable[[int], None], p: Producer) -> int:
@@ -220,12 +252,12 @@ def main(argv: list[str] | None = None) -> None:
         zk.start()
         bs = kafka.bootstrap_servers
         print(f"{'run':24} {'release p50/p99/max ms':>28} | {'receipt p50/p99/max ms':>26}")
-        for n_rep in [int(x) for x in args.replicas.split(",")]:
+        for n_rep in [int(x) for x in args.replicas.split(",") if x]:
             rs = Replicas(base / f"set-{n_rep}", bs, zk.connect_string, n_rep)
             try:
                 rs.start_all()
                 rs.wait_master()
-                for rate in [int(x) for x in args.rates.split(",")]:
+                for rate in [int(x) for x in args.rates.split(",") if x]:
                     base_l = baseline(bs, rate, args.seconds)
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
                     lat = delayed(rs, rate, args.seconds)
@@ -268,16 +300,36 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
         produce_s = time.monotonic() - t0
         t0 = time.monotonic()
         rs.start("r1")
+        # The replica's own ingest rate, from its counter: between the first sample that shows
+        # records ingested and the one that shows them all (the start-up is not counted).
+        samples: list[tuple[float, float]] = []
+
+        def ingested_all() -> bool:
+            n = rs.metric_sum("r1", "kdelay_replica_ingested_total")
+            if not math.isnan(n) and n > 0:
+                samples.append((time.monotonic(), n))
+            return bool(n >= args.pending)
+
+        wait_until(
+            ingested_all, timeout=1800, what="the replica to ingest the pending set", interval=0.2
+        )
         wait_until(
             lambda: rs.status().get("r1", {}).get("role") == "master",
-            timeout=1800,
-            what="the replica to ingest the pending set",
+            timeout=600,
+            what="the replica to become master",
             interval=0.2,
         )
         ingest_s = time.monotonic() - t0
+        (t_first, n_first), (t_last, n_last) = samples[0], samples[-1]
+        ingest_per_s = (n_last - n_first) / max(t_last - t_first, 1e-3)
         out["pending_messages"] = args.pending
-        out["buffer_produce_per_s"] = args.pending / produce_s
+        produce_per_s = args.pending / produce_s
+        out["buffer_produce_per_s"] = produce_per_s
         out["ingest_per_s_incl_startup"] = args.pending / ingest_s
+        plain_per_s = plain_consume_per_s(bs, rs.buffer, args.pending)
+        out["ingest_per_s"] = ingest_per_s
+        out["plain_consume_per_s"] = plain_per_s
+        out["ingest_vs_plain_consume"] = ingest_per_s / plain_per_s
         rs.procs["r1"].stop(grace=60)  # graceful: flushed memtables show the real SST size
         rs.start("r1")
         rs.wait_master(600)
@@ -300,7 +352,9 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
         ))  # fmt: skip
         lat = consume_lateness(bs, burst_topic, args.burst, timeout=600)
         spread = max(lat.release, default=0) - min(lat.release, default=0)
-        out["forward_per_s"] = args.burst / max(spread / 1000, 1e-3)
+        forward_per_s = args.burst / max(spread / 1000, 1e-3)
+        out["forward_per_s"] = forward_per_s
+        out["forward_vs_buffer_produce"] = forward_per_s / produce_per_s
         # Restart with the big pending set: time from process start to the first delivery.
         rs.procs["r1"].stop(grace=60)
         first = f"bench-first-{uuid.uuid4().hex[:8]}"

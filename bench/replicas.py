@@ -116,6 +116,19 @@ class Replicas:
                 return float(line.split()[1])
         return float("nan")
 
+    def metric_sum(self, name: str, metric: str) -> float:
+        """The sum of every series of ``metric`` (all label values); nan before it answers."""
+        try:
+            url = str(self.status()[name]["metrics"])
+            text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
+        except (KeyError, OSError):
+            return float("nan")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((metric + "{", metric + " "))
+        )
+
     def cpu_seconds(self, name: str) -> float:
         """User + system CPU time of replica ``name`` so far (0 when it is gone)."""
         pid = self.procs[name].pid

@@ -156,9 +156,10 @@ class IndexedBatch:
             if entry is not None and key.startswith(prefix):
                 yield key, entry
 
-    def put(self, record: Scheduled, key: bytes) -> None:
-        """Add a pending entry under ``key``."""
-        index_key = id_key(record.id, record.uid)
+    def put(self, record: Scheduled, key: bytes, index_key: bytes | None = None) -> None:
+        """Add a pending entry under ``key`` (``index_key``: its :func:`id_key`, when known)."""
+        if index_key is None:
+            index_key = id_key(record.id, record.uid)
         self.batch.put(key, encode_entry(record))
         self.batch.put(index_key, key, self._ids_cf)
         self.overlay[index_key] = key

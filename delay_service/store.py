@@ -366,7 +366,8 @@ class Store:
             result.cancelled += 1
             result.cancelled_on_arrival += 1
         else:
-            txn.put(record, entry_key(record.deliver_at_ms, partition, offset, record.seq))
+            key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
+            txn.put(record, key, index_key)
             result.scheduled += 1
             if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
                 result.earliest_new_ms = record.deliver_at_ms

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 from kafka.partitioner.default import murmur2
 
 from kdelay import headers as h
@@ -202,7 +202,7 @@ class Encoded:
 
 
 def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
-    return ROUTE_HEADER, json.dumps({"v": FORMAT_VERSION, **obj}, separators=(",", ":")).encode()
+    return ROUTE_HEADER, orjson.dumps({"v": FORMAT_VERSION, **obj})
 
 
 def partition_for(msg_id: str, partitions: int) -> int:
@@ -283,7 +283,7 @@ def decode(
     if not hdrs or hdrs[-1][0] != ROUTE_HEADER or hdrs[-1][1] is None:
         raise BufferFormatError(f"buffer record {msg_id!r} lacks a trailing {ROUTE_HEADER} header")
     try:
-        route = json.loads(hdrs[-1][1])
+        route = orjson.loads(hdrs[-1][1])
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc}") from None
     if not isinstance(route, dict):

@@ -169,7 +169,8 @@ POISON = [
     FakeMessage(0, 2, b"c", b"x", [route({"v": 99, "op": "schedule"})]),
     # a schedule whose fields are missing (truncated route)
     FakeMessage(1, 0, b"d", b"x", [route({"v": 1, "op": "schedule", "t": "t"})]),
-    # a due time no store can hold, and a topic with a lone surrogate (JSON escapes allow it)
+    # a due time no store can hold (unstorable), and a topic with a lone surrogate (JSON
+    # escapes allow it; the route's parser refuses it: undecodable)
     FakeMessage(1, 1, b"e", b"", [route({**_route(GOOD), "d": 2**70})]),
     FakeMessage(1, 2, b"f", b"", [route({**_route(GOOD), "t": "\ud800"})]),
     # no key at all
@@ -209,8 +210,9 @@ def test_poison_records_become_dead_letter_entries_and_ingest_goes_on(store: Sto
         assert list(entry.headers[: len(own)]) == own
     assert b"beyond a signed 64-bit" in dict(dead["kdelay-invalid/1/1"].headers)[ERROR_HEADER]
     invalid = metrics.registry.get_sample_value
-    assert invalid("kdelay_replica_invalid_records_total", {"reason": "undecodable"}) == 5
-    assert invalid("kdelay_replica_invalid_records_total", {"reason": "unstorable"}) == 2
+    assert b"surrogate" in dict(dead["kdelay-invalid/1/2"].headers)[ERROR_HEADER]
+    assert invalid("kdelay_replica_invalid_records_total", {"reason": "undecodable"}) == 6
+    assert invalid("kdelay_replica_invalid_records_total", {"reason": "unstorable"}) == 1
     assert invalid("kdelay_replica_ingested_total", {"kind": "invalid"}) == len(POISON)
     assert invalid("kdelay_replica_ingested_total", {"kind": "schedule"}) == 2
 
