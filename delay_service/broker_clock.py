@@ -81,6 +81,11 @@ class ProbeWindow:
         self._window_s = window_s
         self._drift = max_drift
         self._probes: deque[Probe] = deque(maxlen=512)  # bounded, whatever the interval
+        # The probe whose lower bound is the highest at any moment after every probe's ack:
+        # the bounds are lines of one slope, so which one is highest does not depend on the
+        # moment. lower_ms is asked for every release; this makes it O(1), not O(probes).
+        self._highest_lower: Probe | None = None
+        self._last_acked = 0.0  # the latest ack among the probes
 
     @property
     def latest(self) -> Probe | None:
@@ -106,10 +111,15 @@ class ProbeWindow:
         horizon = probe.acked_mono - self._window_s
         while len(self._probes) > 1 and self._probes[0].acked_mono < horizon:
             self._probes.popleft()
+        self._last_acked = last = max(p.acked_mono for p in self._probes)
+        self._highest_lower = max(self._probes, key=lambda p: self._lower(p, last))
         return consistent
 
     def lower_ms(self, mono: float) -> float | None:
         """Broker time at ``mono`` is at least this: the conservative estimate."""
+        best = self._highest_lower
+        if best is not None and mono >= self._last_acked:
+            return self._lower(best, mono)
         return max((self._lower(p, mono) for p in self._probes), default=None)
 
     def upper_ms(self, mono: float) -> float | None:

@@ -25,11 +25,11 @@ was written (``w``); ``outcome_time``: ``written_ms (8) | id`` -> empty, the pru
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import orjson
 from rocksdict import WriteBatch
 
 from kdelay.buffer import Fate, Scheduled
@@ -122,9 +122,7 @@ class OutcomeLog:
             self._pending_delta += 1
         self._seen.add(key)
         body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
-        batch.put(
-            key, json.dumps({**body, "w": now_ms}, separators=(",", ":")).encode(), self._cf_handle
-        )
+        batch.put(key, orjson.dumps({**body, "w": now_ms}), self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
 
     def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
@@ -213,6 +211,6 @@ class OutcomeLog:
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:
-    doc = json.loads(raw)
+    doc = orjson.loads(raw)
     written = int(doc.pop("w", 0))
     return Outcome(id=msg_id, **doc), written

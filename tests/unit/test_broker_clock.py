@@ -122,6 +122,23 @@ def test_the_best_lower_bound_of_the_window_wins() -> None:
     assert w.upper_ms(2.0) == pytest.approx(3_001)  # min(1_000 + 1 + 2_000, 2_000 + 1 + 1_000)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_lower_bound_is_the_best_of_every_probe_at_any_moment(seed: int) -> None:
+    """lower_ms keeps the probe with the highest bound instead of scanning the window each time
+    (it is asked for every release): it must equal the scan, at every moment asked, before,
+    between and after the probes' acknowledgements, as probes come and leave the window."""
+    rng = random.Random(seed)
+    w = ProbeWindow(window_s=rng.uniform(1, 10), max_drift=rng.choice([0, MAX_DRIFT, 0.01]))
+    broker, mono = rng.uniform(0, 1e12), 0.0
+    for _ in range(60):
+        mono += rng.uniform(0, 1)
+        rtt = rng.uniform(0, 0.2)
+        w.add(Probe(mono, mono + rtt, int(broker + mono * 1000 + rng.uniform(0, rtt * 1000)), 0))
+        for ask in (mono - rng.uniform(0, 2), mono + rtt, mono + rtt + rng.uniform(0, 5)):
+            scan = max(w._lower(p, ask) for p in w._probes)
+            assert w.lower_ms(ask) == scan
+
+
 def test_probes_older_than_the_window_stop_counting() -> None:
     w = ProbeWindow(window_s=30.0, max_drift=0)
     w.add(Probe(0.0, 0.001, 1_000, 0))  # an excellent probe ...
