@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -221,7 +222,14 @@ def pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
     the buffer partition of its target partition. So a producer's records for one target
     partition share a buffer partition, are appended together and tie on their due times in
     production order (the order field breaks the tie), and a cancel by this id finds them."""
-    return f"b{partition_for(f'{topic}/{partition}', partitions)}.{uid}"
+    return f"b{_target_pin(topic, partition, partitions)}.{uid}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _target_pin(topic: str, partition: int, partitions: int) -> int:
+    """The buffer partition of a target partition's records without an id (murmur2 in pure
+    Python, once per target partition, not once per record)."""
+    return partition_for(f"{topic}/{partition}", partitions)
 
 
 def encode(record: BufferRecord) -> Encoded:

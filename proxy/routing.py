@@ -20,6 +20,7 @@ Functions of their arguments; :class:`AcceptanceOrder` is thread-safe; safe from
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -104,6 +105,7 @@ DEFAULT_LIMITS = RecordLimits()
 
 #: Namespace of the buffer keys derived from an idempotent producer's identity.
 _DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
+_DERIVED_BYTES = _DERIVED.bytes
 _SEQUENCES = 2**31  # Kafka's sequence numbers wrap at int32
 
 
@@ -123,7 +125,16 @@ def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) ->
         return uuid.uuid4().hex
     seq = (origin.base_sequence + index) % _SEQUENCES
     name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/{seq}"
-    return uuid.uuid5(_DERIVED, name).hex
+    return _uuid5_hex(name)
+
+
+def _uuid5_hex(name: str) -> str:
+    """``uuid.uuid5(_DERIVED, name).hex`` without building UUID objects (a record's hot path):
+    SHA-1 of the namespace and the name, version 5 and the RFC 4122 variant set."""
+    digest = bytearray(hashlib.sha1(_DERIVED_BYTES + name.encode(), usedforsecurity=False).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return digest[:16].hex()
 
 
 class AcceptanceOrder:
@@ -173,17 +184,20 @@ class Outgoing(NamedTuple):
     deliver_at_ms: int | None = None
 
 
-def _buffer_partition(msg_id: str, partitions: int) -> int:
+def _known(partitions: int) -> int:
     if partitions <= 0:
         raise BufferUnavailableError(
             f"{buffer.BUFFER_TOPIC} is not available upstream (its partitions are unknown)"
         )
-    return buffer.partition_for(msg_id, partitions)
+    return partitions
+
+
+def _buffer_partition(msg_id: str, partitions: int) -> int:
+    return buffer.partition_for(msg_id, _known(partitions))
 
 
 def _pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
-    _buffer_partition(uid, partitions)  # raises while the partitions are unknown
-    return buffer.pinned_id(uid, topic, partition, partitions)
+    return buffer.pinned_id(uid, topic, partition, _known(partitions))
 
 
 def scheduled(

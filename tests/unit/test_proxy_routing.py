@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kdelay import buffer
 from kdelay import headers as h
@@ -16,6 +20,7 @@ from proxy.routing import (
     Origin,
     Outgoing,
     RejectedRecordError,
+    buffer_key,
     route,
 )
 
@@ -93,6 +98,27 @@ def test_an_idempotent_batch_retried_writes_the_same_buffer_keys() -> None:
         assert not set(keys(other)) & set(first)
     assert not set(keys(Origin(7, 0, 100), "u")) & set(first)
     assert keys(None) != keys(None)  # not idempotent: random keys
+
+
+@given(
+    st.integers(0, 2**63 - 1),
+    st.integers(0, 2**15 - 1),
+    st.text(min_size=1, max_size=249),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**31 - 1),
+)
+def test_derived_buffer_keys_are_the_uuid5_of_the_producer_identity(
+    pid: int, epoch: int, topic: str, partition: int, seq: int
+) -> None:
+    """The buffer keys of an idempotent batch are persisted and compared across proxies (and
+    versions: a batch retried through an upgraded proxy must write the same keys): the
+    derivation without UUID objects is uuid5, exactly; and the pinned id of a record without
+    one is the murmur2 of its target partition, cached or not."""
+    key = buffer_key(Origin(pid, epoch, seq), topic, partition, 0)
+    name = f"{pid}/{epoch}/{topic}/{partition}/{seq}"
+    assert key == uuid.uuid5(uuid.UUID("6b64656c-6179-4b65-8b79-000000000002"), name).hex
+    pinned = buffer.pinned_id(key, topic, partition, 12)
+    assert pinned == f"b{buffer.partition_for(f'{topic}/{partition}', 12)}.{key}"
 
 
 def test_equal_delays_keep_the_order_they_were_accepted_in() -> None:
