@@ -233,10 +233,6 @@ class ReplicaApi:
 
     # -- discovery -------------------------------------------------------------------------
 
-    def replicas(self) -> list[Replica]:
-        """Every registered replica, shard by shard, each shard's in the order asked."""
-        return [r for shard in self.shards() for r in shard]
-
     def shards(self) -> list[list[Replica]]:
         """Per shard (``zk/layout.py``; one without shards), its registered replicas in the
         order they are asked; cached for ``cache_s``."""
