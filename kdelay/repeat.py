@@ -103,13 +103,44 @@ class Repeat:
 
     def _cron_after(self, after_ms: int) -> int | None:
         """The first cron match strictly after ``after_ms`` (cron has minute resolution)."""
+        return self._cron_match(after_ms, reverse=False)
+
+    def _cron_at_or_before(self, at_ms: int) -> int | None:
+        """The last cron match at or before ``at_ms``."""
+        return self._cron_match(at_ms + 1, reverse=True)
+
+    def _cron_match(self, from_ms: int, *, reverse: bool) -> int | None:
         assert self.cron is not None
-        start = datetime.fromtimestamp(after_ms / 1000, tz=ZoneInfo(self.zone))
+        start = datetime.fromtimestamp(from_ms / 1000, tz=ZoneInfo(self.zone))
         try:
-            match = next(iter(CronSim(self.cron, start)))
+            match = next(iter(CronSim(self.cron, start, reverse=reverse)))
         except StopIteration:
             return None
         return int((match - _EPOCH) / timedelta(milliseconds=1))
+
+    def widest_cron_gap(
+        self, first_ms: int, until_ms: int, max_gap_ms: int, max_steps: int
+    ) -> tuple[int, int]:
+        """``(gap, at)``: the first gap between consecutive matches from ``first_ms`` to
+        ``until_ms`` wider than ``max_gap_ms`` (the match it follows), else the widest one
+        seen; in at most ``max_steps`` steps, each at least half of ``max_gap_ms`` on
+        average, however dense the matches: from a match ``m`` the walk jumps to the last
+        match at or before ``m + max_gap_ms``, since matches closer together than that cannot
+        be too far apart.
+        """
+        widest, at, m = 0, first_ms, first_ms
+        for _ in range(max_steps):
+            if m >= until_ms:
+                break
+            nxt = self._cron_after(m)
+            if nxt is None:
+                break
+            if nxt - m > widest:
+                widest, at = nxt - m, m
+            if nxt - m > max_gap_ms:
+                break
+            m = max(nxt, self._cron_at_or_before(m + max_gap_ms) or nxt)
+        return widest, at
 
 
 def _iso_duration_ms(text: str) -> int:
@@ -209,7 +240,36 @@ def _parse_cron(body: str, count: int | None, max_horizon_ms: int) -> Repeat:
     second = rule.after(1, first) if count != 1 else None
     if second is not None:
         _checked_gap("the gap between cron matches", second - first, max_horizon_ms)
+        # The maximum horizon holds for *every* next occurrence: the widest gap between
+        # matches, over long enough for every day-of-month, month and leap-day pattern.
+        last = first + _CRON_CHECK_SPAN_MS
+        if count is not None and count <= _CRON_COUNTED_WALK:
+            last = min(last, _nth_match(rule, first, count))
+        gap, at = rule.widest_cron_gap(first, last, max_horizon_ms, _CRON_CHECK_STEPS)
+        if gap > max_horizon_ms:
+            when = datetime.fromtimestamp(at / 1000, tz=UTC).isoformat(timespec="minutes")
+            _checked_gap(f"the gap between cron matches after {when}", gap, max_horizon_ms)
     return rule
+
+
+#: How far ahead a cron series' gaps are checked: four years and a day (leap days), or as far
+#: as this many steps reach (about 1,000 horizons: a horizon under a day and a half checks less
+#: than four years; each distinct value is checked once, then cached).
+_CRON_CHECK_SPAN_MS = (4 * 365 + 2) * 86_400_000
+_CRON_CHECK_STEPS = 2000
+#: A counted series of at most this many occurrences has only its own gaps checked.
+_CRON_COUNTED_WALK = 1000
+
+
+def _nth_match(rule: Repeat, first: int, count: int) -> int:
+    """The due time of occurrence ``count`` (or of the last one, if it ends before)."""
+    due = first
+    for occurrence in range(1, count):
+        nxt = rule.after(occurrence, due)
+        if nxt is None:
+            break
+        due = nxt
+    return due
 
 
 @lru_cache(maxsize=4096)

@@ -98,6 +98,60 @@ def test_a_bad_value_is_rejected_naming_the_header_and_why(text: str, said: str)
     assert bad.value.header == h.REPEAT
 
 
+DAY = 86_400_000
+
+
+@pytest.mark.parametrize(
+    ("text", "horizon", "said"),
+    [
+        # 1st and 2nd of the month: a day apart, then a month (checked at every next match)
+        ("cron:0 0 1,2 * *", 7 * DAY, "gap between cron matches after .* beyond"),
+        ("cron:0 0 1,2 * *", 31 * DAY, None),
+        ("R2/cron:0 0 1,2 * *", 2 * DAY, None),  # a counted series: only its own gaps
+        ("R3/cron:0 0 1,2 * *", 2 * DAY, "beyond the maximum horizon"),
+        # every minute of the first three days of a month: dense, then four weeks of nothing
+        ("cron:* * 1-3 * *", 7 * DAY, "after .*T23:59"),
+        # every minute of March: eleven months apart, found within the four years checked
+        ("cron:* * * 3 *", 300 * DAY, "beyond the maximum horizon"),
+        # a daily time in a zone with daylight saving: one gap a year is 25 hours
+        ("cron:CRON_TZ=Europe/Berlin 30 2 * * *", DAY, "90000 s"),
+        ("cron:CRON_TZ=Europe/Berlin 30 2 * * *", DAY + 3_600_000, None),
+        ("cron:*/5 * * * *", 600_000, None),
+    ],
+)
+def test_the_maximum_horizon_holds_for_every_next_cron_occurrence(
+    text: str, horizon: int, said: str | None
+) -> None:
+    if said is None:
+        parse_repeat(text, horizon)
+    else:
+        with pytest.raises(InvalidHeaderError, match=said):
+            parse_repeat(text, horizon)
+
+
+@pytest.mark.parametrize(
+    "expr", ["0 0 1,2 * *", "*/7 3-5 * * 1,3", "0 9 * * 1-5", "* * 1-3 * *", "15 */6 13 * 5"]
+)
+def test_the_gap_walk_finds_what_every_gap_shows(expr: str) -> None:
+    """The horizon check jumps over dense matches; it must find the first gap too wide that
+    stepping through every match finds (60 days, horizons from 1 hour to 40 days)."""
+    rule = parse_repeat(f"cron:{expr}", 10**13)
+    first = rule.first(T)
+    until = first + 60 * DAY
+    gaps, m = [], first
+    while m < until and (nxt := rule.after(1, m)) is not None:
+        gaps.append((nxt - m, m))
+        m = nxt
+    for horizon in (3_600_000, DAY, 7 * DAY, 40 * DAY):
+        over = [g for g in gaps if g[0] > horizon]
+        gap, at = rule.widest_cron_gap(first, until, horizon, 10**6)
+        if over:  # the first gap too wide, and where
+            assert (gap, at) == over[0]
+        else:  # none too wide: what the walk saw was one of them
+            assert gap in {g for g, _ in gaps}
+            assert gap <= horizon
+
+
 def classify(*hdrs: tuple[str, bytes]) -> h.Delay | h.CancelRequest | None:
     return h.classify(list(hdrs), NOW, h.DelayPolicy())
 
