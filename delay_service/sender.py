@@ -245,7 +245,13 @@ class Sender:
     def wait(self, keys: Collection[bytes], deadline: float) -> None:
         """Pump until none of the entries ``keys`` has a record in flight, or until the
         monotonic ``deadline``: a slow target never holds the caller longer than that."""
-        while any(k in self._flights for k in keys):
+        waiting = list(keys)
+        first = 0  # keys before it are acknowledged: no new record is launched meanwhile
+        while True:
+            while first < len(waiting) and waiting[first] not in self._flights:
+                first += 1
+            if first == len(waiting):
+                break
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 break
