@@ -1,17 +1,21 @@
 """Recurring messages (``kdelay-repeat``) through a real proxy to real replicas (on the proxy's
 buffer topic, ``__kdelay_buffer``, like test_cancel_readme.py): a series is delivered exactly
 as many times as it asks, in order, never early (by the broker's clock: the targets are
-LogAppendTime), across a master SIGKILL between occurrences; a cancel stops an endless series
-and a cron series. (A bad value is refused naming the header: test_proxy_errors.py.)"""
+LogAppendTime), across a master SIGKILL between occurrences and across a SIGKILL of every
+replica (an occurrence due while none runs is delivered late, not lost); a cancel stops an
+endless series and a cron series. (A bad value is refused naming the header:
+test_proxy_errors.py.)"""
 
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kdelay.buffer import BUFFER_TOPIC
@@ -24,6 +28,7 @@ from tests.support.replicas import ReplicaSet
 from tests.support.schedule import assert_not_early, create_target
 
 EXACTLY_ONCE = ["--delivery", "exactly-once", "--txn-ack-wait-ms", "5000"]
+AT_LEAST_ONCE = ["--delivery", "at-least-once"]
 Headers = list[tuple[str, str | bytes | None]]
 COMMITTED: dict[str, str | int | bool] = {"isolation.level": "read_committed"}
 
@@ -119,3 +124,75 @@ def test_series_delivered_exactly_as_asked_across_a_master_kill_and_stopped_by_c
     assert len(after) <= 1, after
     assert occurrences(of(records, cron)) == [1]
     assert cron_due % 60_000 == 0  # a cron match is a whole minute
+
+
+@pytest.mark.parametrize(
+    ("delivery", "wipe"),
+    [(EXACTLY_ONCE, False), (AT_LEAST_ONCE, False), (EXACTLY_ONCE, True)],
+    ids=["exactly-once", "at-least-once", "exactly-once-store-wiped"],
+)
+def test_a_series_survives_a_restart_of_every_replica(
+    kafka: KafkaInfra,
+    zookeeper: ZooKeeperInfra,
+    tmp_path: Path,
+    delivery: list[str],
+    wipe: bool,
+) -> None:
+    """An ``R4/PT3S`` and an ``exp:3s,2,4s,4`` series (gaps 3, 4, 4 s); after occurrence 1
+    both replicas are SIGKILLed and none runs until past occurrence 2's due time, then both
+    start again from their data dirs (``wipe``: replica-2's removed, and it starts alone, so
+    the master is one that rebuilt its store from the buffer topic). Each series: 4
+    deliveries, in order, none early (LogAppendTime), the gaps from the due times (lateness
+    does not accumulate), occurrence 2 delivered after the restart."""
+    bs = kafka.bootstrap_servers
+    topic = unique_topic("repeat-restart")
+    create_target(bs, topic)
+    run = uuid.uuid4().hex[:8]
+    gaps = {
+        f"r4-{run}": (b"R4/PT3S", [3000] * 3),
+        f"exp-{run}": (b"exp:3s,2,4s,4", [3000, 4000, 4000]),
+    }
+    with ReplicaSet(
+        tmp_path, bs, zookeeper.connect, count=2, extra_args=delivery, buffer_topic=BUFFER_TOPIC
+    ) as rs:
+        rs.start_all()
+        rs.wait_master(timeout=90)
+        proxy, port = proxy_process(bs, tmp_path / "proxy.log")
+        proxy.start()
+        try:
+            wait_accepting(port)
+            for msg_id, (repeat, _) in gaps.items():  # the first 1 s from now
+                produce(port, topic, series(msg_id, repeat, ("kdelay-delay-ms", b"1000")))
+        finally:
+            proxy.stop()
+        one = read_until(bs, topic, lambda r: all(len(of(r, s)) >= 1 for s in gaps))
+        time.sleep(1)  # occurrence 1's retirement checkpointed (every 100 ms); 2 is 3 s away
+        for name in rs.replicas:
+            rs.kill(name)
+        assert not any(r.alive() for r in rs.replicas.values())
+        second_due = max(int(of(one, s)[0].header("kdelay-deliver-at") or b"0") for s in gaps)
+        second_due += 3000
+        wait_until(
+            lambda: time.time() * 1000 > second_due + 1000,
+            timeout=30,
+            what="occurrence 2 to fall due while every replica is down",
+        )
+        restarted_ms = time.time() * 1000
+        if wipe:
+            shutil.rmtree(rs.replicas["replica-2"].data_dir)
+            rs.start("replica-2")
+            assert rs.wait_master(timeout=90) == "replica-2"
+            rs.start("replica-1")
+        else:
+            rs.start_all()
+        records = read_until(bs, topic, lambda r: all(len(of(r, s)) >= 4 for s in gaps))
+        time.sleep(5)  # a fifth occurrence, or a copy, would be written by now
+        records = read_until(bs, topic, lambda r: len(r) >= len(records))
+    assert_not_early(records)
+    for msg_id, (_, expected_gaps) in gaps.items():
+        mine = sorted(of(records, msg_id), key=lambda r: r.offset)
+        assert occurrences(mine) == [1, 2, 3, 4], (msg_id, occurrences(mine))
+        due = [int(r.header("kdelay-deliver-at") or b"0") for r in mine]
+        assert [b - a for a, b in itertools.pairwise(due)] == expected_gaps, msg_id
+        assert mine[0].timestamp_ms < restarted_ms, msg_id  # before the kill
+        assert mine[1].timestamp_ms >= restarted_ms, msg_id  # due while down: late, not lost
