@@ -44,6 +44,7 @@ from delay_service.round import Target
 from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
+from kdelay.errors import KdelayError
 from kdelay.repeat import parse_repeat
 
 log = logs.get(__name__)
@@ -305,7 +306,20 @@ class Sender:
         msg = entry.message
         if msg.repeat is None:
             return None
-        due = parse_repeat(msg.repeat, _NO_HORIZON).after(msg.occurrence, msg.deliver_at_ms)
+        try:
+            due = parse_repeat(msg.repeat, _NO_HORIZON).after(msg.occurrence, msg.deliver_at_ms)
+        except (KdelayError, ValueError, OverflowError) as exc:
+            # A value this version cannot follow (or a bug computing it) must not stop every
+            # release: this occurrence goes out, the series ends here, loudly.
+            log.exception(
+                "sender.series_ended",
+                id=msg.id,
+                repeat=msg.repeat,
+                occurrence=msg.occurrence,
+                error=f"{type(exc).__name__}: {exc}",
+                consequence="this occurrence is released; no later one is scheduled",
+            )
+            return None
         if due is None:
             return None
         enc = encode(msg.next_occurrence(due, entry_seq(entry.key)))

@@ -139,7 +139,7 @@ class Repeat:
                 widest, at = nxt - m, m
             if nxt - m > max_gap_ms:
                 break
-            m = max(nxt, self._cron_at_or_before(m + max_gap_ms) or nxt)
+            m = max(nxt, self._cron_at_or_before(min(m + max_gap_ms, until_ms)) or nxt)
         return widest, at
 
 

@@ -117,6 +117,9 @@ DAY = 86_400_000
         ("cron:CRON_TZ=Europe/Berlin 30 2 * * *", DAY, "90000 s"),
         ("cron:CRON_TZ=Europe/Berlin 30 2 * * *", DAY + 3_600_000, None),
         ("cron:*/5 * * * *", 600_000, None),
+        # what the replicas pass (the proxy checked): no horizon, no date beyond any calendar
+        ("cron:CRON_TZ=Europe/Berlin * * * * *", 2**62, None),
+        ("cron:0 0 29 2 *", 2**62, None),
     ],
 )
 def test_the_maximum_horizon_holds_for_every_next_cron_occurrence(

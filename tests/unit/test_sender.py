@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import EllipsisType
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from delay_service.entry import Entry, entry_key
@@ -270,4 +271,16 @@ def test_a_series_release_writes_the_next_occurrence_and_completes_when_both_are
     )
     r.producers[0].produced.clear()
     send(r.sender, [last])
+    assert [p[0] for p in r.producers[0].produced] == ["t"]
+
+
+@pytest.mark.parametrize("repeat", ["R3/P1M", "not a repeat value"])
+def test_a_series_value_that_cannot_be_followed_releases_and_ends_the_series(repeat: str) -> None:
+    """A stored kdelay-repeat this version refuses (or cannot compute) must never stop the
+    forwarder: the occurrence is released, the series ends there."""
+    r = rig()
+    msg = Scheduled("s", "t", 0, None, b"v", 1000, (), "u" * 32, repeat=repeat)
+    entry = Entry(entry_key(1000, 2, 40), msg, 2, 40)
+    [done] = send(r.sender, [entry])
+    assert done.error is None
     assert [p[0] for p in r.producers[0].produced] == ["t"]
