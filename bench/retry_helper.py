@@ -1,6 +1,6 @@
 """The retry helper's throughput against a plain consumer loop, in the same run (not a test).
 
-    .venv/bin/python -m bench.retry_helper [--messages 50000] [--batch 100] [--rounds 3]
+    .venv/bin/python -m bench.retry_helper [--messages 50000] [--batch 100] [--rounds 3] [--json F]
 
 Starts the stack ``kdelay up`` starts (:class:`kdelay.local.stack.LocalStack`: ZooKeeper,
 Kafka, the proxy, one replica). Each case reads a fresh 3-partition topic of ``--messages``
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=100, help="messages per poll and commit")
     ap.add_argument("--size", type=int, default=256, help="value bytes")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write the report here")
     args = ap.parse_args(argv)
     logs.configure("WARNING")  # to stderr: stdout is the report
     n, batch = args.messages, args.batch
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs": {k: [round(x) for x in v] for k, v in runs.items()},
     }
     print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
