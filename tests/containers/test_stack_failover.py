@@ -26,7 +26,7 @@ from kdelay.local import free_port, wait_until
 from tests.support.infra import ContainerSession, KafkaInfra, ZooKeeperInfra, containers, logs
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream, read_deliveries
-from tests.support.up import cluster_status
+from tests.support.up import cluster_status, confirmed_master, roles
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -51,13 +51,10 @@ class Stack:
         return cluster_status(self.zk_connect, self.zk_root)
 
     def roles(self) -> dict[str, str]:
-        return {str(r["name"]): str(r["role"]) for r in self.status()["replicas"]}
+        return roles(self.status())
 
     def master(self) -> str | None:
-        status = self.status()
-        master = status["master"]
-        roles = {str(r["name"]): str(r["role"]) for r in status["replicas"]}
-        return str(master) if master is not None and roles.get(master) == "master" else None
+        return confirmed_master(self.status())
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {name}\n{logs(c)}" for name, c in self.replicas.items())

@@ -31,7 +31,7 @@ from kdelay.k8s.settings import NODE_IP, NODE_NAME, Layout
 from kdelay.local import wait_until
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream, read_deliveries
-from tests.support.up import cluster_status
+from tests.support.up import cluster_status, confirmed_master, roles
 
 NAMESPACE = "kdelay"
 RELEASE = "kdelay"
@@ -90,13 +90,10 @@ class Release:
         return cluster_status(self.zk_connect, self.zk_root)
 
     def roles(self) -> dict[str, str]:
-        return {str(r["name"]): str(r["role"]) for r in self.status()["replicas"]}
+        return roles(self.status())
 
     def master(self) -> str | None:
-        status = self.status()
-        roles = {str(r["name"]): str(r["role"]) for r in status["replicas"]}
-        master = status["master"]
-        return str(master) if master is not None and roles.get(master) == "master" else None
+        return confirmed_master(self.status())
 
     def describe(self) -> str:
         out = self.kubectl("get", "pods,pvc,svc,events", "-o", "wide", check=False)

@@ -94,6 +94,13 @@ def roles(status: dict[str, Any]) -> dict[str, str]:
     return {str(r["name"]): str(r["role"]) for r in status["replicas"]}
 
 
+def confirmed_master(status: dict[str, Any]) -> str | None:
+    """The master a ``kdelay status --json`` document names, if that replica also says it is
+    master (else None: an election or a hand-over in progress)."""
+    master = status["master"]
+    return str(master) if master is not None and roles(status).get(master) == "master" else None
+
+
 def children_of(owner: int) -> list[Managed]:
     """Running processes that carry ``owner``'s kdelay.managed marker (its children)."""
     return [m for m in managed() if m.owner == owner]
