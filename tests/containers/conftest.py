@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.suites import mark_or_deselect
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -23,11 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mine = [i for i in items if HERE in Path(str(i.fspath)).resolve().parents]
-    for item in mine:
-        item.add_marker(pytest.mark.containers)
-    if not mine or os.environ.get("KDELAY_TEST_INFRA") == "testcontainers":
-        return
-    config.hook.pytest_deselected(items=mine)
-    chosen = set(mine)
-    items[:] = [i for i in items if i not in chosen]
+    mark_or_deselect(
+        config,
+        items,
+        HERE,
+        pytest.mark.containers,
+        asked=os.environ.get("KDELAY_TEST_INFRA") == "testcontainers",
+    )

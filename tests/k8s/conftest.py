@@ -18,6 +18,7 @@ import pytest
 
 from kdelay.k8s import cluster, infra, kube
 from kdelay.k8s.settings import Layout, layout
+from tests.support.suites import mark_or_deselect
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,14 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mine = [i for i in items if HERE in Path(str(i.fspath)).resolve().parents]
-    for item in mine:
-        item.add_marker(pytest.mark.k8s)
-    if not mine or os.environ.get("KDELAY_TEST_K8S") == "1":
-        return
-    config.hook.pytest_deselected(items=mine)
-    chosen = set(mine)
-    items[:] = [i for i in items if i not in chosen]
+    mark_or_deselect(
+        config, items, HERE, pytest.mark.k8s, asked=os.environ.get("KDELAY_TEST_K8S") == "1"
+    )
 
 
 @pytest.fixture(scope="session")
