@@ -63,6 +63,8 @@ _IDS_FORMAT = b"2"  # index key = len(id) | id | buffer key (ids.py)
 #: How long, and how many, outcomes a replica keeps for message status (outcomes.py).
 DEFAULT_STATUS_RETENTION_MS = 3_600_000
 DEFAULT_STATUS_MAX_ENTRIES = 1_000_000
+#: Releases this replica removed as master whose tombstone it has not read back yet, at most.
+RELEASED_MEMORY = 200_000
 
 
 def _wall_ms() -> int:
@@ -113,6 +115,11 @@ class Store:
         self._lock = threading.Lock()
         self._closed = False
         self._done = RecentlyDone()  # delivered records: a late copy is a duplicate
+        # What this replica removed as master (index key -> buffer offset), until it reads the
+        # tombstone back: that tombstone has nothing to tell it (entry and index gone, the
+        # outcome known from the master itself), so ingest skips it at once. Bounded: the
+        # oldest are forgotten first, and a forgotten one is applied the long way.
+        self._released: dict[bytes, int] = {}
         raw = self._meta.get(_META_PENDING)
         self._pending = _U64.unpack(raw)[0] if raw else 0
         self._offsets: dict[int, int] = {}
@@ -318,6 +325,8 @@ class Store:
                         self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
                 else:
                     index_key = id_key(record.id, record.uid)
+                    if self._released.pop(index_key, None) == record.offset:
+                        continue  # our own release (see __init__)
                     retiring = txn.lookup(index_key)
                     if retiring is not None and split_key(retiring)[2] == record.offset:
                         txn.delete(index_key, retiring)
@@ -376,6 +385,7 @@ class Store:
         """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.
         ``fates``, by entry key: what became of them (the master's outcome of each)."""
         removed = 0
+        released: list[tuple[bytes, int]] = []
         with self._lock:
             self._check_open()
             batch = WriteBatch(raw_mode=True)
@@ -389,10 +399,14 @@ class Store:
                 removed += 1
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
                     self._outcomes.learn(batch, entry.message.id, fate, "master", _wall_ms())
+                    released.append((index_key, entry.offset))
             if removed:
                 batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
                 self._write(batch)
                 self._pending -= removed
+            self._released.update(released)
+            while len(self._released) > RELEASED_MEMORY:
+                del self._released[next(iter(self._released))]
         return removed
 
     def apply_checkpoint(self, checkpoint: Checkpoint) -> int:

@@ -23,7 +23,7 @@ from delay_service.entry import (
 )
 from delay_service.errors import StoreError, UnstorableError
 from delay_service.store import Store
-from kdelay.buffer import Cancel, Scheduled, Tombstone
+from kdelay.buffer import Cancel, Fate, Scheduled, Tombstone
 from kdelay.checkpoint import Checkpoint
 
 
@@ -448,3 +448,55 @@ def test_a_copy_arriving_after_its_record_was_delivered_is_a_duplicate(store: St
     # A new message reusing the id (another buffer key) is not a copy.
     reuse = dataclasses.replace(first, uid="n" * 32)
     assert store.apply([(0, 7, reuse)], {0: 8}).scheduled == 1
+
+
+def _source(store: Store, msg_id: str) -> str | None:
+    outcome = store.outcome(msg_id)
+    return None if outcome is None else outcome.source
+
+
+def _delivered(at: int) -> Fate:
+    return Fate("delivered", "t", 0, 7, at + 1, at, None)
+
+
+def test_the_masters_own_tombstone_is_skipped_a_foreign_one_applied(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The master removed "a" with its outcome; reading its own tombstone back has nothing to
+    # learn (no lookup, no second outcome write). A tombstone it did not write is applied.
+    store.apply([(0, 0, sched("a", 1)), (0, 1, sched("b", 2))], {0: 2})
+    a = store.due(10, 10)[0]
+    assert store.remove([a], {a.key: _delivered(1)}) == 1
+    learnt: list[str] = []
+    real = store._outcomes.learn
+
+    def learn(batch: object, msg_id: str, *rest: object) -> None:
+        learnt.append(msg_id)
+        real(batch, msg_id, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store._outcomes, "learn", learn)
+    result = store.apply(
+        [
+            (0, 2, Tombstone("a", 0, fate=_delivered(1))),
+            (0, 3, Tombstone("b", 1, fate=_delivered(2))),
+        ],
+        {0: 4},
+    )
+    assert learnt == ["b"]
+    assert result.tombstoned == 1
+    assert store.pending == 0
+    assert _source(store, "a") == "master"
+    assert _source(store, "b") == "tombstone"
+
+
+def test_the_memory_of_own_releases_is_bounded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("delay_service.store.RELEASED_MEMORY", 2)
+    store.apply([(0, i, sched(f"m{i}", i + 1)) for i in range(4)], {0: 4})
+    due = store.due(10, 10)
+    store.remove(due, {e.key: _delivered(e.message.deliver_at_ms) for e in due})
+    assert len(store._released) == 2  # the two newest
+    # A forgotten one is applied the long way: learnt again, the master's outcome kept.
+    store.apply([(0, 4, Tombstone("m0", 0, fate=_delivered(1)))], {0: 5})
+    assert _source(store, "m0") == "master"
