@@ -24,10 +24,10 @@ Pure functions and immutable values; any thread may use them.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from delay_service.errors import StoreError, UnstorableError
 from kdelay.buffer import Scheduled
+from kdelay.immutable import immutable
 
 _KEY = struct.Struct(">QQIQ")
 _KEY_V1 = struct.Struct(">QIQ")  # before the order field; read only
@@ -268,7 +268,7 @@ def decode_entry(data: bytes) -> Scheduled:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Entry:
     """A pending message and where it came from in the buffer topic."""
 

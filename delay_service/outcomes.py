@@ -26,13 +26,14 @@ was written (``w``); ``outcome_time``: ``written_ms (8) | id`` -> empty, the pru
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 import orjson
 from rocksdict import WriteBatch
 
 from kdelay.buffer import Fate, Scheduled
+from kdelay.immutable import immutable
 
 #: The states a message that left the store can be in (CONTRACT.md v2).
 DELIVERED = "delivered"
@@ -40,7 +41,7 @@ CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Outcome:
     """The last known outcome of message ``id``.
 

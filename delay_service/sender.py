@@ -45,6 +45,7 @@ from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
 from kdelay.errors import KdelayError
+from kdelay.immutable import immutable
 from kdelay.repeat import parse_repeat
 
 log = logs.get(__name__)
@@ -124,7 +125,7 @@ def make_producer(cfg: ReplicaConfig) -> Producer:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Completion:
     """How one record fared: acknowledged (``error`` None) or not, and its timestamp.
 
@@ -141,7 +142,7 @@ class Completion:
     offset: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Record:
     topic: str
     key: bytes | None

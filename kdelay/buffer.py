@@ -45,7 +45,7 @@ import base64
 import binascii
 import functools
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 import orjson
@@ -53,6 +53,7 @@ from kafka.partitioner.default import murmur2
 
 from kdelay import headers as h
 from kdelay.errors import BufferFormatError
+from kdelay.immutable import immutable
 
 BUFFER_TOPIC = "__kdelay_buffer"
 _PINNED = re.compile(r"b(\d{1,9})\.[0-9a-f]{32}\Z")
@@ -96,7 +97,7 @@ def route_schema(*fields: str) -> str:
     return ", ".join(f"{name} {ROUTE_FIELDS[name]}" for name in fields or ROUTE_FIELDS)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Scheduled:
     """A message waiting in the buffer topic for its due time."""
 
@@ -147,7 +148,7 @@ class Scheduled:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Cancel:
     """Cancels the pending messages ``id`` produced before it; a no-op for delivered ones."""
 
@@ -160,7 +161,7 @@ class Cancel:
         return self.uid or self.id
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Fate:
     """What became of a message, as its tombstone tells: ``state`` is ``delivered``,
     ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written."""
@@ -174,7 +175,7 @@ class Fate:
     occurrence: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Tombstone:
     """Retires the record at ``offset`` (message ``id``, buffer key ``uid``): delivered or
     cancelled."""
@@ -193,7 +194,7 @@ class Tombstone:
 BufferRecord = Scheduled | Cancel | Tombstone
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Encoded:
     """A buffer record as Kafka sees it."""
 
