@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from rocksdict import WriteBatch
 
+from delay_service import rocks
 from kdelay.buffer import Fate, Scheduled
 from kdelay.immutable import immutable
 
@@ -92,6 +93,7 @@ class OutcomeLog:
         self._count = _U64.unpack(raw)[0] if raw else 0
         self._pending_delta = 0
         self._seen: set[bytes] = set()  # ids put in the batch being built
+        self._read: dict[bytes, bytes | None] = {}  # outcomes read ahead for that batch
         self.retention_ms = retention_ms
         self.max_entries = max_entries
 
@@ -110,7 +112,12 @@ class OutcomeLog:
         if self.max_entries <= 0:
             return
         key = outcome.id.encode()
-        raw = None if key in self._seen else self._cf.get(key)
+        if key in self._seen:
+            raw = None
+        elif key in self._read:
+            raw = self._read[key]
+        else:
+            raw = self._cf.get(key)
         if key in self._seen:
             pass  # the same batch wrote it already: counted, and its time key is now_ms's
         elif raw is not None:
@@ -125,6 +132,13 @@ class OutcomeLog:
         body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
         batch.put(key, orjson.dumps({**body, "w": now_ms}), self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
+
+    def read_ahead(self, msg_ids: list[str]) -> None:
+        """Read the outcomes of ``msg_ids`` with one multi-get, for the puts of the batch
+        being built (the master's removal of a whole round)."""
+        keys = [i.encode() for i in msg_ids]
+        if keys:
+            self._read.update(zip(keys, rocks.multi_get(self._cf, keys), strict=True))
 
     def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
         """Record what ``source`` tells of message ``msg_id`` (a tombstone's or the master's
@@ -198,6 +212,7 @@ class OutcomeLog:
         self._count += self._pending_delta
         self._pending_delta = 0
         self._seen.clear()
+        self._read.clear()
 
     def close(self) -> None:
         """Let go of the column families (RocksDB keeps its lock while any view is open)."""
@@ -209,6 +224,7 @@ class OutcomeLog:
         """The batch was not written."""
         self._pending_delta = 0
         self._seen.clear()
+        self._read.clear()
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:

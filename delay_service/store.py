@@ -384,26 +384,35 @@ class Store:
     def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
         """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.
         ``fates``, by entry key: what became of them (the master's outcome of each)."""
+        entries = list(entries)
+        index_keys = [id_key(e.message.id, e.message.uid) for e in entries]
         removed = 0
         released: list[tuple[bytes, int]] = []
         with self._lock:
             self._check_open()
+            if not entries:
+                return 0
             batch = WriteBatch(raw_mode=True)
-            for entry in entries:
-                index_key = id_key(entry.message.id, entry.message.uid)
-                if self._ids.get(index_key) != entry.key:
+            current = rocks.multi_get(self._ids, index_keys)
+            if fates:
+                self._outcomes.read_ahead([e.message.id for e in entries if e.key in fates])
+            now_ms, now = _wall_ms(), time.monotonic()
+            for entry, index_key, key in zip(entries, index_keys, current, strict=True):
+                if key != entry.key:
                     continue
                 batch.delete(entry.key)
                 batch.delete(index_key, self._ids_cf)
-                self._done.add(entry.message.id, entry.message.uid, time.monotonic())
+                self._done.add(entry.message.id, entry.message.uid, now)
                 removed += 1
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
-                    self._outcomes.learn(batch, entry.message.id, fate, "master", _wall_ms())
+                    self._outcomes.learn(batch, entry.message.id, fate, "master", now_ms)
                     released.append((index_key, entry.offset))
             if removed:
                 batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
                 self._write(batch)
                 self._pending -= removed
+            else:
+                self._outcomes.abort()  # nothing written: forget what was read ahead
             self._released.update(released)
             while len(self._released) > RELEASED_MEMORY:
                 del self._released[next(iter(self._released))]
