@@ -24,10 +24,10 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from kdelay import buffer
 from kdelay.errors import InvalidHeaderError, KdelayError
@@ -153,6 +153,25 @@ class AcceptanceOrder:
             return first
 
 
+class _Reserved:
+    """Acceptance-order numbers for one batch's delayed records: reserved in one block, for
+    the rest of the batch, at its first delayed record (one lock and clock read a batch)."""
+
+    __slots__ = ("_end", "_next", "_order")
+
+    def __init__(self, order: AcceptanceOrder) -> None:
+        self._order = order
+        self._next = self._end = 0
+
+    def take(self, remaining: int) -> int:
+        """The next number; ``remaining``: records left in the batch, this one included."""
+        if self._next >= self._end:
+            self._next = self._order.next(remaining)
+            self._end = self._next + remaining
+        self._next += 1
+        return self._next - 1
+
+
 #: The order of every record this process accepts (Kafka listener and HTTP API alike).
 ACCEPTANCE_ORDER = AcceptanceOrder()
 
@@ -196,8 +215,11 @@ def _buffer_partition(msg_id: str, partitions: int) -> int:
     return buffer.partition_for(msg_id, _known(partitions))
 
 
-def _pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
-    return buffer.pinned_id(uid, topic, partition, _known(partitions))
+def _pinned(uid: str, topic: str, partition: int, partitions: int) -> tuple[str, int]:
+    """The id of a message sent without ``kdelay-id`` (``buffer.pinned_id``) and its buffer
+    partition, which that id names."""
+    pin = buffer.target_pin(topic, partition, _known(partitions))
+    return f"b{pin}.{uid}", pin
 
 
 def scheduled(
@@ -214,31 +236,32 @@ def scheduled(
     delay_ms: int | None = None,
     seq: int = 0,
     repeat: str | None = None,
+    buffer_partition: int | None = None,
 ) -> Outgoing:
     """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
-    ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate)."""
-    enc = buffer.encode(
-        buffer.Scheduled(
-            id=msg_id,
-            topic=topic,
-            partition=partition,
-            key=key,
-            value=value,
-            deliver_at_ms=deliver_at_ms,
-            headers=strip_control(headers),
-            uid=uid,
-            seq=seq,
-            delay_ms=delay_ms,
-            repeat=repeat,
-        )
+    ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate). ``buffer_partition``:
+    the id's, when the caller knows it (a pinned id's); else computed from the id."""
+    value, routed_headers = buffer.encode_schedule(
+        msg_id,
+        topic=topic,
+        partition=partition,
+        key=key,
+        value=value,
+        headers=strip_control(headers),
+        deliver_at_ms=deliver_at_ms,
+        delay_ms=delay_ms,
+        seq=seq,
+        repeat=repeat,
     )
     return Outgoing(
         Kind.DELAYED,
         buffer.BUFFER_TOPIC,
-        _buffer_partition(msg_id, buffer_partitions),
-        enc.key,
-        enc.value,
-        list(enc.headers),
+        _buffer_partition(msg_id, buffer_partitions)
+        if buffer_partition is None
+        else buffer_partition,
+        (uid or msg_id).encode(),
+        value,
+        cast("HeaderList", routed_headers),  # bytes values: a HeaderList's may be None
         None,
         msg_id,
         deliver_at_ms,
@@ -260,6 +283,38 @@ def cancel(msg_id: str, *, uid: str, buffer_partitions: int) -> Outgoing:
     )
 
 
+def _delayed(
+    asked: Delay,
+    r: Record,
+    *,
+    topic: str,
+    partition: int,
+    uid: str,
+    buffer_partitions: int,
+    seq: int,
+) -> Outgoing:
+    """The buffer record of ``r``, delayed as ``asked``; without an id, one pinned to the
+    target partition's buffer partition."""
+    msg_id, pin = (
+        (asked.id, None) if asked.id else _pinned(uid, topic, partition, buffer_partitions)
+    )
+    return scheduled(
+        msg_id,
+        topic=topic,
+        partition=partition,
+        key=r.key,
+        value=r.value,
+        deliver_at_ms=asked.deliver_at_ms,
+        headers=r.headers,
+        uid=uid,
+        buffer_partitions=buffer_partitions,
+        delay_ms=asked.delay_ms,
+        seq=seq,
+        repeat=asked.repeat,
+        buffer_partition=pin,
+    )
+
+
 def _over_limit(index: int, exc: LimitExceededError) -> RejectedRecordError:
     return RejectedRecordError(
         index, f"record {index}: {exc.violation.describe()}", limit=exc.violation
@@ -269,7 +324,7 @@ def _over_limit(index: int, exc: LimitExceededError) -> RejectedRecordError:
 def route(
     topic: str,
     partition: int,
-    records: Iterable[Record],
+    records: Sequence[Record],
     now_ms: int,
     policy: DelayPolicy,
     *,
@@ -299,6 +354,7 @@ def route(
     # A name of at most this many characters is within the limit in UTF-8 bytes too.
     name_chars = limits.max_header_name_bytes // 4
     max_header_value = limits.max_header_value_bytes
+    seqs = _Reserved(order)
     for i, r in enumerate(records):
         headers = r.headers
         key = r.key
@@ -324,17 +380,10 @@ def route(
         except LimitExceededError as exc:
             raise _over_limit(i, exc) from None
         ts = r.timestamp
-        passed = Outgoing(
-            immediate,
-            topic,
-            partition,
-            key,
-            value,
-            headers,
-            ts if ts is not None and ts >= 0 else None,
-        )
         if not (to_buffer or control):
-            append(passed)  # the common case: no header can be a control one
+            # the common case: no header can be a control one
+            append(Outgoing(immediate, topic, partition, key, value, headers,
+                            ts if ts is not None and ts >= 0 else None))  # fmt: skip
             continue
         if refused is not None and all(n != CANCEL for n, _ in headers):
             raise internal_topics.carrier_refusal(topic, i, refused)  # cancels only
@@ -343,26 +392,22 @@ def route(
         except InvalidHeaderError as exc:
             raise RejectedRecordError(i, f"record {i}: {exc}", exc) from None
         if asked is None:
-            routed = passed  # kdelay's own names that are no control header (delivered ones)
+            # kdelay's own names that are no control header (delivered ones)
+            routed = Outgoing(immediate, topic, partition, key, value, headers,
+                              ts if ts is not None and ts >= 0 else None)  # fmt: skip
         elif isinstance(asked, CancelRequest):
             uid = buffer_key(origin, topic, partition, i)
             routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)
         else:
             assert isinstance(asked, Delay)
-            uid = buffer_key(origin, topic, partition, i)
-            routed = scheduled(
-                asked.id or _pinned_id(uid, topic, partition, buffer_partitions),
+            routed = _delayed(
+                asked,
+                r,
                 topic=topic,
                 partition=partition,
-                key=key,
-                value=value,
-                deliver_at_ms=asked.deliver_at_ms,
-                headers=headers,
-                uid=uid,
+                uid=buffer_key(origin, topic, partition, i),
                 buffer_partitions=buffer_partitions,
-                delay_ms=asked.delay_ms,
-                seq=order.next(),
-                repeat=asked.repeat,
+                seq=seqs.take(len(records) - i),
             )
         counts[routed.kind] += 1
         append(routed)

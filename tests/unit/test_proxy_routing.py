@@ -133,6 +133,28 @@ def test_equal_delays_keep_the_order_they_were_accepted_in() -> None:
     assert len(set(seqs)) == len(seqs)
 
 
+def test_acceptance_order_rises_across_batches_and_kinds() -> None:
+    # A batch reserves its numbers in one block at its first delayed record; immediate records
+    # between delayed ones and the batches after it never reuse or go below them.
+    def seqs(records: list[Incoming]) -> list[int]:
+        out, _ = route("t", 1, records, NOW, POLICY, buffer_partitions=6)
+        found = []
+        for o in out:
+            if o.kind is Kind.DELAYED:
+                decoded = buffer.decode(o.key, o.value, list(o.headers), NOW)
+                assert isinstance(decoded, buffer.Scheduled)
+                found.append(decoded.seq)
+        return found
+
+    delayed = Incoming(None, b"d", [(h.DELAY_MS, b"10")])
+    plain = Incoming(None, b"p", [])
+    first = seqs([plain, delayed, plain, delayed, delayed])
+    second = seqs([delayed, plain, delayed])
+    assert len(first) == 3
+    assert len(second) == 2
+    assert first + second == sorted(set(first + second))
+
+
 def test_id_is_assigned_when_absent() -> None:
     a = route_record("t", 0, Incoming(None, b"v", [(h.DELAY_LEVEL, b"99")]), NOW, POLICY)
     b = route_record("t", 0, Incoming(None, b"v", [(h.DELAY_LEVEL, b"1")]), NOW, POLICY)
