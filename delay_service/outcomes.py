@@ -94,6 +94,15 @@ class OutcomeLog:
         self._pending_delta = 0
         self._seen: set[bytes] = set()  # ids put in the batch being built
         self._read: dict[bytes, bytes | None] = {}  # outcomes read ahead for that batch
+        # The pruning order's floor: every time key of an earlier millisecond was pruned.
+        # Pruning deletes from the front, so a scan from the first key would walk the
+        # tombstones of everything pruned since the last compaction, on every write (1,000
+        # records took 7.5 ms to apply with 20,000 outcomes kept, 28 ms after 160,000 were
+        # pruned). Time keys are never written below it (a clock that stepped back writes
+        # the floor's millisecond).
+        self._floor_ms = 0
+        self._next_floor_ms: int | None = None  # the floor once the batch is written
+        self._batch_ms: int | None = None  # the earliest time key the batch writes
         self.retention_ms = retention_ms
         self.max_entries = max_entries
 
@@ -129,6 +138,8 @@ class OutcomeLog:
         else:
             self._pending_delta += 1
         self._seen.add(key)
+        now_ms = max(now_ms, self._floor_ms)  # never below the pruning floor
+        self._batch_ms = now_ms if self._batch_ms is None else min(self._batch_ms, now_ms)
         body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
         batch.put(key, orjson.dumps({**body, "w": now_ms}), self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
@@ -192,7 +203,7 @@ class OutcomeLog:
         """Prune what is too old or too many, and write the count: call once per batch."""
         over = self._count + self._pending_delta - self.max_entries
         it = self._time.iter()
-        it.seek_to_first()
+        it.seek(_U64.pack(self._floor_ms))
         pruned = 0
         while it.valid() and pruned < PRUNE_BATCH:
             key = bytes(it.key())
@@ -202,6 +213,7 @@ class OutcomeLog:
             batch.delete(key, self._time_cf)
             batch.delete(key[_U64.size :], self._cf_handle)
             pruned += 1
+            self._next_floor_ms = written
             it.next()
         self._pending_delta -= pruned
         if self._pending_delta:
@@ -213,6 +225,10 @@ class OutcomeLog:
         self._pending_delta = 0
         self._seen.clear()
         self._read.clear()
+        if self._next_floor_ms is not None:  # not past a time key this batch wrote
+            batch_ms = self._next_floor_ms if self._batch_ms is None else self._batch_ms
+            self._floor_ms = min(self._next_floor_ms, batch_ms)
+        self._next_floor_ms = self._batch_ms = None
 
     def close(self) -> None:
         """Let go of the column families (RocksDB keeps its lock while any view is open)."""
@@ -225,6 +241,7 @@ class OutcomeLog:
         self._pending_delta = 0
         self._seen.clear()
         self._read.clear()
+        self._next_floor_ms = self._batch_ms = None
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:
