@@ -218,8 +218,11 @@ def _buffer_partition(msg_id: str, partitions: int) -> int:
 def _pinned(uid: str, topic: str, partition: int, partitions: int) -> tuple[str, int]:
     """The id of a message sent without ``kdelay-id`` (``buffer.pinned_id``) and its buffer
     partition, which that id names."""
-    pin = buffer.target_pin(topic, partition, _known(partitions))
-    return f"b{pin}.{uid}", pin
+    known = _known(partitions)
+    return (
+        buffer.pinned_id(uid, topic, partition, known),
+        buffer.target_pin(topic, partition, known),
+    )
 
 
 def scheduled(
