@@ -32,7 +32,6 @@ from typing import Any
 import orjson
 from rocksdict import WriteBatch
 
-from delay_service import rocks
 from kdelay.buffer import Fate, Scheduled
 from kdelay.immutable import immutable
 
@@ -93,7 +92,6 @@ class OutcomeLog:
         self._count = _U64.unpack(raw)[0] if raw else 0
         self._pending_delta = 0
         self._seen: set[bytes] = set()  # ids put in the batch being built
-        self._read: dict[bytes, bytes | None] = {}  # outcomes read ahead for that batch
         # The pruning order's floor: every time key of an earlier millisecond was pruned.
         # Pruning deletes from the front, so a scan from the first key would walk the
         # tombstones of everything pruned since the last compaction, on every write (1,000
@@ -121,12 +119,7 @@ class OutcomeLog:
         if self.max_entries <= 0:
             return
         key = outcome.id.encode()
-        if key in self._seen:
-            raw = None
-        elif key in self._read:
-            raw = self._read[key]
-        else:
-            raw = self._cf.get(key)
+        raw = None if key in self._seen else self._cf.get(key)
         if key in self._seen:
             pass  # the same batch wrote it already: counted, and its time key is now_ms's
         elif raw is not None:
@@ -143,13 +136,6 @@ class OutcomeLog:
         body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
         batch.put(key, orjson.dumps({**body, "w": now_ms}), self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
-
-    def read_ahead(self, msg_ids: list[str]) -> None:
-        """Read the outcomes of ``msg_ids`` with one multi-get, for the puts of the batch
-        being built (the master's removal of a whole round)."""
-        keys = [i.encode() for i in msg_ids]
-        if keys:
-            self._read.update(zip(keys, rocks.multi_get(self._cf, keys), strict=True))
 
     def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
         """Record what ``source`` tells of message ``msg_id`` (a tombstone's or the master's
@@ -224,7 +210,6 @@ class OutcomeLog:
         self._count += self._pending_delta
         self._pending_delta = 0
         self._seen.clear()
-        self._read.clear()
         if self._next_floor_ms is not None:  # not past a time key this batch wrote
             batch_ms = self._next_floor_ms if self._batch_ms is None else self._batch_ms
             self._floor_ms = min(self._next_floor_ms, batch_ms)
@@ -240,7 +225,6 @@ class OutcomeLog:
         """The batch was not written."""
         self._pending_delta = 0
         self._seen.clear()
-        self._read.clear()
         self._next_floor_ms = self._batch_ms = None
 
 

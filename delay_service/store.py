@@ -394,8 +394,6 @@ class Store:
                 return 0
             batch = WriteBatch(raw_mode=True)
             current = rocks.multi_get(self._ids, index_keys)
-            if fates:
-                self._outcomes.read_ahead([e.message.id for e in entries if e.key in fates])
             now_ms, now = _wall_ms(), time.monotonic()
             for entry, index_key, key in zip(entries, index_keys, current, strict=True):
                 if key != entry.key:
@@ -411,8 +409,6 @@ class Store:
                 batch.put(_META_PENDING, _U64.pack(self._pending - removed), self._meta_cf)
                 self._write(batch)
                 self._pending -= removed
-            else:
-                self._outcomes.abort()  # nothing written: forget what was read ahead
             self._released.update(released)
             while len(self._released) > RELEASED_MEMORY:
                 del self._released[next(iter(self._released))]
