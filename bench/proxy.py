@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
 import re
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from bench.proxy_process import local_kafka, proxy_process
 from kdelay import headers as h
 from kdelay import jars
-from kdelay.local import LocalKafka, free_port
 from kdelay.local.kafka_tools import create_topic, unique_topic
 from kdelay.stats import percentile
 
@@ -139,40 +136,24 @@ def java_run(
     return float(rps), float(p50), float(p99)
 
 
-@contextmanager
-def kafka(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    with tempfile.TemporaryDirectory(prefix="kdelay-bench-") as tmp, LocalKafka(Path(tmp)) as k:
-        yield k.bootstrap_servers
+def clients_run(
+    bootstrap: str, topic: str, n: int, size: int, *, delayed: bool, clients: int
+) -> tuple[float, float, float]:
+    """:func:`confluent_run` in ``clients`` processes at once, ``n`` records in all (one
+    connection each: the kernel spreads connections, not records, over proxy workers):
+    summed msg/s, and the highest p50 and p99 of any client."""
+    if clients == 1:
+        return confluent_run(bootstrap, topic, n, size, delayed=delayed)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(clients) as pool:
+        runs = pool.starmap(_client, [(bootstrap, topic, n // clients, size, delayed)] * clients)
+    return sum(r[0] for r in runs), max(r[1] for r in runs), max(r[2] for r in runs)
 
 
-@contextmanager
-def proxy(bootstrap: str) -> Iterator[str]:
-    port = free_port()
-    argv = [
-        str(Path(sys.executable).with_name("kdelay")),
-        "proxy",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--http-listen",
-        f"127.0.0.1:{free_port()}",
-        "--bootstrap-servers",
-        bootstrap,
-        "--log-level",
-        "WARNING",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if "ready" not in line:
-            raise RuntimeError(f"proxy did not start: {line!r}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+def _client(
+    bootstrap: str, topic: str, n: int, size: int, delayed: bool
+) -> tuple[float, float, float]:
+    return confluent_run(bootstrap, topic, n, size, delayed=delayed)
 
 
 def main() -> None:
@@ -181,30 +162,52 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--rate-seconds", type=int, default=5, help="length of the 10k msg/s run")
     ap.add_argument("--skip-java", action="store_true")
+    ap.add_argument(
+        "--workers", default="1", help="proxy worker counts to measure, comma-separated (1,2)"
+    )
+    ap.add_argument(
+        "--clients", type=int, default=1, help="confluent-kafka producer processes at once"
+    )
     args = ap.parse_args()
     results: list[Result] = []
-    with kafka(args.bootstrap) as direct, proxy(direct) as via:
-        for size in (100, 1024):
-            topic = unique_topic("bench")
+    counts = [int(w) for w in args.workers.split(",")]
+    client = "confluent-kafka" if args.clients == 1 else f"confluent-kafka x{args.clients}"
+    with local_kafka(args.bootstrap) as direct:
+        topics = {size: unique_topic("bench") for size in (100, 1024)}
+        for topic in topics.values():
             create_topic(direct, topic, partitions=3)
-            for path, target in (("direct", direct), ("proxy", via)):
-                r = confluent_run(target, topic, args.records, size, delayed=False)
-                results.append(_result("confluent-kafka", path, "immediate", size, r))
-            r = confluent_run(via, topic, args.records, size, delayed=True)
-            results.append(_result("confluent-kafka", "proxy", "delayed", size, r))
-            if not args.skip_java:
-                for path, target in (("direct", direct), ("proxy", via)):
-                    r = java_run(target, topic, args.records, size)
-                    results.append(_result("java", path, "immediate", size, r))
-        topic = unique_topic("bench-rate")
-        create_topic(direct, topic, partitions=3)
+        rate_topic = unique_topic("bench-rate")
+        create_topic(direct, rate_topic, partitions=3)
         n = 10_000 * args.rate_seconds
-        for path, target in (("direct", direct), ("proxy", via)):
-            r = confluent_run(target, topic, n, 100, delayed=False, rate=10_000)
-            results.append(_result("confluent-kafka@10k/s", path, "immediate", 100, r))
+        for size, topic in topics.items():
+            r = clients_run(direct, topic, args.records, size, delayed=False, clients=args.clients)
+            results.append(_result(client, "direct", "immediate", size, r))
             if not args.skip_java:
-                r = java_run(target, topic, n, 100, rate=10_000)
-                results.append(_result("java@10k/s", path, "immediate", 100, r))
+                results.append(_result("java", "direct", "immediate", size,
+                                       java_run(direct, topic, args.records, size)))  # fmt: skip
+        r = confluent_run(direct, rate_topic, n, 100, delayed=False, rate=10_000)
+        results.append(_result("confluent-kafka@10k/s", "direct", "immediate", 100, r))
+        if not args.skip_java:
+            r = java_run(direct, rate_topic, n, 100, rate=10_000)
+            results.append(_result("java@10k/s", "direct", "immediate", 100, r))
+        for workers in counts:
+            path = "proxy" if workers == 1 else f"proxy, {workers} workers"
+            with proxy_process(direct, "--workers", str(workers)) as running:
+                via = running.kafka
+                for size, topic in topics.items():
+                    for kind in ("immediate", "delayed"):
+                        delayed = kind == "delayed"
+                        r = clients_run(via, topic, args.records, size,
+                                        delayed=delayed, clients=args.clients)  # fmt: skip
+                        results.append(_result(client, path, kind, size, r))
+                    if not args.skip_java:
+                        r = java_run(via, topic, args.records, size)
+                        results.append(_result("java", path, "immediate", size, r))
+                r = confluent_run(via, rate_topic, n, 100, delayed=False, rate=10_000)
+                results.append(_result("confluent-kafka@10k/s", path, "immediate", 100, r))
+                if not args.skip_java:
+                    r = java_run(via, rate_topic, n, 100, rate=10_000)
+                    results.append(_result("java@10k/s", path, "immediate", 100, r))
     print("| client | path | kind | size | msg/s | p50 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|")
     for res in results:
@@ -216,9 +219,9 @@ def main() -> None:
     print()
     for res in results:
         d = direct_by.get((res.client, res.size))
-        if res.path == "proxy" and d is not None:
+        if res.path.startswith("proxy") and d is not None:
             print(
-                f"- {res.client} {res.kind} {res.size} B: throughput ratio "
+                f"- {res.client} {res.path} {res.kind} {res.size} B: throughput ratio "
                 f"{res.msgs_per_s / d.msgs_per_s:.2f}, p99 added {res.p99_ms - d.p99_ms:+.1f} ms"
             )
 

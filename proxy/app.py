@@ -65,6 +65,21 @@ def _ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
     return ctx
 
 
+def _shared_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT, for uvicorn (which has no such
+    setting): other proxy processes bind the same port (proxy/workers.py)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InfrastructureError(f"HTTP API could not listen on {host}:{port}: {exc}") from None
+    return sock
+
+
 class Proxy:
     """The proxy's components, started and stopped together."""
 
@@ -128,6 +143,7 @@ class Proxy:
             Limits(cfg.max_request_bytes, cfg.max_inflight_per_connection, cfg.idle_timeout_s),
             _ssl_context(cfg),
             budget,
+            reuse_port=cfg.reuse_port,
         )
         bound_host, bound_port = await self.kafka.bind(*cfg.listen_address)
         adv_host = cfg.advertised_host or (
@@ -206,10 +222,11 @@ class Proxy:
         """A new uvicorn server, listening; returns its serving task."""
         assert self._http_config is not None
         server = _EmbeddedUvicorn(self._http_config)
+        sockets = [_shared_socket(*self.cfg.http_address)] if self.cfg.reuse_port else None
 
         async def serve() -> None:
             try:
-                await server.serve()
+                await server.serve(sockets)
             except SystemExit as exc:  # uvicorn's reaction to a failed start
                 raise InfrastructureError(f"HTTP API stopped (exit status {exc.code})") from None
 

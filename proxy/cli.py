@@ -28,7 +28,12 @@ def command(config_file: Path | None, **flags: Any) -> None:
     """Run the Kafka-protocol proxy and its HTTP API."""
     cfg = load(ProxyConfig, flags, config_file)
     logs.configure(cfg.log_level)
-    code = asyncio.run(_serve(cfg))
+    if cfg.workers > 1:
+        from proxy import workers
+
+        code = workers.run(cfg)
+    else:
+        code = asyncio.run(_serve(cfg))
     if code:
         sys.exit(code)
 

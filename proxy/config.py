@@ -145,6 +145,18 @@ class ProxyConfig(BaseSettings, TopicDurability):
     )
     tls_cert: Path | None = Field(default=None, description="PEM certificate of the listener")
     tls_key: Path | None = Field(default=None, description="PEM key of the listener")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="proxy processes sharing the Kafka and HTTP ports (SO_REUSEPORT), each "
+        "using up to one core; more than 1 makes this process their supervisor (proxy/workers.py)",
+    )
+    reuse_port: bool = Field(
+        default=False,
+        description="set SO_REUSEPORT on both listeners, so several proxy processes share the "
+        "ports (set for each worker by --workers)",
+    )
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("listen", "http_listen")

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay import buffer, logs
@@ -550,6 +550,6 @@ def create_app(
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
         """Prometheus metrics (text exposition format)."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return app

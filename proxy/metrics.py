@@ -1,8 +1,18 @@
-"""The proxy's Prometheus metrics, exactly as named in docs/metrics.md."""
+"""The proxy's Prometheus metrics, exactly as named in docs/metrics.md.
+
+Under ``kdelay proxy --workers N`` (proxy/workers.py) every worker process records its values in
+files under ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, chosen when the
+library is imported) and :meth:`ProxyMetrics.exposition` reports all workers together: counters
+and histograms summed, gauges summed over the live workers (``upstream_available``: their
+minimum).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy.limits import LIMIT_SETTINGS
 
@@ -67,23 +77,32 @@ class ProxyMetrics:
             "kdelay_proxy_upstream_available",
             "1 while upstream Kafka is reachable, 0 while it is down (proxy/availability.py)",
             registry=r,
+            multiprocess_mode="livemin",
         )
         self.upstream_available.set(1)
-        self.connections = Gauge("kdelay_proxy_connections", "Open client connections", registry=r)
+        self.connections = Gauge(
+            "kdelay_proxy_connections",
+            "Open client connections",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.buffered_request_bytes = Gauge(
             "kdelay_proxy_buffered_request_bytes",
             "Request bytes reserved in memory, all connections (max_buffered_request_bytes)",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.buffered_request_limit = Gauge(
             "kdelay_proxy_buffered_request_limit_bytes",
             "The max_buffered_request_bytes setting",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.buffered_request_waiting = Gauge(
             "kdelay_proxy_buffered_request_waiting",
             "Connections and HTTP requests waiting for memory before reading a request body",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.http_requests = Counter(
             "kdelay_proxy_http_requests_total",
@@ -107,6 +126,7 @@ class ProxyMetrics:
             "kdelay_proxy_producer_states",
             "Idempotent producers whose sequence state the proxy keeps",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.producer_evictions = Counter(
             "kdelay_proxy_producer_evictions_total",
@@ -135,3 +155,12 @@ class ProxyMetrics:
         """Count ``records`` rejected for ``reason`` (both rejected-record counters)."""
         self.records.labels("rejected").inc(records)
         self.records_rejected.labels(reason).inc(records)
+
+    def exposition(self) -> bytes:
+        """The text exposition of these metrics: of every worker process when the proxy runs
+        several (``PROMETHEUS_MULTIPROC_DIR`` is set), else of this registry."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return bytes(generate_latest(merged))
+        return bytes(generate_latest(self.registry))

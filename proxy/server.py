@@ -90,8 +90,11 @@ class KafkaServer:
         limits: Limits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         budget: RequestBudget | None = None,
+        *,
+        reuse_port: bool = False,
     ) -> None:
         self.metrics = metrics
+        self.reuse_port = reuse_port  # SO_REUSEPORT: other proxy processes share the port
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
         self.budget = budget or RequestBudget(
@@ -105,7 +108,13 @@ class KafkaServer:
     async def bind(self, host: str, port: int) -> tuple[str, int]:
         """Take host:port (0: a free port) without accepting yet; returns the bound address."""
         self._server = await asyncio.start_server(
-            self._on_connect, host, port, ssl=self.ssl_context, limit=2**20, start_serving=False
+            self._on_connect,
+            host,
+            port,
+            ssl=self.ssl_context,
+            limit=2**20,
+            start_serving=False,
+            reuse_port=self.reuse_port or None,
         )
         sock = self._server.sockets[0].getsockname()
         self._address = str(sock[0]), int(sock[1])

@@ -7,12 +7,11 @@ group: TERM, then KILL after a grace period. A registry kills what is still runn
 interpreter exit and on SIGTERM/SIGHUP, so an interrupted test run leaves no JVM behind.
 
 No hook runs when the owner is SIGKILLed, so on Linux each child also asks the kernel to
-SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``, set between fork and exec; it
-survives exec). The kernel fires it when the *thread* that forked exits, not the process, so it
-is set only for children started from the main thread (``kdelay up``, the fixtures and the
-benchmarks start theirs there; a child started from another thread relies on the hooks above).
-It covers the child itself: a grandchild is its child's to watch. What survives anyway (an
-older kdelay, another platform) is what :mod:`kdelay.local.leftovers` finds.
+SIGKILL it when its parent dies (:func:`kdelay.children.die_with_parent`; only for children
+started from the main thread: ``kdelay up``, the fixtures and the benchmarks start theirs there;
+a child started from another thread relies on the hooks above). It covers the child itself: a
+grandchild is its child's to watch. What survives anyway (an older kdelay, another platform) is
+what :mod:`kdelay.local.leftovers` finds.
 
 Thread-safety: the registry is guarded by a lock; one ManagedProcess is driven by one owner.
 """
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -33,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
 from kdelay.jars import java_executable
 
@@ -67,37 +66,6 @@ def _install_handlers() -> None:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 signal.signal(sig, _on_signal)
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), resolved here: the child must not load libraries."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child SIGKILLed when this thread dies, or None where
-    that cannot hold (not Linux, or not the main thread; see the module docstring)."""
-    prctl = _prctl()
-    if prctl is None or threading.current_thread() is not threading.main_thread():
-        return None
-    parent, kill = os.getpid(), int(signal.SIGKILL)
-
-    def preexec() -> None:
-        # Runs in the child between fork and exec: no imports, no locks.
-        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the line above took effect
-            os._exit(70)
-
-    return preexec
 
 
 class ManagedProcess:

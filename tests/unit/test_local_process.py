@@ -10,7 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from kdelay.local.process import ManagedProcess, die_with_parent, wait_until
+from kdelay.children import die_with_parent
+from kdelay.local.process import ManagedProcess, wait_until
 
 
 def _alive(pid: int) -> bool:
