@@ -29,7 +29,7 @@ from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
 from proxy.metrics import ProxyMetrics
-from proxy.server import KafkaServer, Limits
+from proxy.server import KafkaServer, Limits, reuse_port_socket
 from proxy.supervision import ComponentStoppedError, Supervisor
 from proxy.topics import Advertised, Topics
 from proxy.upstream import Upstream
@@ -63,21 +63,6 @@ def _ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
     return ctx
-
-
-def _shared_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port with SO_REUSEPORT, for uvicorn (which has no such
-    setting): other proxy processes bind the same port (proxy/workers.py)."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise InfrastructureError(f"HTTP API could not listen on {host}:{port}: {exc}") from None
-    return sock
 
 
 class Proxy:
@@ -222,7 +207,14 @@ class Proxy:
         """A new uvicorn server, listening; returns its serving task."""
         assert self._http_config is not None
         server = _EmbeddedUvicorn(self._http_config)
-        sockets = [_shared_socket(*self.cfg.http_address)] if self.cfg.reuse_port else None
+        sockets = None
+        if self.cfg.reuse_port:  # uvicorn has no such setting: it is given the socket
+            try:
+                sockets = [reuse_port_socket(*self.cfg.http_address)]
+            except OSError as exc:
+                raise InfrastructureError(
+                    f"HTTP API could not listen on {self.cfg.http_listen}: {exc}"
+                ) from None
 
         async def serve() -> None:
             try:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from collections.abc import Awaitable
@@ -79,6 +80,21 @@ class _Close(Exception):  # noqa: N818 - control flow, not an error users see
         super().__init__(event)
         self.event = event
         self.fields = fields
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (0: a free port) with ``SO_REUSEPORT``, not listening:
+    other processes bind the same port the same way (proxy/workers.py); raises OSError."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class KafkaServer:

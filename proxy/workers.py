@@ -50,6 +50,7 @@ from kdelay.backoff import Backoff
 from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
 from proxy.config import ProxyConfig
+from proxy.server import reuse_port_socket
 
 log = logs.get(__name__)
 
@@ -64,18 +65,12 @@ WATCH_INTERVAL_S = 0.2
 
 
 def reserve(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port with ``SO_REUSEPORT`` and never listening: it keeps the
-    port (a free one when ``port`` is 0) for the workers, who bind it the same way."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    """A socket that keeps host:port (a free port when ``port`` is 0) for the workers, who
+    bind it the same way (``SO_REUSEPORT``); it never listens, so it takes no connection."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
+        return reuse_port_socket(host, port)
     except OSError as exc:
-        sock.close()
-        raise InfrastructureError(f"cannot reserve {host}:{port}: {exc}") from None
-    return sock
+        raise InfrastructureError(f"cannot reserve {host}:{port} for the workers: {exc}") from None
 
 
 def _address(host: str, sock: socket.socket) -> str:
