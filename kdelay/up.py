@@ -38,6 +38,12 @@ def _echo(line: str) -> None:
 @click.option(
     "--proxy-port", type=click.IntRange(0, 65535), default=0, help="Kafka listener (0: free)"
 )
+@click.option(
+    "--proxy-workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    help="proxy processes on the proxy's ports (kdelay proxy --workers)",
+)
 @click.option("--http-port", type=click.IntRange(0, 65535), default=0, help="HTTP API (0: free)")
 @click.option(
     "--kafka-port", type=click.IntRange(0, 65535), default=0, help="local Kafka (0: free)"

@@ -193,6 +193,8 @@ class Workers:
         is over."""
         from prometheus_client import multiprocess
 
+        if self._stop.is_set():
+            return  # stopping: a worker that exits now was told to (SIGTERM to the group)
         now = time.monotonic()
         for worker in self._workers:
             proc = worker.proc

@@ -54,6 +54,7 @@ class StackOptions:
     replicas: int = 3
     shards: int = 1
     proxy_port: int = 0
+    proxy_workers: int = 1
     http_port: int = 0
     kafka_port: int = 0
     zk_port: int = 0
@@ -167,6 +168,8 @@ class LocalStack:
                 # Where the replicas are: GET /v1/messages/{id} and /v1/pending ask them.
                 "--zk-connect",
                 self.zk_connect,
+                "--workers",
+                str(self.options.proxy_workers),
             ),
             data / "proxy.log",
         )
