@@ -239,6 +239,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rates", default="1000,5000,20000")
     ap.add_argument("--replicas", default="1,3")
     ap.add_argument("--seconds", type=float, default=10.0, help="per rate")
+    ap.add_argument(
+        "--delay-ms",
+        type=int,
+        default=1000,
+        help="delay of the rate runs' messages (0: due on arrival)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=5.0,
+        help="seconds of unmeasured load at the first rate before each replica set's runs (a "
+        "cold broker's first seconds are several times slower)",
+    )
     ap.add_argument("--burst", type=int, default=50_000, help="messages due at once")
     ap.add_argument("--pending", type=int, default=1_000_000, help="large pending set")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -257,10 +270,13 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 rs.start_all()
                 rs.wait_master()
-                for rate in [int(x) for x in args.rates.split(",") if x]:
+                rates = [int(x) for x in args.rates.split(",") if x]
+                if rates and args.warmup > 0:
+                    delayed(rs, rates[0], args.warmup, args.delay_ms)  # not measured
+                for rate in rates:
                     base_l = baseline(bs, rate, args.seconds)
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
-                    lat = delayed(rs, rate, args.seconds)
+                    lat = delayed(rs, rate, args.seconds, args.delay_ms)
                     print(f"{f'{n_rep} replica(s) {rate}/s':24} {lat.row()}", flush=True)
                     results[f"{n_rep}x{rate}"] = {
                         "baseline_receipt_ms": [pct(base_l.receipt, q) for q in (0.5, 0.99)],

@@ -52,8 +52,34 @@ from kdelay.shards import owned
 log = logs.get(__name__)
 
 _BATCH = 2000
+#: Longest one read waits for the next buffer record when none is queued.
+_WAIT_S = 0.1
+#: How long a read that found fewer than a batch waits for more: the most it adds to a record's
+#: way into the store, and what keeps batches (and their fixed cost) large under steady load.
+_LINGER_S = 0.005
 #: Seconds before a metadata check that left partitions unassigned is retried.
 _RETRY_S = 0.5
+
+
+def take_batch(consumer: Consumer, limit: int, wait_s: float, linger_s: float) -> list[Message]:
+    """Up to ``limit`` records: what ``consumer`` has queued, or else the first to arrive within
+    ``wait_s``; then, short of ``limit``, what else arrives within ``linger_s``.
+
+    ``consume(limit, timeout)`` alone returns only when ``limit`` records are there or the
+    timeout passed (librdkafka fills the batch until then), so below ``limit / timeout``
+    records a second every record waited up to the whole timeout: ingest's 100 ms added up to
+    100 ms to every short delay (a record produced 37 ms after the last reached the replica
+    64 ms later; read this way, 4 ms plus the linger). The linger keeps batches large when
+    records stream in steadily (each batch is one store write)."""
+    messages = consumer.consume(limit, timeout=0)
+    if not messages:
+        first = consumer.poll(wait_s)
+        if first is None:
+            return []
+        messages = [first]
+    if len(messages) < limit:
+        messages.extend(consumer.consume(limit - len(messages), timeout=linger_s))
+    return messages
 
 
 def _append_time(msg: Message) -> int | None:
@@ -283,7 +309,7 @@ class Ingest:
                         complete = False
                     interval = self._cfg.metadata_interval_ms / 1000
                     next_meta = now + (interval if complete else min(interval, _RETRY_S))
-                messages = consumer.consume(_BATCH, timeout=0.1)
+                messages = take_batch(consumer, _BATCH, _WAIT_S, _LINGER_S)
                 if messages:
                     self._apply(messages)
                 now = time.monotonic()
