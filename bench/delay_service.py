@@ -276,8 +276,20 @@ def main(argv: list[str] | None = None) -> None:
                 for rate in rates:
                     base_l = baseline(bs, rate, args.seconds)
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
+                    master = rs.wait_master()
+                    cpu0 = {n: rs.cpu_seconds(n) for n in rs.procs}
                     lat = delayed(rs, rate, args.seconds, args.delay_ms)
-                    print(f"{f'{n_rep} replica(s) {rate}/s':24} {lat.row()}", flush=True)
+                    cpu1 = {n: rs.cpu_seconds(n) for n in rs.procs}
+                    sent = int(rate * args.seconds)
+                    # CPU-µs per message of each replica over the run (master and followers).
+                    us = {n: (cpu1[n] - cpu0[n]) * 1e6 / max(sent, 1) for n in cpu0}
+                    followers = [v for n, v in us.items() if n != master]
+                    cpu = {"master": us[master]} | (
+                        {"follower": sum(followers) / len(followers)} if followers else {}
+                    )
+                    print(f"{f'{n_rep} replica(s) {rate}/s':24} {lat.row()}  "
+                          + " ".join(f"{k} {v:.0f} CPU-us/msg" for k, v in cpu.items()),
+                          flush=True)  # fmt: skip
                     results[f"{n_rep}x{rate}"] = {
                         "baseline_receipt_ms": [pct(base_l.receipt, q) for q in (0.5, 0.99)],
                         "release_ms": [pct(lat.release, 0.5), pct(lat.release, 0.99),
@@ -285,7 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                         "receipt_ms": [pct(lat.receipt, 0.5), pct(lat.receipt, 0.99),
                                        max(lat.receipt, default=0)],
                         "delivered": len(lat.release),
-                        "expected": int(rate * args.seconds),
+                        "expected": sent,
+                        "cpu_us_per_msg": cpu,
                     }  # fmt: skip
             finally:
                 rs.close()
