@@ -64,13 +64,16 @@ STOP_GRACE_S = 30.0
 WATCH_INTERVAL_S = 0.2
 
 
-def reserve(host: str, port: int) -> socket.socket:
+def reserve(setting: str, host: str, port: int) -> socket.socket:
     """A socket that keeps host:port (a free port when ``port`` is 0) for the workers, who
-    bind it the same way (``SO_REUSEPORT``); it never listens, so it takes no connection."""
+    bind it the same way (``SO_REUSEPORT``); it never listens, so it takes no connection.
+    Raises InfrastructureError naming ``setting`` when the port is taken."""
     try:
         return reuse_port_socket(host, port)
     except OSError as exc:
-        raise InfrastructureError(f"cannot reserve {host}:{port} for the workers: {exc}") from None
+        raise InfrastructureError(
+            f"{setting} {host}:{port}: the proxy workers cannot listen there: {exc}"
+        ) from None
 
 
 def _address(host: str, sock: socket.socket) -> str:
@@ -97,10 +100,15 @@ class Workers:
         self.backoff = backoff or Backoff(
             initial_s=max(cfg.component_restart_backoff_s, 0.1), cap_s=30.0
         )
+        self._reserved = [reserve("listen", *cfg.listen_address)]
+        try:
+            self._reserved.append(reserve("http_listen", *cfg.http_address))
+        except InfrastructureError:
+            self._reserved[0].close()
+            raise
         self._dir = Path(tempfile.mkdtemp(prefix="kdelay-proxy-"))  # 0700: settings inside
         self._metrics_dir = self._dir / "metrics"
         self._metrics_dir.mkdir()
-        self._reserved = [reserve(*cfg.listen_address), reserve(*cfg.http_address)]
         kafka_host, http_host = cfg.listen_address[0], cfg.http_address[0]
         self.listen = _address(kafka_host, self._reserved[0])
         self.http_listen = _address(http_host, self._reserved[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -223,3 +224,19 @@ def test_a_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(
     assert {r.value for r in records} >= acked  # every acknowledged record is there
     assert "proxy.worker_restarted" in workers.log.read_text()
     assert workers.metric('kdelay_proxy_records_total{kind="immediate"}') >= len(acked)
+
+
+def test_a_taken_port_is_refused_naming_the_setting() -> None:
+    """A port another process listens on (without SO_REUSEPORT): exit 2 and one line naming
+    the setting, before any worker or upstream connection is started."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [KDELAY, "proxy", "--workers", "2", "--listen", f"127.0.0.1:{port}",
+             "--http-listen", "127.0.0.1:0", "--bootstrap-servers", "127.0.0.1:1"],
+            capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"listen 127.0.0.1:{port}: the proxy workers cannot listen there" in result.stderr
