@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=5.0,
         help="seconds of unmeasured load at the first rate before each replica set's runs (a "
-        "cold broker's first seconds are several times slower)",
+        "fresh broker's first run was the slowest)",
     )
     ap.add_argument("--burst", type=int, default=50_000, help="messages due at once")
     ap.add_argument("--pending", type=int, default=1_000_000, help="large pending set")
