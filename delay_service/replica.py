@@ -71,10 +71,6 @@ from zk.layout import ensure_layout
 log = logs.get(__name__)
 
 SESSION_FILE = "zk-session.json"
-#: A follower leaves the entries of a checkpoint's last second to their tombstones
-#: (``Store.apply_checkpoint``): the master commits a release's tombstone with it, and ingest
-#: reads it within milliseconds; the next checkpoint drops any that did not come.
-TOMBSTONE_SETTLE_MS = 1_000
 _DUE_CAP = 50_000
 #: How often the due-window gauges are recounted: the scan holds the store's lock, so not on
 #: every status publish (a 100k-message burst released at half speed when it was).
@@ -385,7 +381,7 @@ class Replica:
                     continue
                 self._last_cp = cp
                 if not forwarder.active.is_set() and version > self._applied_cp_version:
-                    dropped = store.apply_checkpoint(cp.checkpoint, settle_ms=TOMBSTONE_SETTLE_MS)
+                    dropped = store.apply_checkpoint(cp.checkpoint)
                     self._applied_cp_version = version
                     if dropped:
                         log.debug("replica.covered_entries_dropped", count=dropped, epoch=cp.epoch)

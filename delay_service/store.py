@@ -414,27 +414,20 @@ class Store:
                 del self._released[next(iter(self._released))]
         return removed
 
-    def apply_checkpoint(self, checkpoint: Checkpoint, *, settle_ms: int = 0) -> int:
-        """Remember a checkpoint and drop the entries it covers; returns how many were dropped.
+    def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
 
         Later schedules it covers (a replica still catching up) are skipped by :meth:`apply`.
-        ``settle_ms`` (a follower's): covered entries due in the last ``settle_ms`` before the
-        checkpoint's time stay for their tombstones, which the master wrote with them and
-        ingest reads moments later; dropping them here first made each do the work twice (the
-        drop and its outcome, then the tombstone's lookup and outcome), the largest part of a
-        follower's CPU at a steady rate. A later checkpoint drops any whose tombstone did not
-        come. The master and a replica taking over drop everything covered (0).
         """
         dropped = 0
         cp = Checkpoint(checkpoint.time_ms, dict(checkpoint.offsets))  # a copy nobody mutates
-        settled_ms = cp.time_ms - settle_ms
         with self._lock:
             self._check_open()
             batch = WriteBatch(raw_mode=True)
             first_kept: bytes | None = None
             for key, value in self._iter_from_floor(due_bound(cp.time_ms + 1)):
                 deliver_at, partition, offset = split_key(key)
-                if deliver_at <= settled_ms and cp.covers(partition, offset, deliver_at):
+                if cp.covers(partition, offset, deliver_at):
                     batch.delete(key)
                     message = decode_entry(value)
                     batch.delete(id_key(message.id, message.uid), self._ids_cf)

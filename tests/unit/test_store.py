@@ -315,34 +315,6 @@ def test_remove_skips_entries_a_cancel_already_removed(store: Store) -> None:
     assert store.pending == 0
 
 
-def test_a_followers_checkpoint_leaves_the_last_second_to_the_tombstones(store: Store) -> None:
-    store.apply([(0, 0, sched("old", 1_000)), (0, 1, sched("recent", 2_500))], {0: 2})
-    cp = Checkpoint(3_000, {0: 2})  # covers both
-    # A follower (settle 1 s): "recent" (due 2,500 > 3,000 - 1,000) waits for its tombstone.
-    assert store.apply_checkpoint(cp, settle_ms=1_000) == 1
-    assert [e.message.id for e in store.due(10_000, 10)] == ["recent"]
-    assert store.checkpoint.time_ms == 3_000
-    # Its tombstone removes it, once.
-    recent = store.get("recent")
-    assert recent is not None
-    result = store.apply([(0, 2, Tombstone("recent", 1, recent.message.uid))], {0: 3})
-    assert result.tombstoned == 1
-    assert store.pending == 0
-
-
-def test_a_later_checkpoint_drops_what_no_tombstone_removed(store: Store) -> None:
-    store.apply([(0, 0, sched("a", 2_500))], {0: 1})
-    assert store.apply_checkpoint(Checkpoint(3_000, {0: 1}), settle_ms=1_000) == 0
-    assert store.apply_checkpoint(Checkpoint(3_600, {0: 1}), settle_ms=1_000) == 1
-    assert store.pending == 0
-
-
-def test_without_settle_every_covered_entry_goes(store: Store) -> None:
-    store.apply([(0, 0, sched("a", 2_500)), (0, 1, sched("b", 2_999))], {0: 2})
-    assert store.apply_checkpoint(Checkpoint(3_000, {0: 2})) == 2
-    assert store.pending == 0
-
-
 def test_checkpoint_drops_covered_entries_and_filters_later_ingest(store: Store) -> None:
     store.apply(
         [(0, 0, sched("a", 10)), (0, 1, sched("b", 20)), (0, 5, sched("late", 5))],
