@@ -123,7 +123,7 @@ class Supervisor:
     def _failed(self, comp: _Component, exc: Exception, ran_s: float) -> bool:
         """Count, report and back off; False when the component is given up."""
         p = self._policy
-        comp.failures = comp.failures + 1 if ran_s < p.backoff.reset_after_s else 1
+        comp.failures = p.backoff.consecutive(comp.failures, ran_s)
         self._metrics.component_failures.labels(comp.name).inc()
         backoff = p.backoff.delay(comp.failures)
         give_up = comp.failures >= p.max_failures

@@ -20,6 +20,11 @@ class Backoff:
     #: A component that stayed up this long starts its back-off over.
     reset_after_s: float = 60.0
 
+    def consecutive(self, before: int, ran_s: float) -> int:
+        """Failures in a row after one more, by a component that ran ``ran_s`` seconds since
+        it last started, with ``before`` in a row until then."""
+        return before + 1 if ran_s < self.reset_after_s else 1
+
     def delay(self, consecutive: int) -> float:
         """The wait in seconds before the ``consecutive``-th restart in a row (1-based)."""
         return float(min(self.cap_s, self.initial_s * 2.0 ** max(0, consecutive - 1)))

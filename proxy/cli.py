@@ -15,6 +15,10 @@ from kdelay.config import load
 from kdelay.options import config_options
 from proxy.config import ProxyConfig
 
+#: The start of the one line ``kdelay proxy`` prints on stdout once it serves (scripts wait for it);
+#: a supervisor of workers (proxy/workers.py) waits for it from each.
+READY = "kdelay proxy ready"
+
 
 @click.command("proxy")
 @config_options(ProxyConfig)
@@ -51,7 +55,7 @@ async def _serve(cfg: ProxyConfig) -> int:
     proxy = Proxy(cfg)
     try:
         addresses = await proxy.start()
-        click.echo(f"kdelay proxy ready kafka={addresses.kafka} http={addresses.http}")
+        click.echo(f"{READY} kafka={addresses.kafka} http={addresses.http}")
         assert proxy.gave_up is not None
         waits = [asyncio.create_task(stop.wait()), asyncio.create_task(proxy.gave_up.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -130,7 +130,7 @@ class KafkaServer:
             ssl=self.ssl_context,
             limit=2**20,
             start_serving=False,
-            reuse_port=self.reuse_port or None,
+            reuse_port=self.reuse_port,
         )
         sock = self._server.sockets[0].getsockname()
         self._address = str(sock[0]), int(sock[1])

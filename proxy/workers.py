@@ -24,7 +24,7 @@ What the workers share, and what they do not:
 Each worker gets the resolved settings as a private JSON file (the upstream settings may hold
 credentials: the directory is the user's only) and no ``KDELAY_PROXY_*`` variable, which would
 override the file. A worker is SIGKILLed by the kernel when this process dies
-(``PR_SET_PDEATHSIG``, kdelay/local/process.py), so none outlives its supervisor.
+(``PR_SET_PDEATHSIG``, kdelay/children.py), so none outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -49,13 +49,13 @@ from kdelay import logs
 from kdelay.backoff import Backoff
 from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
+from proxy.cli import READY
 from proxy.config import ProxyConfig
 from proxy.server import reuse_port_socket
+from proxy.supervision import MAX_BACKOFF_S
 
 log = logs.get(__name__)
 
-#: What a worker prints on stdout once both of its listeners accept (proxy/cli.py).
-READY = "kdelay proxy ready "
 #: How long a worker may take to print READY.
 START_TIMEOUT_S = 120.0
 #: How long a stopping worker may take to deliver what it holds before it is killed.
@@ -89,7 +89,6 @@ class _Worker:
     failures: int = 0  # exits in a row, for the back-off
     restart_at: float | None = None
     ready_line: str = ""
-    lines: list[str] = field(default_factory=list)
 
 
 class Workers:
@@ -98,7 +97,7 @@ class Workers:
     def __init__(self, cfg: ProxyConfig, *, backoff: Backoff | None = None) -> None:
         self.cfg = cfg
         self.backoff = backoff or Backoff(
-            initial_s=max(cfg.component_restart_backoff_s, 0.1), cap_s=30.0
+            initial_s=max(cfg.component_restart_backoff_s, 0.1), cap_s=MAX_BACKOFF_S
         )
         self._reserved = [reserve("listen", *cfg.listen_address)]
         try:
@@ -155,7 +154,7 @@ class Workers:
         """Pass the worker's stdout on; remember its ready line."""
         assert proc.stdout is not None
         for line in proc.stdout:
-            if line.startswith(READY) and worker.proc is proc:
+            if line.startswith(f"{READY} ") and worker.proc is proc:
                 worker.ready_line = line.strip()
             else:
                 sys.stdout.write(line)
@@ -209,7 +208,7 @@ class Workers:
             if proc is not None and (code := proc.poll()) is not None:
                 multiprocess.mark_process_dead(proc.pid, str(self._metrics_dir))  # type: ignore[no-untyped-call]
                 up_s = now - worker.started
-                worker.failures = 1 if up_s >= self.backoff.reset_after_s else worker.failures + 1
+                worker.failures = self.backoff.consecutive(worker.failures, up_s)
                 wait_s = self.backoff.delay(worker.failures)
                 worker.proc, worker.restart_at = None, now + wait_s
                 log.warning(

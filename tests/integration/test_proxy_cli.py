@@ -9,12 +9,10 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +25,8 @@ from tests.support.kafka_helpers import (
     create_topic,
     unique_topic,
 )
+from tests.support.proxies import KDELAY
 
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
 TIMEOUT_S = 60
 
 

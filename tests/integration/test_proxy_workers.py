@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections import Counter
@@ -33,8 +32,8 @@ from tests.support.kafka_helpers import (
     decode_buffer,
     unique_topic,
 )
+from tests.support.proxies import KDELAY
 
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
 TIMEOUT_S = 60
 _READY = re.compile(r"kdelay proxy ready kafka=(\S+) http=(\S+) workers=2")
 

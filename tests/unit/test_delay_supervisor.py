@@ -135,3 +135,10 @@ def test_health_endpoints_report_catch_up_stalls_and_failures() -> None:
     status, body = call(app, "/metrics")
     assert status == "200 OK"
     assert b"kdelay_replica_ingest_last_progress_seconds" in body
+
+
+def test_failures_in_a_row_start_over_after_a_long_enough_run() -> None:
+    backoff = Backoff(1.0, 30.0, reset_after_s=60.0)
+    assert backoff.consecutive(0, 0.5) == 1
+    assert backoff.consecutive(3, 59.9) == 4
+    assert backoff.consecutive(3, 60.0) == 1
