@@ -31,6 +31,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,8 +119,11 @@ class Store:
         # What this replica removed as master (index key -> buffer offset), until it reads the
         # tombstone back: that tombstone has nothing to tell it (entry and index gone, the
         # outcome known from the master itself), so ingest skips it at once. Bounded: the
-        # oldest are forgotten first, and a forgotten one is applied the long way.
-        self._released: dict[bytes, int] = {}
+        # oldest are forgotten first, and a forgotten one is applied the long way. An
+        # OrderedDict: a plain dict's oldest key (``next(iter(d))``) is found by stepping over
+        # the slots of every key deleted before it, which made each release past the bound
+        # cost up to 60 µs (a release of 600,000 at once, ``bench.store``).
+        self._released: OrderedDict[bytes, int] = OrderedDict()
         raw = self._meta.get(_META_PENDING)
         self._pending = _U64.unpack(raw)[0] if raw else 0
         self._offsets: dict[int, int] = {}
@@ -411,7 +415,7 @@ class Store:
                 self._pending -= removed
             self._released.update(released)
             while len(self._released) > RELEASED_MEMORY:
-                del self._released[next(iter(self._released))]
+                self._released.popitem(last=False)
         return removed
 
     def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
