@@ -55,6 +55,7 @@ from kafka.partitioner.default import murmur2
 from kdelay import headers as h
 from kdelay.errors import BufferFormatError
 from kdelay.immutable import immutable
+from kdelay.json_bytes import dumps
 
 BUFFER_TOPIC = "__kdelay_buffer"
 _PINNED = re.compile(r"b(\d{1,9})\.[0-9a-f]{32}\Z")
@@ -205,7 +206,7 @@ class Encoded:
 
 
 def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
-    return ROUTE_HEADER, orjson.dumps({"v": FORMAT_VERSION, **obj})
+    return ROUTE_HEADER, dumps({"v": FORMAT_VERSION, **obj})
 
 
 def partition_for(msg_id: str, partitions: int) -> int:
@@ -302,7 +303,7 @@ def encode_schedule(
     if repeat is not None:
         fields["rp"] = repeat
         fields["oc"] = occurrence
-    return (b"" if value is None else value), [*headers, (ROUTE_HEADER, orjson.dumps(fields))]
+    return (b"" if value is None else value), [*headers, (ROUTE_HEADER, dumps(fields))]
 
 
 def decode(
