@@ -20,6 +20,8 @@ MEMTABLE_BYTES = 32 << 20
 #: One block cache for every family, holding their index and filter blocks too, so table
 #: readers do not grow with the number of SST files.
 BLOCK_CACHE_BYTES = 16 << 20
+#: A memtable's whole-key Bloom filter in the families read by key, as a fraction of its size.
+MEMTABLE_BLOOM_RATIO = 0.02
 
 
 def _options(cache: Cache, *, bloom: bool = False) -> Options:
@@ -40,6 +42,9 @@ def _options(cache: Cache, *, bloom: bool = False) -> Options:
     opts = Options(raw_mode=True)
     opts.set_block_based_table_factory(table)
     opts.set_compression_type(DBCompressionType.zstd())
+    if bloom:  # an absent key costs no walk of the memtable's skip list either
+        opts.set_memtable_whole_key_filtering(True)
+        opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     return opts
 
 
