@@ -57,6 +57,11 @@ _WAIT_S = 0.1
 #: How long a read that found fewer than a batch waits for more: the most it adds to a record's
 #: way into the store, and what keeps batches (and their fixed cost) large under steady load.
 _LINGER_S = 0.005
+#: The same for a follower, which releases nothing: a record reaches its store up to 50 ms
+#: later (its status answers and a takeover's catch-up wait that long at most), in batches ten
+#: times larger. 3 replicas at 3,000 msg/s: follower CPU 68-72 -> 58-59 µs a message, and the
+#: master's 115-119 -> 108 with less beside it (bench.delay_service, two run pairs).
+_FOLLOWER_LINGER_S = 0.05
 #: Seconds before a metadata check that left partitions unassigned is retried.
 _RETRY_S = 0.5
 
@@ -110,6 +115,8 @@ class Ingest:
         #: Set before :meth:`run` starts; called from the ingest thread, must not block.
         self.on_new: Callable[[int], None] = lambda _at: None
         self.on_cancelled: Callable[[list[Retired]], None] = lambda _r: None
+        #: Whether this replica releases now (the master): it reads with the short linger.
+        self.leading: Callable[[], bool] = lambda: True
         self._warned_create_time = False
         self.caught_up = threading.Event()
         self._progress = threading.Condition()
@@ -309,7 +316,8 @@ class Ingest:
                         complete = False
                     interval = self._cfg.metadata_interval_ms / 1000
                     next_meta = now + (interval if complete else min(interval, _RETRY_S))
-                messages = take_batch(consumer, _BATCH, _WAIT_S, _LINGER_S)
+                linger = _LINGER_S if self.leading() else _FOLLOWER_LINGER_S
+                messages = take_batch(consumer, _BATCH, _WAIT_S, linger)
                 if messages:
                     self._apply(messages)
                 now = time.monotonic()

@@ -162,6 +162,7 @@ class Replica:
         )
         ingest.on_new = forwarder.notify_new
         ingest.on_cancelled = forwarder.add_tombstones
+        ingest.leading = forwarder.active.is_set
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
         ingest_stop = threading.Event()
         self._supervise(ingest, forwarder, ingest_stop)
