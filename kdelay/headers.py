@@ -37,6 +37,8 @@ ORIGINAL_OFFSET = "kdelay-original-offset"
 
 #: Headers that choose when a record is delivered; at most one may be present.
 TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
+#: The timing headers as a set, for the one-header fast path of :func:`classify`.
+_TIMING = frozenset(TIMING_HEADERS)
 #: Headers the proxy consumes; they are not passed on with the delivered record.
 CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL, REPEAT})
 #: Names in kdelay's namespace kept for a feature this version does not implement: a record
@@ -267,6 +269,11 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
             raise unknown_header(name)
     if not seen:
         return None
+    if len(seen) == 1:  # the common case: a delay or a due time alone
+        ((name, raw),) = seen.items()
+        if name in _TIMING:
+            due, delay = resolve_timing(name, raw, now_ms, policy)
+            return Delay(due, None, delay)
     timing = [h for h in TIMING_HEADERS if h in seen]
     if CANCEL in seen:
         if timing or REPEAT in seen:

@@ -121,20 +121,35 @@ class Origin:
 def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) -> str:
     """The buffer key of record ``index`` of a batch: derived from the producer's identity and
     the record's sequence number when the producer is idempotent, random otherwise."""
-    if origin is None or origin.base_sequence < 0:
-        return uuid.uuid4().hex
-    seq = (origin.base_sequence + index) % _SEQUENCES
-    name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/{seq}"
-    return _uuid5_hex(name)
+    return _BatchKeys(origin, topic, partition).key(index)
 
 
-def _uuid5_hex(name: str) -> str:
-    """``uuid.uuid5(_DERIVED, name).hex`` without building UUID objects (a record's hot path):
-    SHA-1 of the namespace and the name, version 5 and the RFC 4122 variant set."""
-    digest = bytearray(hashlib.sha1(_DERIVED_BYTES + name.encode(), usedforsecurity=False).digest())
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    return digest[:16].hex()
+class _BatchKeys:
+    """:func:`buffer_key` for every record of one batch: the name's part shared by the batch
+    (``producer id/epoch/topic/partition/``) encoded once, not once a record."""
+
+    __slots__ = ("_base", "_prefix")
+
+    def __init__(self, origin: Origin | None, topic: str, partition: int) -> None:
+        if origin is None or origin.base_sequence < 0:
+            self._prefix: bytes | None = None
+            self._base = 0
+        else:
+            name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/"
+            self._prefix = _DERIVED_BYTES + name.encode()
+            self._base = origin.base_sequence
+
+    def key(self, index: int) -> str:
+        """The buffer key of record ``index``: ``uuid.uuid5(_DERIVED, name).hex`` of the name
+        ``prefix`` + its sequence number, without building UUID objects (SHA-1 of namespace and
+        name, version 5 and the RFC 4122 variant set), or a random one."""
+        if self._prefix is None:
+            return uuid.uuid4().hex
+        seq = (self._base + index) % _SEQUENCES
+        digest = bytearray(hashlib.sha1(self._prefix + b"%d" % seq, usedforsecurity=False).digest())
+        digest[6] = (digest[6] & 0x0F) | 0x50
+        digest[8] = (digest[8] & 0x3F) | 0x80
+        return digest[:16].hex()
 
 
 class AcceptanceOrder:
@@ -358,6 +373,7 @@ def route(
     name_chars = limits.max_header_name_bytes // 4
     max_header_value = limits.max_header_value_bytes
     seqs = _Reserved(order)
+    keys = _BatchKeys(origin, topic, partition)
     for i, r in enumerate(records):
         headers = r.headers
         key = r.key
@@ -399,7 +415,7 @@ def route(
             routed = Outgoing(immediate, topic, partition, key, value, headers,
                               ts if ts is not None and ts >= 0 else None)  # fmt: skip
         elif isinstance(asked, CancelRequest):
-            uid = buffer_key(origin, topic, partition, i)
+            uid = keys.key(i)
             routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)
         else:
             assert isinstance(asked, Delay)
@@ -408,7 +424,7 @@ def route(
                 r,
                 topic=topic,
                 partition=partition,
-                uid=buffer_key(origin, topic, partition, i),
+                uid=keys.key(i),
                 buffer_partitions=buffer_partitions,
                 seq=seqs.take(len(records) - i),
             )

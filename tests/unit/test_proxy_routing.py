@@ -121,6 +121,25 @@ def test_derived_buffer_keys_are_the_uuid5_of_the_producer_identity(
     assert pinned == f"b{buffer.partition_for(f'{topic}/{partition}', 12)}.{key}"
 
 
+def test_a_batchs_records_get_the_keys_of_their_own_sequence_numbers_across_the_wrap() -> None:
+    """route() derives a batch's keys from a prefix shared by the batch: each record's must
+    still be the uuid5 of its own sequence number, which wraps at 2**31 (KIP-98)."""
+    origin = Origin(7, 2, 2**31 - 2)
+    records = [
+        Incoming(None, b"v", [(h.DELAY_MS, b"10")]),
+        Incoming(None, b"v", [(h.CANCEL, b"x")]),
+        Incoming(None, b"v", [(h.DELAY_MS, b"10"), (h.ID, b"y")]),
+        Incoming(None, b"v", []),
+    ]
+    out, _ = route("t", 3, records, NOW, POLICY, buffer_partitions=6, origin=origin)
+    namespace = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
+    for i, seq in enumerate([2**31 - 2, 2**31 - 1, 0]):
+        want = uuid.uuid5(namespace, f"7/2/t/3/{seq}").hex
+        assert out[i].key == want.encode()
+        assert buffer_key(origin, "t", 3, i) == want
+    assert out[3].key is None  # immediate: passes through with its own key
+
+
 def test_equal_delays_keep_the_order_they_were_accepted_in() -> None:
     records = [Incoming(None, bytes([i]), [(h.DELAY_MS, b"10")]) for i in range(50)]
     out, _ = route("t", 1, records, NOW, POLICY, buffer_partitions=6)
