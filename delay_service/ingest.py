@@ -59,8 +59,8 @@ _WAIT_S = 0.1
 _LINGER_S = 0.005
 #: The same for a follower, which releases nothing: a record reaches its store up to 50 ms
 #: later (its status answers and a takeover's catch-up wait that long at most), in batches ten
-#: times larger. 3 replicas at 3,000 msg/s: follower CPU 68-72 -> 58-59 µs a message, and the
-#: master's 115-119 -> 108 with less beside it (bench.delay_service, two run pairs).
+#: times larger. 3 replicas at 3,000 msg/s: follower CPU 68-73 -> 58-60 µs a message, and the
+#: master's 115-120 -> 108-115 with less beside it (bench.delay_service, four run pairs).
 _FOLLOWER_LINGER_S = 0.05
 #: Seconds before a metadata check that left partitions unassigned is retried.
 _RETRY_S = 0.5

@@ -122,7 +122,7 @@ class Store:
         # oldest are forgotten first, and a forgotten one is applied the long way. An
         # OrderedDict: a plain dict's oldest key (``next(iter(d))``) is found by stepping over
         # the slots of every key deleted before it, which made each release past the bound
-        # cost up to 60 µs (a release of 600,000 at once, ``bench.store``).
+        # cost up to 60 µs (a release of 600,000 at once, ``bench.store_release``).
         self._released: OrderedDict[bytes, int] = OrderedDict()
         raw = self._meta.get(_META_PENDING)
         self._pending = _U64.unpack(raw)[0] if raw else 0

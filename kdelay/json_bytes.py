@@ -1,4 +1,4 @@
-"""JSON to bytes for records kept in memory on hot paths (routing headers, outcomes).
+"""JSON to bytes for records kept in memory on hot paths (routing headers, tombstones).
 
 ``orjson.dumps`` writes into a buffer of about 1 KB from glibc's ``malloc`` and shrinks it to
 the document's size. A shrunken chunk that stays alive splits glibc's heap: with a batch of
