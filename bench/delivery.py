@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rates = [int(x) for x in args.rates.split(",")]
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-delivery-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024))
+    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
     zk = LocalZooKeeper(base / "zk")
     results: dict[str, object] = {}
     try:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdelay.local import LocalKafka, free_port
+from kdelay.local import KafkaSettings, LocalKafka, free_port
 
 KDELAY = str(Path(sys.executable).with_name("kdelay"))
 
@@ -30,7 +30,11 @@ def local_kafka(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    with tempfile.TemporaryDirectory(prefix="kdelay-bench-") as tmp, LocalKafka(Path(tmp)) as k:
+    settings = KafkaSettings(quick_jit=False)  # measured under load: the full JIT
+    with (
+        tempfile.TemporaryDirectory(prefix="kdelay-bench-") as tmp,
+        LocalKafka(Path(tmp), settings=settings) as k,
+    ):
         yield k.bootstrap_servers
 
 

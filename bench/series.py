@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-series-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024))
+    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
     zk = LocalZooKeeper(base / "zk")
     results: dict[str, object] = {
         "codec_bytes_plain": codec_bytes(None),

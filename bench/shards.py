@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.shards.split(",")]
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-shards-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024))
+    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
     zk = LocalZooKeeper(base / "zk")
     rows: list[dict[str, float]] = []
     try:

@@ -75,6 +75,9 @@ class KafkaSettings:
     heap_mb: int = 512
     log_level: str = "WARN"
     extra: dict[str, str] = field(default_factory=dict)
+    #: C1-only JIT (kdelay.local.process.QUICK_JIT): cheaper for a broker that lives minutes
+    #: (``kdelay up``, the tests); the benchmarks set False (the full JIT of a lasting broker).
+    quick_jit: bool = True
 
 
 class LocalKafka:
@@ -175,7 +178,13 @@ class LocalKafka:
     def start_node(self, index: int) -> None:
         node = self.nodes[index]
         config = self._prepare(node)
-        argv = java_argv(jars.classpath("kafka"), "kafka.Kafka", self.settings.heap_mb, str(config))
+        argv = java_argv(
+            jars.classpath("kafka"),
+            "kafka.Kafka",
+            self.settings.heap_mb,
+            str(config),
+            quick_jit=self.settings.quick_jit,
+        )
         argv.insert(1, f"-Dlog4j2.configurationFile={node.data_dir / 'log4j2.properties'}")
         argv.insert(1, f"-Dkafka.logs.dir={node.data_dir}")
         node.process = ManagedProcess(f"kafka-{node.node_id}", argv, node.data_dir / "kafka.log")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -219,7 +220,21 @@ def python_argv(*args: str) -> list[str]:
     return [sys.executable, "-X", f"{MARKER}={os.getpid()}", "-m", "kdelay", *args]
 
 
-def java_argv(component_cp: str, main_class: str, heap_mb: int, *args: str) -> list[str]:
+#: HotSpot's quick-start JIT: C1 only, no C2. A fresh JVM otherwise spends seconds of CPU in
+#: C2's compiler threads in its first minutes: a local Kafka broker 6.9 CPU-s through ``make
+#: demo``'s burst and release (C1 only: 1.0 s), on 2 cores beside the proxy and the replicas.
+#: C1's code handles requests slower (the broker's request threads 4.5 against 3.5 CPU-s there),
+#: a cost that grows with the JVM's uptime under load: the benchmarks keep the full JIT, as a
+#: long-running broker has (``KafkaSettings.quick_jit``; docs/benchmarks.md has both).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+#: Extra flags for every local JVM, placed after kdelay's own (HotSpot: the later flag wins, so
+#: ``KDELAY_JVM_OPTS=-XX:TieredStopAtLevel=4`` restores the full JIT).
+JVM_OPTS_ENV = "KDELAY_JVM_OPTS"
+
+
+def java_argv(
+    component_cp: str, main_class: str, heap_mb: int, *args: str, quick_jit: bool = True
+) -> list[str]:
     """A small-footprint JVM command line for a 2-core machine, marked as managed."""
     return [
         java_executable(),
@@ -227,6 +242,8 @@ def java_argv(component_cp: str, main_class: str, heap_mb: int, *args: str) -> l
         f"-Xms{min(heap_mb, 128)}m",
         f"-Xmx{heap_mb}m",
         "-XX:+UseSerialGC",
+        *([QUICK_JIT] if quick_jit else []),
+        *shlex.split(os.environ.get(JVM_OPTS_ENV, "")),
         "-Djava.awt.headless=true",
         "-cp",
         component_cp,

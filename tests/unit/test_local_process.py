@@ -10,8 +10,16 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from kdelay.children import die_with_parent
-from kdelay.local.process import ManagedProcess, wait_until
+from kdelay.local.process import (
+    JVM_OPTS_ENV,
+    QUICK_JIT,
+    ManagedProcess,
+    java_argv,
+    wait_until,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -107,3 +115,36 @@ def test_no_parent_death_signal_from_a_worker_thread() -> None:
     worker.start()
     worker.join()
     assert seen == [None]
+
+
+def _tiered_stop_at_level(argv: list[str]) -> int:
+    """The TieredStopAtLevel a JVM started with ``argv``'s flags runs with (a real JVM)."""
+    flags = argv[: argv.index("-cp")]
+    out = subprocess.run(
+        [*flags, "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    line = next(line for line in out.splitlines() if " TieredStopAtLevel " in line)
+    return int(line.split("=")[1].split()[0])
+
+
+def test_local_jvms_run_the_quick_jit_unless_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JVM_OPTS_ENV, raising=False)
+    quick = java_argv("lib/*", "Main", 256, "conf")
+    assert quick[-4:] == ["-cp", "lib/*", "Main", "conf"]
+    assert QUICK_JIT in quick
+    assert _tiered_stop_at_level(quick) == 1
+    full = java_argv("lib/*", "Main", 256, "conf", quick_jit=False)
+    assert QUICK_JIT not in full
+    assert _tiered_stop_at_level(full) == 4
+
+
+def test_kdelay_jvm_opts_come_after_kdelays_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(JVM_OPTS_ENV, "-XX:TieredStopAtLevel=4 '-Dkdelay.note=two words'")
+    argv = java_argv("lib/*", "Main", 256)
+    assert argv.index("-XX:TieredStopAtLevel=4") > argv.index(QUICK_JIT)
+    assert "-Dkdelay.note=two words" in argv
+    assert _tiered_stop_at_level(argv) == 4  # the later flag wins
