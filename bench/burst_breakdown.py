@@ -13,14 +13,18 @@ record's LogAppendTime minus its due time: the verifier's measure) in two:
 
 Reported for all messages and by due time after the first send, so a slow start (the first
 second of the burst) shows apart from the steady state. ``--busy N`` runs N busy loops (one
-core each) throughout, as issue 13's busy-machine demo asks. Not part of ``make test``.
+core each) throughout, as issue 13's busy-machine demo asks. ``cpu_seconds``: what each process
+of the stack spent from the first send to the last delivery, a JVM's JIT compiler threads
+apart (``kafka jit``). Not part of ``make test``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import time
@@ -34,6 +38,7 @@ from kdelay import demo
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
 from kdelay.local import wait_until
+from kdelay.local.process import MARKER
 from kdelay.stats import percentile
 
 #: Due time after the first send, ms: the rows of the breakdown.
@@ -47,6 +52,48 @@ class Message:
     due_ms: int  # kdelay-deliver-at of the delivered record
     buffered_ms: int  # the buffer record's LogAppendTime
     delivered_ms: int  # the target record's LogAppendTime
+
+
+#: Which process of the stack a command line is (the first fragment it contains).
+_ROLES = (("kafka.Kafka", "kafka"), ("ZooKeeperServerMain", "zookeeper"), (" proxy ", "proxy"))
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _role(cmdline: str) -> str | None:
+    if "--name " in cmdline:
+        return cmdline.split("--name ", 1)[1].split(maxsplit=1)[0]  # a replica
+    return next((role for part, role in _ROLES if part in cmdline), None)
+
+
+def _cpu_s(stat: str) -> float:
+    """utime + stime of a /proc stat line, in seconds."""
+    utime, stime = (int(x) for x in stat.rsplit(")", 1)[1].split()[11:13])
+    return (utime + stime) / _TICK
+
+
+def stack_cpu(owner: int) -> dict[str, float]:
+    """CPU-seconds so far of each process ``owner`` (kdelay up) started, by role; a JVM's JIT
+    compiler threads (C1, C2) apart as ``<role> jit``: the process's total less its other
+    threads (HotSpot starts and ends compiler threads as work comes, and an ended thread's
+    time is only in the process's total)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_text().replace("\0", " ")
+            if f"{MARKER}={owner}" not in cmdline or (role := _role(cmdline)) is None:
+                continue
+            total = _cpu_s((proc / "stat").read_text())
+            if role in ("kafka", "zookeeper"):
+                stats = [(task / "stat").read_text() for task in (proc / "task").iterdir()]
+                other = sum(_cpu_s(st) for st in stats if "CompilerThre" not in st.split(")")[0])
+                out[f"{role} jit"] += total - other
+                total = other
+            out[role] += total
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    return out
 
 
 def _spin() -> None:
@@ -106,7 +153,7 @@ def _buffered(kafka: str) -> dict[str, int]:
     return out
 
 
-def run(busy: int) -> list[Message]:
+def run(busy: int) -> tuple[list[Message], dict[str, float]]:
     demo.WORK = Path(".kdelay/bench-burst")
     shutil.rmtree(demo.WORK, ignore_errors=True)
     demo.WORK.mkdir(parents=True)
@@ -117,8 +164,10 @@ def run(busy: int) -> list[Message]:
     try:
         kafka, proxy = str(state["kafka"]), str(state["proxy"])
         demo.create_topics(kafka)
+        before = stack_cpu(up.pid)
         started = demo.send(proxy)
         demo.wait_delivered(kafka, started + demo.MAX_DELAY_MS / 1000 + 60)
+        after = stack_cpu(up.pid)
         delivered, buffered = _delivered(kafka), _buffered(kafka)
     finally:
         for p in loops:
@@ -126,11 +175,12 @@ def run(busy: int) -> list[Message]:
         up.signal(signal.SIGTERM)
         wait_until(lambda: not up.alive(), timeout=120, what="kdelay up to stop")
         up.stop()
-    return [
+    msgs = [
         Message(i, sent, due, buffered[i], at)
         for i, (sent, due, at) in delivered.items()
         if i in buffered
     ]
+    return msgs, {k: round(after[k] - before.get(k, 0.0), 2) for k in sorted(after)}
 
 
 def summary(msgs: list[Message]) -> dict[str, object]:
@@ -169,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     began = time.monotonic()
-    msgs = run(args.busy)
-    out = {"busy_loops": args.busy, "delivered": len(msgs), **summary(msgs)}
+    msgs, cpu = run(args.busy)
+    out = {"busy_loops": args.busy, "delivered": len(msgs), **summary(msgs), "cpu_seconds": cpu}
     out["seconds"] = round(time.monotonic() - began, 1)
     text = json.dumps(out, indent=1)
     print(text)
