@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from kdelay import logs
+from kdelay import logs, memory
 from kdelay.config import load
 from kdelay.options import config_options
 from proxy.config import ProxyConfig
@@ -55,6 +55,7 @@ async def _serve(cfg: ProxyConfig) -> int:
     proxy = Proxy(cfg)
     try:
         addresses = await proxy.start()
+        memory.freeze_startup_objects()  # no full collection walks them again (kdelay/memory.py)
         click.echo(f"{READY} kafka={addresses.kafka} http={addresses.http}")
         assert proxy.gave_up is not None
         waits = [asyncio.create_task(stop.wait()), asyncio.create_task(proxy.gave_up.wait())]

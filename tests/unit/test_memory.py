@@ -1,0 +1,48 @@
+"""kdelay.memory: start-up objects frozen out of the cyclic collector's walks."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from kdelay import memory
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the rest of the test session collects as before
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the cyclic collector frees it
+
+
+def _walked(obj: object) -> bool:
+    """Whether a collection walks ``obj`` (gc.get_objects lists generations 0-2, not the
+    permanent one)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_objects_alive_at_start_up_are_no_longer_walked_and_stay_alive() -> None:
+    kept = [_Node() for _ in range(100)]
+    assert _walked(kept[0])
+    frozen = memory.freeze_startup_objects()
+    assert frozen == gc.get_freeze_count() >= len(kept)
+    assert not any(_walked(n) for n in kept[:3])
+    gc.collect()
+    assert all(n.me is n for n in kept)
+
+
+def test_garbage_is_collected_first_and_later_cycles_still_are() -> None:
+    garbage = [weakref.ref(_Node()) for _ in range(100)]  # cycles nothing refers to
+    memory.freeze_startup_objects()
+    assert all(ref() is None for ref in garbage)  # freed, not frozen
+    later = [weakref.ref(_Node()) for _ in range(100)]
+    gc.collect()
+    assert all(ref() is None for ref in later)
