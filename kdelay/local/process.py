@@ -221,9 +221,9 @@ def python_argv(*args: str) -> list[str]:
 
 
 #: HotSpot's quick-start JIT: C1 only, no C2. A fresh JVM otherwise spends seconds of CPU in
-#: C2's compiler threads in its first minutes: a local Kafka broker 6.9 CPU-s through ``make
-#: demo``'s burst and release (C1 only: 1.0 s), on 2 cores beside the proxy and the replicas.
-#: C1's code handles requests slower (the broker's request threads 4.5 against 3.5 CPU-s there),
+#: C2's compiler threads in its first minutes: a local Kafka broker 6.9 CPU-s from its start
+#: through ``make demo``'s burst and release (C1 only: 1.0 s), on 2 cores beside the proxy and
+#: the replicas. C1's code runs slower (the broker's other threads 4.5 against 3.5 CPU-s there),
 #: a cost that grows with the JVM's uptime under load: the benchmarks keep the full JIT, as a
 #: long-running broker has (``KafkaSettings.quick_jit``; docs/benchmarks.md has both).
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
