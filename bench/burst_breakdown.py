@@ -24,7 +24,6 @@ import argparse
 import collections
 import json
 import multiprocessing
-import os
 import shutil
 import signal
 import time
@@ -34,11 +33,12 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.replicas import stat_cpu_seconds
 from kdelay import demo
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
 from kdelay.local import wait_until
-from kdelay.local.process import MARKER
+from kdelay.local.leftovers import managed
 from kdelay.stats import percentile
 
 #: Due time after the first send, ms: the rows of the breakdown.
@@ -56,7 +56,6 @@ class Message:
 
 #: Which process of the stack a command line is (the first fragment it contains).
 _ROLES = (("kafka.Kafka", "kafka"), ("ZooKeeperServerMain", "zookeeper"), (" proxy ", "proxy"))
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _role(cmdline: str) -> str | None:
@@ -65,29 +64,23 @@ def _role(cmdline: str) -> str | None:
     return next((role for part, role in _ROLES if part in cmdline), None)
 
 
-def _cpu_s(stat: str) -> float:
-    """utime + stime of a /proc stat line, in seconds."""
-    utime, stime = (int(x) for x in stat.rsplit(")", 1)[1].split()[11:13])
-    return (utime + stime) / _TICK
-
-
 def stack_cpu(owner: int) -> dict[str, float]:
     """CPU-seconds so far of each process ``owner`` (kdelay up) started, by role; a JVM's JIT
     compiler threads (C1, C2) apart as ``<role> jit``: the process's total less its other
     threads (HotSpot starts and ends compiler threads as work comes, and an ended thread's
     time is only in the process's total)."""
     out: dict[str, float] = collections.defaultdict(float)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+    for m in managed():
+        if m.owner != owner or (role := _role(m.cmdline)) is None:
             continue
+        proc = Path(f"/proc/{m.pid}")
         try:
-            cmdline = (proc / "cmdline").read_text().replace("\0", " ")
-            if f"{MARKER}={owner}" not in cmdline or (role := _role(cmdline)) is None:
-                continue
-            total = _cpu_s((proc / "stat").read_text())
+            total = stat_cpu_seconds((proc / "stat").read_text())
             if role in ("kafka", "zookeeper"):
                 stats = [(task / "stat").read_text() for task in (proc / "task").iterdir()]
-                other = sum(_cpu_s(st) for st in stats if "CompilerThre" not in st.split(")")[0])
+                other = sum(
+                    stat_cpu_seconds(st) for st in stats if "CompilerThre" not in st.split(")")[0]
+                )
                 out[f"{role} jit"] += total - other
                 total = other
             out[role] += total

@@ -33,9 +33,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.replicas import PARTITIONS, Replicas
+from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from kdelay.buffer import Scheduled, encode
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
+from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
 from kdelay.stats import percentile
 
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
+    kafka = LocalKafka(base / "kafka", settings=kafka_settings())
     zk = LocalZooKeeper(base / "zk")
     results: dict[str, object] = {}
     try:

@@ -33,9 +33,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.delay_service import baseline, consume_lateness, delayed, pct, produce_buffer
-from bench.replicas import PARTITIONS, Replicas
+from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from kdelay.buffer import Scheduled
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
+from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
 
 MODES = ("at-least-once", "exactly-once")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rates = [int(x) for x in args.rates.split(",")]
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-delivery-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
+    kafka = LocalKafka(base / "kafka", settings=kafka_settings())
     zk = LocalZooKeeper(base / "zk")
     results: dict[str, object] = {}
     try:

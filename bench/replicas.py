@@ -10,12 +10,18 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from kdelay.local import ManagedProcess, wait_until
+from kdelay.local import KafkaSettings, ManagedProcess, wait_until
 from kdelay.local.replica import ReplicaSpec
 from zk import Paths, cluster_status
 
 KDELAY = str(Path(sys.executable).with_name("kdelay"))
 PARTITIONS = 4
+
+
+def kafka_settings() -> KafkaSettings:
+    """The broker of the steady-rate benchmarks: 1 GiB of heap and the full JIT a long-running
+    broker has (not ``kdelay up``'s C1 only), so figures compare with earlier passes'."""
+    return KafkaSettings(heap_mb=1024, quick_jit=False)
 
 
 def rss_bytes(pid: int) -> int:
@@ -30,14 +36,19 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU time in a /proc ``stat`` line, a process's or one thread's."""
+    fields = stat.rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (0 when it is gone), from /proc."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
     except FileNotFoundError:
         return 0.0
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Replicas:

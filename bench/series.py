@@ -30,11 +30,11 @@ import uuid
 from pathlib import Path
 
 from bench.delay_service import consume_lateness, produce_buffer
-from bench.replicas import PARTITIONS, Replicas
+from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.entry import encode_entry, entry_key
 from delay_service.ids import id_key
 from kdelay.buffer import Scheduled
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
+from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-series-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
+    kafka = LocalKafka(base / "kafka", settings=kafka_settings())
     zk = LocalZooKeeper(base / "zk")
     results: dict[str, object] = {
         "codec_bytes_plain": codec_bytes(None),

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.delay_service import consume_lateness, produce_buffer
-from bench.replicas import PARTITIONS, Replicas
+from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from kdelay.buffer import Scheduled
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
+from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
 from kdelay.shards import owns
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.shards.split(",")]
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-shards-"))
-    kafka = LocalKafka(base / "kafka", settings=KafkaSettings(heap_mb=1024, quick_jit=False))
+    kafka = LocalKafka(base / "kafka", settings=kafka_settings())
     zk = LocalZooKeeper(base / "zk")
     rows: list[dict[str, float]] = []
     try:
