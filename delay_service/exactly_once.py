@@ -108,7 +108,7 @@ class ExactlyOnceForwarder(Forwarder):
         scan = self._store.due_skipping(
             now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
         )
-        plan = plan_scan(scan, waiting=self._retries.waiting)
+        plan = plan_scan(scan, waiting=None if self._retries.idle else self._retries.waiting)
         if not plan.truncated:
             scanned = {e.key for e in plan.entries}
             self._retries.retain(scanned, passed_over=held)
@@ -156,6 +156,8 @@ class ExactlyOnceForwarder(Forwarder):
         """``entries`` minus those of a target that failed before and has no leader now: a
         metadata request, not a transaction, finds out, so it stalls no one (it stays held,
         and a permanent error such as a deleted topic counts towards its dead letter)."""
+        if self._retries.idle:
+            return entries  # no target failed before
         suspects = {target_of(e) for e in entries if self._retries.attempts(e.key) > 0}
         down = {t: err for t in suspects if (err := self._txn.reachable(*t)) is not None}
         if not down:

@@ -347,7 +347,7 @@ class Forwarder:
         scan = self._store.due_skipping(
             now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
         )
-        plan = plan_scan(scan, waiting=self._retries.waiting)
+        plan = plan_scan(scan, waiting=None if self._retries.idle else self._retries.waiting)
         if not plan.truncated:
             # A retried entry is due, so a full scan sees it unless it was removed (cancelled).
             self._retries.retain({e.key for e in plan.entries}, passed_over=held)

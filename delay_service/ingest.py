@@ -382,6 +382,8 @@ class Ingest:
         records: list[Incoming] = []
         offsets: dict[int, int] = {}
         invalid = 0  # poison records among them (stored as dead-letter entries)
+        own = 0  # tombstones of this replica's own releases, skipped undecoded
+        own_tombstone = self._store.own_tombstone
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -390,6 +392,14 @@ class Ingest:
                 continue
             partition = msg.partition() or 0
             offset = msg.offset() or 0
+            if (
+                msg.value() is None
+                and (key := msg.key()) is not None
+                and own_tombstone(partition, key)
+            ):
+                own += 1
+                offsets[partition] = offset + 1
+                continue
             record, poisoned = self._decode(msg, partition, offset)
             invalid += poisoned
             records.append((partition, offset, record, _append_time(msg)))
@@ -410,7 +420,7 @@ class Ingest:
             - invalid
         )
         m.labels("cancel").inc(sum(1 for r in records if isinstance(r[2], Cancel)))
-        m.labels("tombstone").inc(sum(1 for r in records if isinstance(r[2], Tombstone)))
+        m.labels("tombstone").inc(own + sum(1 for r in records if isinstance(r[2], Tombstone)))
         m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
             self._metrics.cancelled.inc(result.cancelled)

@@ -26,12 +26,14 @@ was written (``w``); ``outcome_time``: ``written_ms (8) | id`` -> empty, the pru
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from typing import Any
 
 import orjson
 from rocksdict import WriteBatch
 
+from delay_service import rocks
 from kdelay.buffer import Fate, Scheduled
 from kdelay.immutable import immutable
 
@@ -120,12 +122,28 @@ class OutcomeLog:
             return
         key = outcome.id.encode()
         raw = None if key in self._seen else self._cf.get(key)
+        body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
+        self._put(batch, key, outcome.id, body, raw=raw, now_ms=now_ms)
+
+    def _put(
+        self,
+        batch: WriteBatch,
+        key: bytes,
+        msg_id: str,
+        body: dict[str, Any],
+        *,
+        raw: bytes | None,
+        now_ms: int,
+    ) -> None:
+        """Write ``body`` (an outcome's stored fields) as message ``msg_id``'s outcome unless a
+        richer one is known: ``raw`` is what the store holds for it (read before the batch)."""
         if key in self._seen:
             pass  # the same batch wrote it already: counted, and its time key is now_ms's
         elif raw is not None:
-            old, written = _decode(outcome.id, bytes(raw))
-            same = old.deliver_at_ms == outcome.deliver_at_ms or outcome.deliver_at_ms is None
-            if same and old.state == outcome.state and _RANK[old.source] < _RANK[outcome.source]:
+            old, written = _decode(msg_id, bytes(raw))
+            deliver_at_ms = body.get("deliver_at_ms")
+            same = old.deliver_at_ms == deliver_at_ms or deliver_at_ms is None
+            if same and old.state == body["state"] and _RANK[old.source] < _RANK[body["source"]]:
                 return
             batch.delete(_U64.pack(written) + key, self._time_cf)
         else:
@@ -133,25 +151,30 @@ class OutcomeLog:
         self._seen.add(key)
         now_ms = max(now_ms, self._floor_ms)  # never below the pruning floor
         self._batch_ms = now_ms if self._batch_ms is None else min(self._batch_ms, now_ms)
-        body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
-        batch.put(key, orjson.dumps({**body, "w": now_ms}), self._cf_handle)
+        body["w"] = now_ms
+        batch.put(key, orjson.dumps(body), self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
 
     def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
         """Record what ``source`` tells of message ``msg_id`` (a tombstone's or the master's
         :class:`kdelay.buffer.Fate`)."""
-        outcome = Outcome(
-            msg_id,
-            fate.state,
-            source,
-            deliver_at_ms=fate.deliver_at_ms,
-            topic=fate.topic,
-            partition=fate.partition,
-            offset=fate.offset,
-            at_ms=fate.released_ms,
-            occurrence=fate.occurrence,
-        )
-        self.put(batch, outcome, now_ms)
+        if self.max_entries <= 0:
+            return
+        key = msg_id.encode()
+        raw = None if key in self._seen else self._cf.get(key)
+        self._put(batch, key, msg_id, _body(fate, source), raw=raw, now_ms=now_ms)
+
+    def learn_all(
+        self, batch: WriteBatch, learnt: Sequence[tuple[str, Fate]], source: str, now_ms: int
+    ) -> None:
+        """:meth:`learn` for many messages (the master's releases of a round), their stored
+        outcomes read in one multi-get rather than a point read each."""
+        if self.max_entries <= 0 or not learnt:
+            return
+        keys = [msg_id.encode() for msg_id, _ in learnt]
+        found = rocks.multi_get(self._cf, keys)
+        for (msg_id, fate), key, raw in zip(learnt, keys, found, strict=True):
+            self._put(batch, key, msg_id, _body(fate, source), raw=raw, now_ms=now_ms)
 
     def covered(self, batch: WriteBatch, msg: Scheduled, now_ms: int) -> None:
         """``msg`` left the store because a checkpoint covers it: delivered (or dead-lettered:
@@ -226,6 +249,25 @@ class OutcomeLog:
         self._pending_delta = 0
         self._seen.clear()
         self._next_floor_ms = self._batch_ms = None
+
+
+def _body(fate: Fate, source: str) -> dict[str, Any]:
+    """The stored fields of what ``source`` tells in ``fate`` (an :class:`Outcome`'s, in
+    :data:`_FIELDS` order, without the id), built without the Outcome: once per release."""
+    body: dict[str, Any] = {"state": fate.state, "source": source}
+    if fate.deliver_at_ms is not None:
+        body["deliver_at_ms"] = fate.deliver_at_ms
+    if fate.topic is not None:
+        body["topic"] = fate.topic
+    if fate.partition is not None:
+        body["partition"] = fate.partition
+    if fate.offset is not None:
+        body["offset"] = fate.offset
+    if fate.released_ms is not None:
+        body["at_ms"] = fate.released_ms
+    if fate.occurrence is not None:
+        body["occurrence"] = fate.occurrence
+    return body
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:

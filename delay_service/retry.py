@@ -60,6 +60,12 @@ class RetryPolicy:
             clock=clock,
         )
 
+    @property
+    def idle(self) -> bool:
+        """No entry has a failed attempt remembered: none is waiting, every one has 0 attempts
+        (the rounds skip asking per entry)."""
+        return not self._retries
+
     def waiting(self, key: bytes) -> bool:
         """The entry failed and its backoff has not passed yet."""
         retry = self._retries.get(key)

@@ -69,7 +69,7 @@ def plan_round(
     entries: Sequence[Entry],
     *,
     limit: int,
-    waiting: Callable[[bytes], bool],
+    waiting: Callable[[bytes], bool] | None,
     skipped: int = 0,
     first_skipped_ms: int | None = None,
     last_ms: int | None = None,
@@ -79,7 +79,11 @@ def plan_round(
 
     The keyword arguments after ``waiting`` describe what the scan passed over (see
     ``Store.due_skipping``); ``truncated`` defaults to "``limit`` entries were returned".
+    ``waiting`` None: no entry is waiting out a backoff (the retry policy is idle).
     """
+    cut = len(entries) >= limit if truncated is None else truncated
+    if waiting is None:  # no entry failed: all are sendable
+        return Plan(entries, list(entries), cut, skipped, first_skipped_ms, last_ms)
     blocked: set[Target] = set()
     sendable: list[Entry] = []
     for entry in entries:
@@ -88,7 +92,6 @@ def plan_round(
             blocked.add(target)
         else:
             sendable.append(entry)
-    cut = len(entries) >= limit if truncated is None else truncated
     return Plan(entries, sendable, cut, skipped, first_skipped_ms, last_ms)
 
 
@@ -136,7 +139,7 @@ def next_wake_ms(
     return min(candidates)
 
 
-def plan_scan(scan: DueScan, *, waiting: Callable[[bytes], bool]) -> Plan:
+def plan_scan(scan: DueScan, *, waiting: Callable[[bytes], bool] | None) -> Plan:
     """:func:`plan_round` for what ``Store.due_skipping`` returned."""
     return plan_round(
         scan.entries,

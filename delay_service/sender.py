@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -43,7 +43,7 @@ from delay_service.entry import Entry, entry_seq
 from delay_service.round import Target
 from delay_service.tombstones import Retired
 from kdelay import logs
-from kdelay.buffer import DEAD_LETTER_TOPIC, Tombstone, encode
+from kdelay.buffer import DEAD_LETTER_TOPIC, encode, tombstone_route
 from kdelay.errors import KdelayError
 from kdelay.immutable import immutable
 from kdelay.repeat import parse_repeat
@@ -161,6 +161,7 @@ class _Flight:
     timestamp_ms: int
     deadline: float  # monotonic seconds: after this, it is declared timed out
     cause: KafkaError | None  # a dead letter's reason
+    target: Target  # the release target it holds while in flight
     parts: int = 1  # records still unacknowledged: 2 with a recurring message's next one
     written: tuple[int, int] | None = None  # the release's partition and offset
 
@@ -281,6 +282,9 @@ class Sender:
         if not entries:
             return  # no producer is created for nothing
         released_ms = 0
+        launch = self._launch
+        # One deadline for the submission: its records leave within milliseconds.
+        deadline = self._clock.monotonic() + self._ack_timeout_s
         for i, entry in enumerate(entries):
             msg = entry.message
             # The release time, read as the records leave: again every _CLOCK_EVERY records
@@ -293,10 +297,11 @@ class Sender:
                 msg.key,
                 msg.value,
                 msg.partition,
-                list(msg.delivered_headers()),
+                cast("Headers", msg.delivered_headers()),  # a fresh list
                 released_ms,
             )
-            self._launch(entry, record, cause=None, then=self._next_occurrence(entry))
+            then = None if msg.repeat is None else self._next_occurrence(entry)
+            launch(entry, record, cause=None, then=then, deadline=deadline)
         self.pump(0)
 
     def _next_occurrence(self, entry: Entry) -> _Record | None:
@@ -355,10 +360,15 @@ class Sender:
     def tombstones(self, retired: Iterable[Retired]) -> None:
         """Tombstones for buffer records that were delivered or cancelled."""
         producer = self._get_producer()
+        topic = self._buffer_topic
         for r in retired:
-            enc = encode(Tombstone(r.id, r.offset, r.uid, r.fate))
             record = _Record(
-                self._buffer_topic, enc.key, enc.value, r.partition, list(enc.headers), 0
+                topic,
+                (r.uid or r.id).encode(),
+                None,
+                r.partition,
+                [tombstone_route(r.id, r.offset, r.fate)],
+                0,
             )
             self._produce(producer, record, on_delivery=None)
         producer.poll(0)
@@ -386,50 +396,69 @@ class Sender:
         *,
         cause: KafkaError | None,
         then: _Record | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Produce ``record`` for ``entry`` (its dead letter if ``cause`` is given), and
-        ``then`` with it, and track them until their delivery reports: the entry completes
-        with the first error, or when both are acknowledged."""
+        ``then`` with it, and track them until their delivery reports or the monotonic
+        ``deadline`` (default: the acknowledgement timeout from now): the entry completes with
+        the first error, or when both are acknowledged."""
         if entry.key in self._flights:
             raise ValueError(f"entry {entry.message.id} already has a record in flight")
         producer = self._get_producer()
-        deadline = self._clock.monotonic() + self._ack_timeout_s
-        flight = _Flight(entry, cause is not None, record.timestamp_ms, deadline, cause)
-        flight.parts = 1 if then is None else 2
-        target = (entry.message.topic, entry.message.partition)
-
-        def on_part(err: KafkaError | None, msg: Message | None) -> None:
-            if self._flights.get(entry.key) is not flight:
-                return  # abandoned, or already declared timed out
-            flight.parts -= 1
-            if err is None and flight.parts > 0:
-                return
-            self._finish(entry.key, err)
-            if err is not None and err.fatal():
-                self._broken = True
+        if deadline is None:
+            deadline = self._clock.monotonic() + self._ack_timeout_s
+        message = entry.message
+        target = (message.topic, message.partition)
+        flight = _Flight(entry, cause is not None, record.timestamp_ms, deadline, cause, target)
+        key = entry.key
+        flights = self._flights
 
         def on_delivery(err: KafkaError | None, msg: Message | None) -> None:
-            if err is None and msg is not None and self._flights.get(entry.key) is flight:
+            if flights.get(key) is not flight:
+                return  # abandoned, or already declared timed out
+            if err is None and msg is not None:
                 partition, offset = msg.partition(), msg.offset()
                 if partition is not None and offset is not None and offset >= 0:
                     flight.written = (partition, offset)
-            on_part(err, msg)
+            self._part_done(key, flight, err)
 
-        self._flights[entry.key] = flight
+        flights[key] = flight
         self._targets[target] += 1
+        if then is None:  # one record, one callback
+            err = self._produce(producer, record, on_delivery=on_delivery)
+            if err is not None:
+                self._finish(key, err)
+            return
+
+        def on_part(err: KafkaError | None, msg: Message | None) -> None:
+            if flights.get(key) is flight:
+                self._part_done(key, flight, err)
+
+        flight.parts = 2
         for rec, callback in ((record, on_delivery), (then, on_part)):
-            if rec is None or self._flights.get(entry.key) is not flight:
+            if flights.get(key) is not flight:
                 continue
             err = self._produce(producer, rec, on_delivery=callback)
             if err is not None:
-                self._finish(entry.key, err)
+                self._finish(key, err)
+
+    def _part_done(self, key: bytes, flight: _Flight, err: KafkaError | None) -> None:
+        """One record of ``flight`` was acknowledged or failed: it completes with the first
+        error, or with the last acknowledgement."""
+        flight.parts -= 1
+        if err is None and flight.parts > 0:
+            return
+        self._finish(key, err)
+        if err is not None and err.fatal():
+            self._broken = True
 
     def _finish(self, key: bytes, err: KafkaError | None) -> None:
         flight = self._flights.pop(key)
-        target = (flight.entry.message.topic, flight.entry.message.partition)
-        self._targets[target] -= 1
-        if self._targets[target] <= 0:
-            del self._targets[target]
+        left = self._targets[flight.target] - 1
+        if left > 0:
+            self._targets[flight.target] = left
+        else:
+            del self._targets[flight.target]
         partition, offset = flight.written or (None, None)
         self._done.append(
             Completion(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from delay_service import store as store_module
+from delay_service.outcomes import _FIELDS, Outcome, _body
 from delay_service.store import Store
 from kdelay.buffer import Fate, Scheduled
 
@@ -71,3 +72,26 @@ def test_outcomes_older_than_the_retention_go(store: Store, clock: Clock) -> Non
     deliver(store, clock, 1, 3)
     assert kept(store, 4) == ["m3"]
     assert store.outcomes == 1
+
+
+def test_an_outcome_learnt_from_a_fate_is_stored_as_the_same_outcome_put_whole() -> None:
+    """learn/learn_all build the stored fields from the Fate directly (the master's hot path):
+    the same document as put() of the equivalent Outcome, field for field and in order."""
+    for fate in (
+        Fate("delivered", "t", 3, 42, 1_000, 900, 2),
+        Fate("dead_lettered", "t", None, None, 1_000, 900),
+        Fate("cancelled"),
+    ):
+        outcome = Outcome(
+            "m",
+            fate.state,
+            "master",
+            fate.deliver_at_ms,
+            fate.topic,
+            fate.partition,
+            fate.offset,
+            fate.released_ms,
+            fate.occurrence,
+        )
+        whole = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
+        assert list(_body(fate, "master").items()) == list(whole.items())

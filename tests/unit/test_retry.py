@@ -103,6 +103,23 @@ def test_claim_stays_below_every_pending_due_time(
     assert claim_ms(plan, 1000, {entries[i].key for i in removed}) == expected
 
 
+@pytest.mark.parametrize("limit", [3, 4])
+def test_with_no_failure_remembered_every_entry_is_sendable_and_the_cut_is_kept(
+    limit: int,
+) -> None:
+    """The rounds pass ``waiting=None`` while the retry policy is idle (no call per entry)."""
+    entries = [entry(0, 10), entry(1, 11), entry(2, 12)]
+    idle = plan_round(entries, limit=limit, waiting=None)
+    asked = plan_round(entries, limit=limit, waiting=lambda _key: False)
+    assert idle == asked
+    assert idle.sendable == entries
+    assert idle.truncated == (limit == 3)
+    p = policy(Monotonic())
+    assert p.idle
+    p.failed(b"a", permanent=False)
+    assert not p.idle
+
+
 def test_a_failed_target_is_held_until_its_backoff_is_over() -> None:
     clock = Monotonic()
     p = policy(clock)
