@@ -39,6 +39,7 @@ def command(config_file: Path | None, **flags: Any) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     memory.freeze_startup_objects()  # no full collection walks them again (kdelay/memory.py)
+    memory.collect_young_less_often()
     replica.run()
 
 

@@ -46,3 +46,14 @@ def test_garbage_is_collected_first_and_later_cycles_still_are() -> None:
     later = [weakref.ref(_Node()) for _ in range(100)]
     gc.collect()
     assert all(ref() is None for ref in later)
+
+
+def test_the_young_generation_is_collected_less_often_and_cycles_still_are() -> None:
+    before = gc.get_threshold()
+    try:
+        memory.collect_young_less_often(5_000)
+        assert gc.get_threshold() == (5_000, before[1], before[2])
+        garbage = [weakref.ref(_Node()) for _ in range(20_000)]  # past the threshold
+        assert all(ref() is None for ref in garbage[:1_000])  # collected without gc.collect()
+    finally:
+        gc.set_threshold(*before)
