@@ -1,0 +1,280 @@
+"""The master's Python work per released record, counted so that code changes compare on a
+noisy machine.
+
+Run: ``.venv/bin/python -m bench.forward_cpu`` (``--callgrind`` for instruction counts). No
+Kafka: a real store (RocksDB) holds ``--records`` entries all due, and the code under test
+releases them against a producer that acknowledges every record at ``poll()`` and sends
+nothing, so what is measured is the replica's own work per record, not the broker's:
+
+- ``kdelay``: exactly-once rounds of the real ``ExactlyOnceForwarder`` (store, transactional
+  sender, retry policy, outcomes, tombstones, metrics), as a replica runs them, with its
+  collector settings (``kdelay.memory``);
+- ``baseline``: the least a forwarder does per record with the same libraries: iterate the
+  store, decode the entry, produce the release with its headers and a delivery callback,
+  produce a tombstone, delete the entry.
+
+Each is a child process; the figure is per record of the measured part. CPU time (the
+measuring thread's, median of ``--repeat`` runs) varies from run to run by a quarter on a
+shared 2-core VM; ``--callgrind`` counts instructions under valgrind instead (deterministic
+to a fraction of a percent, about a minute), the setup's own count subtracted. The ratio
+``kdelay / baseline`` is what this repository's code adds to the libraries' own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from rocksdict import WriteBatch
+
+from delay_service.config import ReplicaConfig
+from delay_service.entry import decode_entry
+from delay_service.exactly_once import ExactlyOnceForwarder
+from delay_service.metrics import Metrics
+from delay_service.store import Store
+from delay_service.txn_sender import TxnSender
+from kdelay import memory
+from kdelay.buffer import Scheduled, Tombstone, encode
+
+_CHUNK = 5_000
+Callback = Callable[[Any, Any], None]
+
+
+class _Ack:
+    """What a delivery report's message tells the sender: where the record was written."""
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 1
+
+
+class NullProducer:
+    """A transactional producer that acknowledges every record at poll() and sends nothing."""
+
+    def __init__(self) -> None:
+        self._reports: list[Callback] = []
+
+    def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        callback: Callback | None = None,
+        on_delivery: Callback | None = None,
+        timestamp: int = 0,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        if on_delivery is not None:
+            self._reports.append(on_delivery)
+
+    def poll(self, timeout: float = -1) -> int:
+        reports, self._reports = self._reports, []
+        ack = _Ack()
+        for report in reports:
+            report(None, ack)
+        return len(reports)
+
+    def flush(self, timeout: float = -1) -> int:
+        self.poll()
+        return 0
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.poll()
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._reports.clear()
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        raise AssertionError("no target fails here, so none is probed")
+
+
+class _Checkpoints:
+    def claim_epoch(self) -> int:
+        return 1
+
+    def load(self) -> bytes | None:
+        return None
+
+    def write(self, data: bytes) -> object:
+        return None
+
+
+class _Ingested:
+    def wait_ingested(self, offsets: object, timeout: float, stop: object) -> bool:
+        return True
+
+
+def _fill(store: Store, records: int) -> None:
+    """``records`` entries due at 1 s after the epoch (all due), six target partitions."""
+    for start in range(0, records, _CHUNK):
+        end = min(records, start + _CHUNK)
+        batch = [
+            (
+                i % 4,
+                i // 4,
+                Scheduled(
+                    f"id-{i}", "target", i % 6, f"k{i}".encode(), b"v" * 100, 1_000,
+                    (("h", b"x"),), uid=f"u-{i}",
+                ),
+            )
+            for i in range(start, end)
+        ]  # fmt: skip
+        store.apply(batch, dict.fromkeys(range(4), end // 4 + 1))
+
+
+def _kdelay(store: Store) -> int:
+    cfg = ReplicaConfig(name="bench", delivery="exactly-once")
+    producer = NullProducer()
+    sender = TxnSender(
+        lambda: producer,
+        buffer_topic=cfg.buffer_topic,
+        produce_timeout_ms=cfg.produce_timeout_ms,
+        checkpoint_key="bench",
+    )
+    fwd = ExactlyOnceForwarder(
+        cfg, store, _Ingested(), Metrics(), sender=sender, on_fenced=lambda _why: None
+    )
+    checkpoints = _Checkpoints()
+    generation = fwd.activate(checkpoints)
+    sender.start()
+    released = 0
+    while (done := fwd.forward_once(checkpoints, generation).delivered) > 0:
+        released += done
+    return released
+
+
+def _baseline(store: Store) -> int:
+    producer = NullProducer()
+    reports: list[object] = []
+    db = store._db
+    it = db.iter()
+    it.seek_to_first()
+    batch = WriteBatch(raw_mode=True)
+    released = 0
+    while it.valid():
+        key = bytes(it.key())
+        msg = decode_entry(bytes(it.value()))
+        producer.produce(
+            msg.topic,
+            value=msg.value,
+            key=msg.key,
+            partition=msg.partition,
+            on_delivery=lambda err, m: reports.append(m),
+            headers=cast("list[tuple[str, str | bytes | None]]", msg.delivered_headers()),
+        )
+        tombstone = encode(Tombstone(msg.id, 0, msg.uid))
+        producer.produce("buffer", None, tombstone.key, 0, headers=list(tombstone.headers))
+        batch.delete(key)
+        released += 1
+        it.next()
+    producer.poll()
+    db.write(batch)
+    return released
+
+
+def child(mode: str, records: int) -> None:
+    """One measurement in this process: print the measured part's CPU µs per record."""
+    with tempfile.TemporaryDirectory(prefix="kdelay-forward-cpu-") as tmp:
+        store = Store(Path(tmp) / "db")
+        try:
+            _fill(store, records)
+            memory.freeze_startup_objects()
+            memory.collect_young_less_often()
+            if mode == "setup":
+                return
+            started = time.thread_time()
+            released = _kdelay(store) if mode == "kdelay" else _baseline(store)
+            elapsed = time.thread_time() - started
+            if released != records:
+                raise SystemExit(f"{mode}: released {released} of {records}")
+            print(json.dumps({"cpu_us_per_record": elapsed / records * 1e6}))
+        finally:
+            store.close()
+
+
+def _run(mode: str, records: int, *, callgrind: bool) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "bench.forward_cpu", "--child", mode, "--records", str(records)]
+    if callgrind:
+        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.Popen(
+        argv, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _instructions(proc: subprocess.Popen[str]) -> int:
+    out, err = proc.communicate()
+    found = re.search(r"I\s+refs:\s+([\d,]+)", err)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind run failed ({proc.returncode}):\n{out}\n{err[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def _cpu_us(proc: subprocess.Popen[str]) -> float:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}):\n{out}\n{err[-2000:]}")
+    return float(json.loads(out.strip().splitlines()[-1])["cpu_us_per_record"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=5_000, help="entries released per run")
+    ap.add_argument("--repeat", type=int, default=5, help="CPU-time runs of each (median)")
+    ap.add_argument("--callgrind", action="store_true", help="count instructions (valgrind)")
+    ap.add_argument("--child", choices=("setup", "kdelay", "baseline"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.records)
+        return {}
+    out: dict[str, float] = {"records": args.records}
+    if args.callgrind:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+        print(f"counting instructions of {args.records:,} releases under valgrind (~1 min)")
+        procs = {m: _run(m, args.records, callgrind=True) for m in ("setup", "kdelay", "baseline")}
+        counts = {m: _instructions(p) for m, p in procs.items()}
+        for mode in ("kdelay", "baseline"):
+            out[f"{mode}_instructions_per_record"] = (counts[mode] - counts["setup"]) / args.records
+        out["kdelay_vs_baseline"] = (
+            out["kdelay_instructions_per_record"] / out["baseline_instructions_per_record"]
+        )
+    else:
+        runs: dict[str, list[float]] = {"kdelay": [], "baseline": []}
+        for i in range(args.repeat):
+            print(f"run {i + 1}/{args.repeat}", flush=True)
+            for mode, values in runs.items():  # alternating: a slow spell hits both
+                values.append(_cpu_us(_run(mode, args.records, callgrind=False)))
+        for mode, values in runs.items():
+            out[f"{mode}_cpu_us_per_record"] = statistics.median(values)
+        out["kdelay_vs_baseline"] = (
+            out["kdelay_cpu_us_per_record"] / out["baseline_cpu_us_per_record"]
+        )
+    for k, v in out.items():
+        print(f"{k:36} {v:,.2f}")
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
