@@ -336,7 +336,7 @@ class Store:
                     retiring = txn.lookup(index_key)
                     if retiring is not None and split_key(retiring)[2] == record.offset:
                         txn.delete(index_key, retiring)
-                        self._done.add(record.id, record.uid, time.monotonic())
+                        self._done.add_key(index_key if record.uid else None, time.monotonic())
                         result.tombstoned += 1
                     if record.fate is not None:
                         self._outcomes.learn(
@@ -448,8 +448,9 @@ class Store:
                 if cp.covers(partition, offset, deliver_at):
                     batch.delete(key)
                     message = decode_entry(value)
-                    batch.delete(id_key(message.id, message.uid), self._ids_cf)
-                    self._done.add(message.id, message.uid, time.monotonic())
+                    index_key = id_key(message.id, message.uid)
+                    batch.delete(index_key, self._ids_cf)
+                    self._done.add_key(index_key if message.uid else None, time.monotonic())
                     dropped += 1
                     self._outcomes.covered(batch, message, _wall_ms())
                 elif first_kept is None:
