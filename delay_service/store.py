@@ -427,8 +427,12 @@ class Store:
         """Whether the buffer record with Kafka key ``key`` in ``partition`` is a tombstone of a
         record this replica released as master, not read back yet (then it is forgotten: ingest
         skips the record without decoding it). The caller checked that the record has a null
-        value, as only a tombstone has: an undecodable one with such a key is skipped too (no
-        other record could be keyed so, and the checkpoint covers the record it names)."""
+        value, as only a tombstone has. Keyed by the buffer key, not the offset the tombstone
+        names (that needs decoding): any tombstone with that key retires a record this store
+        no longer holds (the release removed it, a cancel removes before its tombstone, and a
+        record released by another master after a failover is covered by the checkpoint its
+        tombstone follows), so at worst a richer outcome is not learnt. A malformed record with
+        a null value and such a key is skipped instead of dead-lettered."""
         with self._lock:
             return self._released.pop((partition, key), None) is not None
 

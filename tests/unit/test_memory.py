@@ -33,7 +33,10 @@ def test_objects_alive_at_start_up_are_no_longer_walked_and_stay_alive() -> None
     kept = [_Node() for _ in range(100)]
     assert _walked(kept[0])
     frozen = memory.freeze_startup_objects()
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # Not equal to a later gc.get_freeze_count(): in a full test session other threads (the
+    # clients of earlier tests) may free frozen objects in between (seen: 279,443 -> 279,441).
+    assert frozen >= len(kept)
+    assert gc.get_freeze_count() >= len(kept)
     assert not any(_walked(n) for n in kept[:3])
     gc.collect()
     assert all(n.me is n for n in kept)
