@@ -103,18 +103,18 @@ class RecentlyDone:
 
     def add(self, msg_id: str, uid: str, now: float) -> None:
         """Remember that record (``msg_id``, ``uid``) left the store at monotonic ``now``."""
-        self.add_key(id_key(msg_id, uid) if uid else None, now)
+        self.add_key(id_key(msg_id, uid), uid, now)
 
-    def add_key(self, index_key: bytes | None, now: float) -> None:
-        """:meth:`add` with the record's index key at hand (None: a format-1 record, not
-        remembered, though it counts for the rotation)."""
+    def add_key(self, index_key: bytes, uid: str, now: float) -> None:
+        """:meth:`add` with the record's index key at hand. A record without a buffer key
+        (``uid`` "", format 1) is not remembered, though it counts for the rotation."""
         if self._rotated is None:
             self._rotated = now
         if now - self._rotated >= self._half_s or len(self._current) >= self._half_cap:
             self._previous = self._current if now - self._rotated < 2 * self._half_s else set()
             self._current = set()
             self._rotated = now
-        if index_key is not None:
+        if uid:
             self._current.add(self._digest(index_key))
 
     def __contains__(self, index_key: object) -> bool:

@@ -121,9 +121,12 @@ class OutcomeLog:
         if self.max_entries <= 0:
             return
         key = outcome.id.encode()
-        raw = None if key in self._seen else self._cf.get(key)
         body = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
-        self._put(batch, key, outcome.id, body, raw=raw, now_ms=now_ms)
+        self._put(batch, key, outcome.id, body, raw=self._stored(key), now_ms=now_ms)
+
+    def _stored(self, key: bytes) -> bytes | None:
+        """The stored outcome of ``key``, unless this batch wrote it already (then unread)."""
+        return None if key in self._seen else self._cf.get(key)
 
     def _put(
         self,
@@ -161,8 +164,7 @@ class OutcomeLog:
         if self.max_entries <= 0:
             return
         key = msg_id.encode()
-        raw = None if key in self._seen else self._cf.get(key)
-        self._put(batch, key, msg_id, _body(fate, source), raw=raw, now_ms=now_ms)
+        self._put(batch, key, msg_id, _body(fate, source), raw=self._stored(key), now_ms=now_ms)
 
     def learn_all(
         self, batch: WriteBatch, learnt: Sequence[tuple[str, Fate]], source: str, now_ms: int

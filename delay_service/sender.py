@@ -300,8 +300,7 @@ class Sender:
                 cast("Headers", msg.delivered_headers()),  # a fresh list
                 released_ms,
             )
-            then = None if msg.repeat is None else self._next_occurrence(entry)
-            launch(entry, record, cause=None, then=then, deadline=deadline)
+            launch(entry, record, cause=None, then=self._next_occurrence(entry), deadline=deadline)
         self.pump(0)
 
     def _next_occurrence(self, entry: Entry) -> _Record | None:
@@ -364,7 +363,7 @@ class Sender:
         for r in retired:
             record = _Record(
                 topic,
-                (r.uid or r.id).encode(),
+                r.buffer_key.encode(),
                 None,
                 r.partition,
                 [tombstone_route(r.id, r.offset, r.fate)],

@@ -336,7 +336,7 @@ class Store:
                     retiring = txn.lookup(index_key)
                     if retiring is not None and split_key(retiring)[2] == record.offset:
                         txn.delete(index_key, retiring)
-                        self._done.add_key(index_key if record.uid else None, time.monotonic())
+                        self._done.add_key(index_key, record.uid, time.monotonic())
                         result.tombstoned += 1
                     if record.fate is not None:
                         self._outcomes.learn(
@@ -407,7 +407,7 @@ class Store:
                     continue
                 batch.delete(entry.key)
                 batch.delete(index_key, self._ids_cf)
-                self._done.add_key(index_key if entry.message.uid else None, now)
+                self._done.add_key(index_key, entry.message.uid, now)
                 removed += 1
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
                     learnt.append((entry.message.id, fate))
@@ -454,7 +454,7 @@ class Store:
                     message = decode_entry(value)
                     index_key = id_key(message.id, message.uid)
                     batch.delete(index_key, self._ids_cf)
-                    self._done.add_key(index_key if message.uid else None, time.monotonic())
+                    self._done.add_key(index_key, message.uid, time.monotonic())
                     dropped += 1
                     self._outcomes.covered(batch, message, _wall_ms())
                 elif first_kept is None:

@@ -49,6 +49,11 @@ class Retired(NamedTuple):
     offset: int
     fate: Fate | None = None
 
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of the retired record (and of its tombstone)."""
+        return self.uid or self.id
+
 
 class TombstoneQueue:
     """The tombstones owed, in the order their entries left the store."""
