@@ -20,6 +20,9 @@
 # in the prometheus-operator Go module, by kubeconform's own scripts/openapi2jsonschema.py.
 #
 # Usage: deploy/tools/install.sh          (the tests' session fixture runs it; safe to re-run)
+#        deploy/tools/install.sh --go-only  (only the Go builds: .ci/run starts it niced in the
+#                                            background, so they overlap the Python install)
+# One run at a time: a second waits for the first (a lock in .cache/tools), then finds its stamps.
 # Exit status is non-zero, with a line naming the tool, when anything cannot be installed.
 set -euo pipefail
 
@@ -40,6 +43,8 @@ TOOLS="$ROOT/.cache/tools"
 BIN="$TOOLS/bin"
 DL="$TOOLS/downloads"
 mkdir -p "$BIN" "$DL"
+GO_ONLY=0
+[ "${1:-}" = --go-only ] && GO_ONLY=1
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -48,6 +53,12 @@ export GOFLAGS="-buildvcs=false -modcacherw" GOTOOLCHAIN=local
 
 say() { echo "==> [deploy-tools] $*"; }
 die() { echo "!!! [deploy-tools] $*" >&2; exit 1; }
+
+exec 9>"$TOOLS/.install.lock"
+if ! flock -n 9; then
+  say "another install.sh is running (.ci/run starts the Go builds early); waiting for it"
+  flock 9
+fi
 stamp_ok() { [ -f "$TOOLS/.$1.stamp" ] && [ "$(cat "$TOOLS/.$1.stamp")" = "$2" ]; }
 stamp() { echo "$2" >"$TOOLS/.$1.stamp"; }
 
@@ -86,6 +97,10 @@ else
   say "compose-check: go build (compose-go, pinned in deploy/tools/composecheck/go.mod)"
   (cd "$CC_SRC" && "$GO" build -trimpath -o "$BIN/compose-check" .) || die "compose-check: go build failed"
   stamp compose-check "$CC_KEY"
+fi
+if [ "$GO_ONLY" = 1 ]; then
+  say "done (--go-only): helm, kubeconform, compose-check"
+  exit 0
 fi
 
 # ---- hadolint (optional: wheels exist for x86_64 and aarch64 Linux only) --------------------------
