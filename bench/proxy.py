@@ -1,11 +1,13 @@
 """Proxy vs direct production to Kafka, in the same run (not a test).
 
-    .venv/bin/python -m bench.proxy [--bootstrap HOST:PORT] [--records N] [--rate-seconds S]
+    .venv/bin/python -m bench.proxy [--bootstrap HOST:PORT] [--records N]
+        [--rate-seconds S] [--rate-rounds R] [--skip-java] [--workers 1,2]
 
 Starts a local Kafka (unless --bootstrap names one) and ``kdelay proxy`` as a subprocess, then
 for confluent-kafka (this process) and the Java producer (kafka-tools' ProducerPerformance):
 throughput and ack latency p50/p99, direct vs through the proxy, immediate and delayed, 100 B
-and 1 KB values; and the p99 added at a fixed 10k msg/s. Prints a Markdown table.
+and 1 KB values; and the p99 added at a fixed 10k msg/s, direct and through the proxy run back to
+back in each of ``--rate-rounds`` rounds. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import multiprocessing
 import os
 import re
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -156,11 +159,57 @@ def _client(
     return confluent_run(bootstrap, topic, n, size, delayed=delayed)
 
 
+@dataclass
+class RatePair:
+    """One round of the fixed-rate cell: direct and through the proxy back to back, so both see
+    the broker in the same state (the proxy's cell used to follow its own throughput cells,
+    100,000 Java records among them, and the direct one the direct cells)."""
+
+    client: str
+    path: str
+    round: int
+    direct: Result
+    proxy: Result
+
+
+def rate_pairs(
+    direct: str, via: str, path: str, topic: str, *, n: int, rounds: int, java: bool
+) -> list[RatePair]:
+    """``rounds`` pairs of 10k msg/s runs per client, the order alternating (direct first in
+    odd rounds, the proxy first in even ones), after a pause that lets the throughput cells'
+    work settle."""
+    runs: list[tuple[str, Callable[[str], tuple[float, float, float]]]] = [
+        ("confluent-kafka@10k/s",
+         lambda bs: confluent_run(bs, topic, n, 100, delayed=False, rate=10_000)),
+    ]  # fmt: skip
+    if java:
+        runs.append(("java@10k/s", lambda bs: java_run(bs, topic, n, 100, rate=10_000)))
+    pairs: list[RatePair] = []
+    time.sleep(2)
+    for k in range(1, rounds + 1):
+        for client, run in runs:
+            order = [("direct", direct), (path, via)]
+            got = {p: run(bs) for p, bs in (order if k % 2 else order[::-1])}
+            pairs.append(
+                RatePair(
+                    client,
+                    path,
+                    k,
+                    _result(client, "direct", "immediate", 100, got["direct"]),
+                    _result(client, path, "immediate", 100, got[path]),
+                )
+            )
+    return pairs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bootstrap", default=None, help="an existing Kafka (default: start one)")
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--rate-seconds", type=int, default=5, help="length of the 10k msg/s run")
+    ap.add_argument(
+        "--rate-rounds", type=int, default=2, help="direct/proxy pairs of the 10k msg/s run"
+    )
     ap.add_argument("--skip-java", action="store_true")
     ap.add_argument(
         "--workers", default="1", help="proxy worker counts to measure, comma-separated (1,2)"
@@ -170,6 +219,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     results: list[Result] = []
+    pairs: list[RatePair] = []
     counts = [int(w) for w in args.workers.split(",")]
     client = "confluent-kafka" if args.clients == 1 else f"confluent-kafka x{args.clients}"
     with local_kafka(args.bootstrap) as direct:
@@ -185,11 +235,6 @@ def main() -> None:
             if not args.skip_java:
                 results.append(_result("java", "direct", "immediate", size,
                                        java_run(direct, topic, args.records, size)))  # fmt: skip
-        r = confluent_run(direct, rate_topic, n, 100, delayed=False, rate=10_000)
-        results.append(_result("confluent-kafka@10k/s", "direct", "immediate", 100, r))
-        if not args.skip_java:
-            r = java_run(direct, rate_topic, n, 100, rate=10_000)
-            results.append(_result("java@10k/s", "direct", "immediate", 100, r))
         for workers in counts:
             path = "proxy" if workers == 1 else f"proxy, {workers} workers"
             with proxy_process(direct, "--workers", str(workers)) as running:
@@ -203,14 +248,18 @@ def main() -> None:
                     if not args.skip_java:
                         r = java_run(via, topic, args.records, size)
                         results.append(_result("java", path, "immediate", size, r))
-                r = confluent_run(via, rate_topic, n, 100, delayed=False, rate=10_000)
-                results.append(_result("confluent-kafka@10k/s", path, "immediate", 100, r))
-                if not args.skip_java:
-                    r = java_run(via, rate_topic, n, 100, rate=10_000)
-                    results.append(_result("java@10k/s", path, "immediate", 100, r))
+                pairs += rate_pairs(
+                    direct,
+                    via,
+                    path,
+                    rate_topic,
+                    n=n,
+                    rounds=args.rate_rounds,
+                    java=not args.skip_java,
+                )
     print("| client | path | kind | size | msg/s | p50 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|")
-    for res in results:
+    for res in results + [r for pair in pairs for r in (pair.direct, pair.proxy)]:
         print(
             f"| {res.client} | {res.path} | {res.kind} | {res.size} | {res.msgs_per_s:,.0f} "
             f"| {res.p50_ms:.1f} | {res.p99_ms:.1f} |"
@@ -222,8 +271,22 @@ def main() -> None:
         if res.path.startswith("proxy") and d is not None:
             print(
                 f"- {res.client} {res.path} {res.kind} {res.size} B: throughput ratio "
-                f"{res.msgs_per_s / d.msgs_per_s:.2f}, p99 added {res.p99_ms - d.p99_ms:+.1f} ms"
+                f"{res.msgs_per_s / d.msgs_per_s:.2f}"
             )
+    for pair in pairs:
+        d, p = pair.direct, pair.proxy
+        print(
+            f"- {pair.client} {pair.path}, round {pair.round}: p99 added "
+            f"{p.p99_ms - d.p99_ms:+.1f} ms ({d.p99_ms:.1f} -> {p.p99_ms:.1f}), "
+            f"p50 added {p.p50_ms - d.p50_ms:+.1f} ms"
+        )
+    for client, path in dict.fromkeys((pair.client, pair.path) for pair in pairs):
+        added = [
+            p.proxy.p99_ms - p.direct.p99_ms for p in pairs if (p.client, p.path) == (client, path)
+        ]
+        print(
+            f"- {client} {path}: median p99 added of the rounds {statistics.median(added):+.1f} ms"
+        )
 
 
 if __name__ == "__main__":
