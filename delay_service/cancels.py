@@ -70,23 +70,19 @@ from rocksdict import WriteBatch
 from delay_service.entry import split_key
 from delay_service.ids import IndexedBatch, id_prefix, uid_of
 from delay_service.tombstones import Retired
+from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled
 
-#: How long after its own append time a cancel still cancels a schedule appended after it (5
-#: minutes of the records' append time; covers a proxy's upstream delivery timeout, 30 s by
-#: default, with room to spare). Config setting to come: ``cancel_window_ms``.
-WINDOW_MS = 300_000
+#: The rule's two times (``kdelay/buffer.py``: the verifier applies the same rule). Config
+#: settings to come: ``cancel_window_ms``, ``cancel_accept_slack_ms``.
+WINDOW_MS = buffer.CANCEL_WINDOW_MS
+ACCEPT_SLACK_MS = buffer.CANCEL_ACCEPT_SLACK_MS
 #: Open cancels per buffer partition at most: the oldest closes when a newer one opens beyond
 #: that (about 200 bytes of RocksDB each). Config setting to come: ``cancel_window_max``.
 MAX_OPEN = 50_000
-#: A schedule accepted by a proxy up to this long after the cancel's append time counts as sent
-#: with it (the proxy's clock against the broker's): the cancel wins. Config setting to come:
-#: ``cancel_accept_slack_ms``.
-ACCEPT_SLACK_MS = 1_000
 #: The stored time of a record that had none (only in-process callers omit it).
 UNKNOWN = -(2**63)
 
-_ORDER_SHIFT = 20  # proxy/routing.py AcceptanceOrder: wall ms << 20 | counter
 _N = b"cancel/n/"
 _W = b"cancel/w/"
 _I = b"cancel/i/"
@@ -103,8 +99,7 @@ At = tuple[int, int, int | None]
 
 def accepted_ms(record: Scheduled) -> int | None:
     """When a proxy accepted ``record`` (its order field's millisecond), None if unknown."""
-    ms = record.seq >> _ORDER_SHIFT
-    return ms if ms > 0 else None
+    return buffer.accepted_ms(record.seq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,11 +292,10 @@ class CancelBatch:
         if found is None:
             return None
         by, cancel_ms = _AT.unpack(found)
-        if cancel_ms == UNKNOWN or by >= offset or accepted > cancel_ms + ACCEPT_SLACK_MS:
+        if by >= offset:  # a schedule before its cancel was removed when the cancel was read
             return None
-        if time_ms is not None and time_ms - cancel_ms > WINDOW_MS:
-            return None
-        return int(by)
+        known = None if cancel_ms == UNKNOWN else cancel_ms
+        return int(by) if buffer.cancels(by, known, offset, time_ms, accepted) else None
 
     def _cancelled(self, partition: int, by: int, retired: Retired) -> None:
         """Remember that the cancel at ``partition``/``by`` cancelled ``retired``: its

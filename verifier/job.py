@@ -17,7 +17,8 @@ and parsing the topics, and the delivery time, in :mod:`verifier.source`):
    an unmatched message comes out (and counts missing) once the watermark has passed
    due + grace. There every early delivery is counted on its own, at once, by
    ``early_deliveries`` (one early delivery outside the horizon would otherwise be invisible).
-   ``with_cancels`` then marks messages followed by a cancel record.
+   ``with_cancels`` then marks the messages a cancel record cancels (one that follows them in
+   their buffer partition, or one sent with them: :func:`kdelay.buffer.cancels`).
 3. ``summarise`` aggregates per-message rows per event-time window (over the due time) and
    overall, with Spark's exact ``percentile`` (linear interpolation, like numpy's default).
 
@@ -53,6 +54,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import jars, logs
+from kdelay.buffer import CANCEL_ACCEPT_SLACK_MS, CANCEL_WINDOW_MS
 from kdelay.errors import KdelayError
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
@@ -128,6 +130,8 @@ PER_MESSAGE = (
     "has_schedule",
     "bpart",
     "boff",
+    "bts",
+    "bacc",
     "deliveries",
     "first_ms",
     "early",
@@ -139,16 +143,20 @@ def messages(schedules: DataFrame) -> DataFrame:
     """Batch: one row per message (id, due_ms), from schedule rows (see parse_buffer).
 
     Copies of one buffer record (same ``dkey``) are the first copy; then the schedule records
-    with the same id and due time are one message, at the position (bpart, boff) of the last
-    of them, so only a cancel after that one cancels it.
+    with the same id and due time are one message, at the position (bpart, boff, bts, bacc) of
+    the last of them: a cancel is judged against that record (:func:`kdelay.buffer.cancels`).
     """
     first_pos = F.struct("bpart", "boff")
     first = (
         schedules.groupBy("dkey")
-        .agg(F.min_by(F.struct("id", "due_ms", "topic", "bpart", "boff"), first_pos).alias("m"))
+        .agg(
+            F.min_by(
+                F.struct("id", "due_ms", "topic", "bpart", "boff", "bts", "bacc"), first_pos
+            ).alias("m")
+        )
         .select("m.*")
     )
-    last = F.max(F.struct("bpart", "boff", "topic")).alias("last")
+    last = F.max(F.struct("bpart", "boff", "topic", "bts", "bacc")).alias("last")
     return (
         first.groupBy("id", "due_ms")
         .agg(last)
@@ -159,6 +167,8 @@ def messages(schedules: DataFrame) -> DataFrame:
             F.col("last.topic").alias("topic"),
             F.col("last.bpart").alias("bpart"),
             F.col("last.boff").alias("boff"),
+            F.col("last.bts").alias("bts"),
+            F.col("last.bacc").alias("bacc"),
         )
     )
 
@@ -184,7 +194,7 @@ def match_batch(msgs: DataFrame, deliveries: DataFrame) -> DataFrame:
         F.unix_millis(F.col("at")).alias("at_ms"),
         "receipt",
     )
-    s = msgs.select("id", "due_ms", "bpart", "boff")
+    s = msgs.select("id", "due_ms", "bpart", "boff", "bts", "bacc")
     on = (s["id"] == d["did"]) & (s["due_ms"] == d["ddue"])
     joined = s.join(d, on, "full_outer").select(
         F.coalesce("id", "did").alias("id"),
@@ -192,26 +202,58 @@ def match_batch(msgs: DataFrame, deliveries: DataFrame) -> DataFrame:
         F.col("id").isNotNull().alias("has_schedule"),
         "bpart",
         "boff",
+        "bts",
+        "bacc",
         "at_ms",
         "receipt",
     )
-    per = per_message(joined, ["id", "due_ms", "has_schedule", "bpart", "boff"])
+    per = per_message(joined, ["id", "due_ms", "has_schedule", "bpart", "boff", "bts", "bacc"])
     return per.withColumn("due", F.timestamp_millis(F.col("due_ms"))).select(*PER_MESSAGE)
 
 
-def with_cancels(per_id: DataFrame, cancels: DataFrame | None) -> DataFrame:
-    """``per_id`` plus a ``cancelled`` column: a cancel record for the id follows the
-    message's schedule record (same buffer partition, higher offset)."""
-    if cancels is None:
-        return per_id.withColumn("cancelled", F.lit(False))
-    last = cancels.groupBy(F.col("id").alias("cid"), F.col("bpart").alias("cpart")).agg(
-        F.max("boff").alias("coff")
+def cancels_column(cancel: str, message: str) -> Column:
+    """:func:`kdelay.buffer.cancels` as a column: whether the row aliased ``cancel`` (bpart,
+    boff, bts) cancels the row aliased ``message`` (its last schedule record's bpart, boff, bts,
+    bacc), of the same id and buffer partition."""
+    c_off, c_ms = F.col(f"{cancel}.boff"), F.col(f"{cancel}.bts")
+    off, t_ms, accepted = (F.col(f"{message}.{name}") for name in ("boff", "bts", "bacc"))
+    sent_with_it = (
+        (off > c_off)
+        & c_ms.isNotNull()
+        & accepted.isNotNull()
+        & (accepted <= c_ms + CANCEL_ACCEPT_SLACK_MS)
+        & (t_ms.isNull() | (t_ms - c_ms <= CANCEL_WINDOW_MS))
     )
-    on = (per_id["id"] == last["cid"]) & (per_id["bpart"] == last["cpart"])
+    return (off < c_off) | sent_with_it
+
+
+def cancelled_positions(per_id: DataFrame, cancels: DataFrame) -> DataFrame:
+    """The positions (id, bpart, boff) of the messages of ``per_id`` a cancel cancels."""
+    m = per_id.where(F.col("has_schedule")).select("id", "bpart", "boff", "bts", "bacc").alias("m")
+    c = cancels.select("id", "bpart", "boff", "bts").alias("c")
+    on = (F.col("m.id") == F.col("c.id")) & (F.col("m.bpart") == F.col("c.bpart"))
     return (
-        per_id.join(last, on, "left")
-        .withColumn("cancelled", F.coalesce(F.col("coff") > F.col("boff"), F.lit(False)))
-        .drop("cid", "cpart", "coff")
+        m.join(c, on)
+        .where(cancels_column("c", "m"))
+        .select(
+            F.col("m.id").alias("id"),
+            F.col("m.bpart").alias("bpart"),
+            F.col("m.boff").alias("boff"),
+        )
+        .distinct()
+    )
+
+
+def with_cancels(per_id: DataFrame, cancelled: DataFrame | None) -> DataFrame:
+    """``per_id`` plus a ``cancelled`` column: the message's position is among ``cancelled``
+    (id, bpart, boff: :func:`cancelled_positions`, or the streaming job's registry)."""
+    if cancelled is None:
+        return per_id.withColumn("cancelled", F.lit(False))
+    flagged = cancelled.select("id", "bpart", "boff").distinct().withColumn("hit", F.lit(True))
+    return (
+        per_id.join(flagged, ["id", "bpart", "boff"], "left")
+        .withColumn("cancelled", F.coalesce(F.col("hit"), F.lit(False)))
+        .drop("hit")
     )
 
 
@@ -329,7 +371,9 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
         received = F.timestamp_millis(F.lit(_now_ms()))
         deliveries = parse_delivered(raw, received).persist()
         cached.append(deliveries)
-        per_id = with_cancels(match_batch(msgs, deliveries), cancels).persist()
+        matched = match_batch(msgs, deliveries).persist()
+        cached.append(matched)
+        per_id = with_cancels(matched, cancelled_positions(matched, cancels)).persist()
         cached.append(per_id)
         overall = summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=None)
         row = overall.collect()[0].asDict()

@@ -26,11 +26,18 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import headers as h
-from kdelay.buffer import OP_CANCEL, OP_SCHEDULE, READ_VERSIONS, ROUTE_HEADER, route_schema
+from kdelay.buffer import (
+    OP_CANCEL,
+    OP_SCHEDULE,
+    ORDER_SHIFT,
+    READ_VERSIONS,
+    ROUTE_HEADER,
+    route_schema,
+)
 from verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
-_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r")
+_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s")
 #: Spark's Kafka source ``timestampType``: 0 is CreateTime, 1 LogAppendTime.
 LOG_APPEND_TIME = 1
 
@@ -69,14 +76,22 @@ def read_stream(spark: SparkSession, cfg: VerifierConfig, **source: str) -> Data
 class BufferRows:
     """The buffer topic, parsed.
 
-    ``schedules``: id, due (timestamp), due_ms, topic, bpart, boff (the record's buffer
-    partition and offset) and dkey (what makes copies of one buffer record one message: the
-    buffer key in version 2, id and due time in version 1, whose key is the id).
-    ``cancels``: id, bpart, boff.
+    ``schedules``: id, due (timestamp), due_ms, topic, bpart, boff, bts (the record's buffer
+    partition, offset and append time in ms), bacc (when a proxy accepted it, ms, from its
+    order field; null if unknown) and dkey (what makes copies of one buffer record one
+    message: the buffer key in version 2, id and due time in version 1, whose key is the id).
+    ``cancels``: id, bpart, boff, bts. Which cancel cancels which schedule:
+    :func:`kdelay.buffer.cancels`.
     """
 
     schedules: DataFrame
     cancels: DataFrame
+
+
+def _accepted_ms(order: Column) -> Column:
+    """:func:`kdelay.buffer.accepted_ms` of an order field column."""
+    ms = F.shiftright(F.coalesce(order, F.lit(0).cast("long")), ORDER_SHIFT)
+    return F.when(ms > 0, ms)
 
 
 def parse_buffer(raw: DataFrame) -> BufferRows:
@@ -116,12 +131,16 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
             F.col("r.t").alias("topic"),
             "bpart",
             "boff",
+            F.col("ts_ms").alias("bts"),
+            _accepted_ms(F.col("r.s")).alias("bacc"),
             F.when(v1, F.concat_ws(" ", "id", F.col("due_ms").cast("string")))
             .otherwise(F.col("bkey"))
             .alias("dkey"),
         )
     )
-    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select("id", "bpart", "boff")
+    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select(
+        "id", "bpart", "boff", F.col("ts_ms").alias("bts")
+    )
     return BufferRows(schedules, cancels)
 
 

@@ -6,8 +6,8 @@ it is read) into ``foreachBatch``, which summarises the rows each micro-batch fi
 window and hands them to the sinks. A window's messages may be finalised over several
 micro-batches, so a window result is per (batch, window): counts add up across batches,
 percentiles do not. Cancels are not joined in the stream (see :class:`CancelRegistry`): a
-second small query keeps the cancel records' positions, seeded by a bounded read of the buffer
-topic at start-up.
+second small query keeps the cancel records' positions and times, seeded by a bounded read of
+the buffer topic at start-up.
 
 Threading: ``run_continuous`` is called from one thread; it returns when ``stop`` is set or a
 query fails (raising). Spark calls each ``foreachBatch`` function on a thread of its own.
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kdelay import logs
+from kdelay import buffer, logs
 from verifier.config import VerifierConfig
 from verifier.job import (
     ALL_USER_TOPICS,
@@ -43,7 +43,11 @@ log = logs.get(__name__)
 BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
 #: A buffer record's place: (id, buffer partition, offset).
 Position = tuple[str, int, int]
-_CANCELS_DDL = "id STRING, bpart INT, boff BIGINT"
+#: A cancel record: its place and append time (ms).
+CancelAt = tuple[str, int, int, int | None]
+#: A message's (last) schedule record: its place, append time and acceptance time (ms).
+ScheduleAt = tuple[str, int, int, int | None, int | None]
+_POSITIONS_DDL = "id STRING, bpart INT, boff BIGINT"
 
 
 def match_stream(
@@ -55,7 +59,7 @@ def match_stream(
     twice)."""
     delay = f"{grace_ms} milliseconds"
     s = (
-        schedules.select("id", "due", "due_ms", "bpart", "boff", "dkey")
+        schedules.select("id", "due", "due_ms", "bpart", "boff", "bts", "bacc", "dkey")
         .withWatermark("due", delay)
         # Copies of one buffer record (a client's retried produce) are one message; then one
         # row per (id, due), so that no delivery is joined twice.
@@ -76,12 +80,14 @@ def match_stream(
         "due_ms",
         "bpart",
         "boff",
+        "bts",
+        "bacc",
         # A new column (not ``at`` itself) carries no event-time metadata, so the aggregation
         # below has exactly one event-time key: ``due``.
         F.unix_millis(F.col("at")).alias("at_ms"),
         "receipt",
     )
-    per = per_message(joined, ["id", "due", "due_ms", "bpart", "boff"])
+    per = per_message(joined, ["id", "due", "due_ms", "bpart", "boff", "bts", "bacc"])
     return per.select(
         "id",
         "due",
@@ -89,6 +95,8 @@ def match_stream(
         F.lit(True).alias("has_schedule"),
         "bpart",
         "boff",
+        "bts",
+        "bacc",
         "deliveries",
         "first_ms",
         F.lit(0).cast("long").alias("early"),
@@ -107,6 +115,8 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
         F.lit(False).alias("has_schedule"),
         F.lit(None).cast("int").alias("bpart"),
         F.lit(None).cast("long").alias("boff"),
+        F.lit(None).cast("long").alias("bts"),
+        F.lit(None).cast("long").alias("bacc"),
         F.lit(0).cast("long").alias("deliveries"),
         F.lit(None).cast("long").alias("first_ms"),
         F.lit(1).cast("long").alias("early"),
@@ -115,8 +125,8 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
 
 
 class CancelRegistry:
-    """The last cancel record of each (id, buffer partition), fed by a small streaming query
-    over the buffer topic.
+    """Every cancel record of each (id, buffer partition), fed by a small streaming query over
+    the buffer topic.
 
     Why not a join: a cancel may come any time before its message's due time, so a
     time-bounded stream-stream join would have to keep cancels (and hold back every result)
@@ -125,28 +135,35 @@ class CancelRegistry:
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, int], int] = {}
+        self._cancels: dict[tuple[str, int], dict[int, int | None]] = {}
         self._lock = threading.Lock()
 
-    def add(self, cancels: list[Position]) -> None:
+    def add(self, cancels: Iterable[CancelAt]) -> None:
         with self._lock:
-            for msg_id, part, off in cancels:
-                key = (msg_id, part)
-                self._last[key] = max(off, self._last.get(key, off))
+            for msg_id, part, off, ts in cancels:
+                self._cancels.setdefault((msg_id, part), {})[off] = ts
 
-    def following(self, schedules: list[Position]) -> list[Position]:
-        """The last cancel of each schedule position it follows (a later offset there)."""
+    def cancelled(self, schedules: Iterable[ScheduleAt]) -> list[Position]:
+        """The positions of the ``schedules`` a cancel cancels (:func:`kdelay.buffer.cancels`:
+        one after it in its partition, or one before it that was sent with it)."""
         with self._lock:
-            found = {
-                (msg_id, part): off
-                for msg_id, part, boff in schedules
-                if (off := self._last.get((msg_id, part), -1)) > boff
-            }
-        return [(msg_id, part, off) for (msg_id, part), off in found.items()]
+            return [
+                (msg_id, part, off)
+                for msg_id, part, off, ts, accepted in schedules
+                if any(
+                    buffer.cancels(c_off, c_ts, off, ts, accepted)
+                    for c_off, c_ts in self._cancels.get((msg_id, part), {}).items()
+                )
+            ]
 
 
-def _positions(df: DataFrame) -> list[Position]:
-    return [(str(r["id"]), int(r["bpart"]), int(r["boff"])) for r in df.collect()]
+def _cancel_rows(df: DataFrame) -> list[CancelAt]:
+    return [(str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"]) for r in df.collect()]
+
+
+def _schedule_rows(df: DataFrame) -> list[ScheduleAt]:
+    rows = df.select("id", "bpart", "boff", "bts", "bacc").collect()
+    return [(str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"]) for r in rows]
 
 
 def start_continuous(
@@ -160,7 +177,7 @@ def start_continuous(
     # so that no message is judged before the cancels query has caught up.
     snapshot = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
     registry = CancelRegistry()
-    registry.add(_positions(snapshot.cancels))
+    registry.add(_cancel_rows(snapshot.cancels))
     found = snapshot.schedules.select("topic").distinct().collect()
     topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
     source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
@@ -168,7 +185,7 @@ def start_continuous(
     trigger = f"{cfg.trigger_ms} milliseconds"
 
     def each_cancels(batch: DataFrame, _batch_id: int) -> None:
-        registry.add(_positions(batch))
+        registry.add(_cancel_rows(batch))
 
     # From the earliest offset, without a checkpoint: the set lives in memory only.
     cancels_cfg = cfg.model_copy(update={"starting_offsets": "earliest"})
@@ -193,9 +210,10 @@ def start_continuous(
         batch = batch.persist()
         try:
             undelivered = batch.where(F.col("has_schedule") & (F.col("deliveries") == 0))
-            after = registry.following(_positions(undelivered.select("id", "bpart", "boff")))
-            cancels = spark.createDataFrame(after, _CANCELS_DDL) if after else None
-            marked = with_cancels(batch, cancels)
+            hit = registry.cancelled(_schedule_rows(undelivered))
+            marked = with_cancels(
+                batch, spark.createDataFrame(hit, _POSITIONS_DDL) if hit else None
+            )
             windows = window_results(
                 summarise(marked, grace_ms=cfg.grace_ms, end_ms=None, window_ms=cfg.window_ms)
             )

@@ -396,3 +396,32 @@ def test_a_message_is_its_id_and_due_time_so_a_reused_id_is_a_new_message(
     counts = ("scheduled", "delivered", "missing", "duplicates", "early")
     assert [outcome.report[k] for k in counts] == [6, 5, 1, 1, 0]
     assert (outcome.details["cancelled"], outcome.details["unmatched_deliveries"]) == (1, 0)
+
+
+def test_a_cancel_appended_before_a_message_sent_with_it_cancels_it(
+    spark: Any, kafka: KafkaInfra
+) -> None:
+    """A message and its cancel sent together may reach the buffer cancel first (README
+    "Cancelling a message"); the replicas cancel it on arrival, so it is cancelled, not missing.
+    One a proxy accepted more than the slack after the cancel's append, or appended beyond the
+    window, is a new message. The independent oracle agrees."""
+    sc = Scenario(kafka.bootstrap_servers)
+    now, target = int(time.time() * 1000), sc.targets[0]
+    sc.deliver(sc.schedule("kept", now - 25_000, target, now - 30_000))
+    cancel_ms, slack = now - 40_000, buffer.CANCEL_ACCEPT_SLACK_MS
+    for msg_id, accepted_ms in (("with", cancel_ms + slack), ("later", cancel_ms + slack + 1)):
+        sc.cancel(msg_id, cancel_ms)
+        sc.schedule(
+            msg_id, now - 20_000, target, cancel_ms + 5, seq=accepted_ms << buffer.ORDER_SHIFT
+        )
+    old_ms = now - 400_000
+    sc.cancel("far", old_ms)
+    appended = old_ms + buffer.CANCEL_WINDOW_MS + 1
+    sc.schedule("far", now - 20_000, target, appended, seq=old_ms << buffer.ORDER_SHIFT)
+    sc.flush()
+    end_ms = int(time.time() * 1000)
+    outcome = verify_once(spark, sc.config(end_ms=end_ms), Slo(), None)
+    counts = ("scheduled", "delivered", "missing")
+    assert [outcome.report[k] for k in counts] == [3, 1, 2]  # "later" and "far" are missing
+    assert outcome.details["cancelled"] == 1
+    assert_same_report(outcome.report, independent_report(sc, end_ms))

@@ -21,6 +21,10 @@ from kdelay.local.kafka_tools import read_to_end
 from tests.support.kafka_helpers import Record
 
 ROUTE = "kdelay-route"
+#: README "Cancelling a message": a schedule appended after a cancel of its id, in the same
+#: buffer partition, is cancelled when a proxy accepted it at most 1 s after the cancel's append
+#: time (the millisecond in its order field "s" >> 20) and it was appended within 5 minutes.
+SENT_WITH_IT_MS, WINDOW_MS = 1_000, 300_000
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,13 @@ def compute(
 ) -> Truth:
     """The report, from the buffer and target topics. A message is an (id, due time) pair: an
     id may be reused. Copies of one buffer record (same key) count once; a cancel cancels the
-    schedules of its id before it in its partition; a delivery's time is its record timestamp
+    schedules of its id before it in its partition, and after it those sent with it
+    (:data:`SENT_WITH_IT_MS`); a delivery's time is its record timestamp
     (the targets use LogAppendTime); early = a delivery before its own ``kdelay-deliver-at``."""
-    messages: dict[tuple[str, int], tuple[int, int]] = {}  # (id, due) -> (partition, offset)
+    # (id, due) -> (partition, offset, append ms, accepted ms or 0)
+    messages: dict[tuple[str, int], tuple[int, int, int, int]] = {}
     keys: set[bytes | None] = set()
-    cancels: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    cancels: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for rec in read_all(bootstrap, [buffer_topic]):
         if rec.value is None or not rec.headers or rec.headers[-1][0] != ROUTE:
             continue
@@ -61,13 +67,23 @@ def compute(
             keys.add(rec.key)
             d = route.get("d")
             due_ms = int(d) if d is not None else rec.timestamp_ms + int(route["r"])
-            messages.setdefault((msg_id, due_ms), (rec.partition, rec.offset))
+            accepted = int(route.get("s") or 0) // 2**20
+            messages.setdefault(
+                (msg_id, due_ms), (rec.partition, rec.offset, rec.timestamp_ms, accepted)
+            )
         elif route.get("op") == "cancel":
-            cancels[msg_id].append((rec.partition, rec.offset))
+            cancels[msg_id].append((rec.partition, rec.offset, rec.timestamp_ms))
+
+    def sent_with(o: int, ts: int, accepted: int, co: int, cts: int) -> bool:
+        return o > co and 0 < accepted <= cts + SENT_WITH_IT_MS and ts - cts <= WINDOW_MS
+
     cancelled = {
         m
-        for m, (p, o) in messages.items()
-        if any(cp == p and co > o for cp, co in cancels.get(m[0], []))
+        for m, (p, o, ts, acc) in messages.items()
+        if any(
+            cp == p and (co > o or sent_with(o, ts, acc, co, cts))
+            for cp, co, cts in cancels.get(m[0], [])
+        )
     }
     deliveries: dict[tuple[str, int], list[int]] = defaultdict(list)
     early = 0

@@ -1,19 +1,51 @@
-"""The streaming verifier's cancel bookkeeping: a cancel counts only for what it follows."""
+"""The streaming verifier's cancel bookkeeping, and the rule it shares with the replicas
+(``kdelay.buffer.cancels``): a cancel cancels what it follows, and what was sent with it."""
 
 from __future__ import annotations
 
+from kdelay import buffer
+from kdelay.buffer import CANCEL_ACCEPT_SLACK_MS as SLACK
+from kdelay.buffer import CANCEL_WINDOW_MS as WINDOW
 from verifier.stream import CancelRegistry
 
+T = 1_800_000_000_000
 
-def test_a_cancel_applies_only_to_schedules_before_it_in_its_partition() -> None:
+
+def test_a_cancel_applies_to_schedules_before_it_in_its_partition() -> None:
     registry = CancelRegistry()
-    registry.add([("a", 0, 10), ("a", 0, 30), ("b", 1, 5)])
-    registry.add([("a", 0, 20)])  # an older position never replaces a later one
+    registry.add([("a", 0, 10, T), ("a", 0, 30, T), ("b", 1, 5, T)])
+    registry.add([("a", 0, 20, T), ("a", 0, 30, T)])  # the bounded read and the stream overlap
     schedules = [
-        ("a", 0, 25),  # followed by the cancel at 30
-        ("a", 0, 40),  # scheduled again after every cancel: not cancelled
-        ("a", 1, 1),  # another partition: not this cancel's
-        ("b", 1, 5),  # the cancel itself is not after it
-        ("c", 0, 0),
+        ("a", 0, 25, T, None),  # followed by the cancel at 30
+        ("a", 0, 40, T, None),  # after every cancel, no acceptance time: a new message
+        ("a", 1, 1, T, None),  # another partition: not this cancel's
+        ("b", 1, 5, T, None),  # the cancel itself is not a schedule it follows
+        ("c", 0, 0, T, None),
     ]
-    assert registry.following(schedules) == [("a", 0, 30)]
+    assert registry.cancelled(schedules) == [("a", 0, 25)]
+
+
+def test_a_cancel_also_applies_to_a_schedule_sent_with_it_but_appended_after_it() -> None:
+    registry = CancelRegistry()
+    registry.add([("x", 2, 7, T)])
+    schedules = [
+        ("x", 2, 8, T + 3, T + SLACK),  # accepted within the slack: sent with it
+        ("x", 2, 9, T + 3, T + SLACK + 1),  # accepted after: a new message
+        ("x", 2, 10, T + WINDOW + 1, T),  # appended beyond the window
+        ("x", 2, 11, T + WINDOW, T),  # at the window's edge
+        ("x", 3, 12, T + 3, T),  # another partition
+    ]
+    assert registry.cancelled(schedules) == [("x", 2, 8), ("x", 2, 11)]
+
+
+def test_the_shared_rule_in_each_case() -> None:
+    assert buffer.cancels(10, None, 9, None, None)  # before it: whatever the times
+    assert not buffer.cancels(10, T, 10, T, T)  # itself
+    assert buffer.cancels(10, T, 11, T + 1, T + SLACK)
+    assert not buffer.cancels(10, T, 11, T + 1, T + SLACK + 1)
+    assert not buffer.cancels(10, None, 11, T + 1, T)  # a cancel of unknown time: rule 1 only
+    assert not buffer.cancels(10, T, 11, T + 1, None)  # a schedule no proxy stamped
+    assert buffer.cancels(10, T, 11, None, T)  # an in-process record without a time
+    assert not buffer.cancels(10, T, 11, T + WINDOW + 1, T)
+    assert buffer.accepted_ms((T << buffer.ORDER_SHIFT) | 5) == T
+    assert buffer.accepted_ms(4) is None
