@@ -46,6 +46,7 @@ from delay_service.store import Incoming, Store
 from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
+from kdelay.consuming import take_batch
 from kdelay.errors import BufferFormatError
 from kdelay.shards import owned
 
@@ -64,27 +65,6 @@ _LINGER_S = 0.005
 _FOLLOWER_LINGER_S = 0.05
 #: Seconds before a metadata check that left partitions unassigned is retried.
 _RETRY_S = 0.5
-
-
-def take_batch(consumer: Consumer, limit: int, wait_s: float, linger_s: float) -> list[Message]:
-    """Up to ``limit`` records: what ``consumer`` has queued, or else the first to arrive within
-    ``wait_s``; then, short of ``limit``, what else arrives within ``linger_s``.
-
-    ``consume(limit, timeout)`` alone returns only when ``limit`` records are there or the
-    timeout passed (librdkafka fills the batch until then), so below ``limit / timeout``
-    records a second every record waited up to the whole timeout: ingest's 100 ms added up to
-    100 ms to every short delay (a record produced 37 ms after the last reached the replica
-    64 ms later; read this way, 4 ms plus the linger). The linger keeps batches large when
-    records stream in steadily (each batch is one store write)."""
-    messages = consumer.consume(limit, timeout=0)
-    if not messages:
-        first = consumer.poll(wait_s)
-        if first is None:
-            return []
-        messages = [first]
-    if len(messages) < limit:
-        messages.extend(consumer.consume(limit - len(messages), timeout=linger_s))
-    return messages
 
 
 def _append_time(msg: Message) -> int | None:

@@ -55,6 +55,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from kdelay import logs
 from kdelay import retry_setup as setup
+from kdelay.consuming import take_batch
 from kdelay.errors import ConfigError, KdelayError
 from kdelay.retry_plan import Header, Kind, Next, Origin, RetryPolicy, attempt_of, next_record
 
@@ -180,7 +181,7 @@ class RetryingConsumer:
     def _poll(self, timeout: float, limit: int) -> int:
         done: list[tuple[str, int, int, _Sent | None]] = []
         handler, ok = self._handler, 0
-        for msg in self._consumer.consume(limit, timeout):
+        for msg in take_batch(self._consumer, limit, timeout):
             err = msg.error()
             if err is not None:
                 if err.fatal():

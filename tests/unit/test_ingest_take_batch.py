@@ -1,4 +1,5 @@
-"""``take_batch``: ingest reads what is queued without waiting for a full batch (issue 13).
+"""``take_batch``: ingest and the retry helper read what is queued without waiting for a full
+batch (issue 13).
 
 The fake consumer behaves like librdkafka's: ``consume(n, timeout)`` returns early only with
 ``n`` records, otherwise after the whole timeout (the simulated clock advances by it), and
@@ -12,7 +13,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer
 
-from delay_service.ingest import take_batch
+from kdelay.consuming import take_batch
 
 
 class FakeConsumer:

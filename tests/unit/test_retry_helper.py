@@ -260,12 +260,31 @@ class FakeConsumer:
         self.subscribed: list[str] = []
         self.on_assign: Callable[[Any, list[TopicPartition]], None] | None = None
         self.committed_offsets: dict[tuple[str, int], int] = {}
+        self.waited_s = 0.0
 
     def subscribe(self, topics: list[str], on_assign: Any = None) -> None:
         self.subscribed, self.on_assign = topics, on_assign
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        return self.batches.pop(0)[:num_messages] if self.batches else []
+        """Up to ``num_messages`` of what is queued (``batches``: what arrived, in order); short
+        of them, librdkafka waits out the timeout first (``waited_s``)."""
+        if sum(map(len, self.batches)) < num_messages:
+            self.waited_s += timeout
+        out: list[Message] = []
+        while self.batches and len(out) < num_messages:
+            batch = self.batches[0]
+            taken = batch[: num_messages - len(out)]
+            out += taken
+            del batch[: len(taken)]
+            if not batch:
+                self.batches.pop(0)
+        return out
+
+    def poll(self, timeout: float) -> Message | None:
+        got = self.consume(1, 0)
+        if not got:
+            self.waited_s += timeout
+        return got[0] if got else None
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
         assert asynchronous is False
@@ -491,9 +510,22 @@ def test_a_never_committed_retry_partition_starts_at_its_beginning(fakes: Fakes)
     rc.close()
 
 
+def test_a_poll_handles_what_is_queued_without_waiting_for_a_full_batch(fakes: Fakes) -> None:
+    """librdkafka's ``consume(n, timeout)`` waits out the timeout unless ``n`` records are
+    there (kdelay/consuming.py): the helper handled a lone message up to its poll timeout late."""
+    rc = helper(fail_on(set()), CollectorRegistry())
+    fakes.consumer.batches.append([message("orders", 0, 1, b"a")])
+    assert rc.poll_once(1.0) == 1
+    assert fakes.consumer.waited_s == 0
+    assert rc.poll_once(1.0) == 0  # nothing queued: one wait of the timeout
+    assert fakes.consumer.waited_s == 1.0
+    rc.close()
+
+
 def test_run_stops_after_max_messages(fakes: Fakes) -> None:
     rc = helper(fail_on(set()), CollectorRegistry(), batch_size=2)
-    fakes.consumer.batches += [[message("orders", 0, i, b"a") for i in range(5)] for _ in range(3)]
+    fakes.consumer.batches.append([message("orders", 0, i, b"a") for i in range(5)])
     assert rc.run(max_messages=3, poll_timeout=0) == 3
-    assert fakes.consumer.commits == [[("orders", 0, 2)], [("orders", 0, 1)]]
+    assert fakes.consumer.commits == [[("orders", 0, 2)], [("orders", 0, 3)]]
+    assert len(fakes.consumer.batches[0]) == 2  # still queued for the next poll
     rc.close()
