@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdelay.local import KafkaSettings, LocalKafka, free_port
-
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
+from kdelay.local import KDELAY, KafkaSettings, LocalKafka, free_port
 
 
 @dataclass(frozen=True)

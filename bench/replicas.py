@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from kdelay.local import KafkaSettings, ManagedProcess, wait_until
+from kdelay.local import KDELAY, KafkaSettings, ManagedProcess, wait_until
 from kdelay.local.replica import ReplicaSpec
 from zk import Paths, cluster_status
 
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
 PARTITIONS = 4
 
 

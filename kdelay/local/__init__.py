@@ -8,10 +8,11 @@ they run are resolved by :mod:`kdelay.jars` (runtime code, which the verifier us
 from __future__ import annotations
 
 from kdelay.local.kafka import KafkaSettings, LocalKafka
-from kdelay.local.process import ManagedProcess, free_port, wait_until
+from kdelay.local.process import KDELAY, ManagedProcess, free_port, wait_until
 from kdelay.local.zookeeper import LocalZooKeeper
 
 __all__ = [
+    "KDELAY",
     "KafkaSettings",
     "LocalKafka",
     "LocalZooKeeper",

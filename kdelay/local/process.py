@@ -215,6 +215,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+#: The ``kdelay`` command of this interpreter's environment (``.venv/bin/kdelay``): the tests and
+#: benchmarks start components with it, as a user does.
+KDELAY = str(Path(sys.executable).with_name("kdelay"))
+
+
 def python_argv(*args: str) -> list[str]:
     """``python -m kdelay ARGS`` in this interpreter, marked as managed (``-X`` is inert)."""
     return [sys.executable, "-X", f"{MARKER}={os.getpid()}", "-m", "kdelay", *args]

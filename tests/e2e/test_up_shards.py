@@ -15,9 +15,8 @@ import pytest
 from confluent_kafka import Producer
 
 from kdelay import headers as h
-from kdelay.local import wait_until
+from kdelay.local import KDELAY, wait_until
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
-from tests.support.replicas import KDELAY
 from tests.support.schedule import assert_not_early, create_target
 from tests.support.up import kdelay_up
 

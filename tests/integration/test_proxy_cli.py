@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kdelay import buffer
-from kdelay.local import free_port
+from kdelay.local import KDELAY, free_port
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     about,
@@ -25,7 +25,6 @@ from tests.support.kafka_helpers import (
     create_topic,
     unique_topic,
 )
-from tests.support.proxies import KDELAY
 
 TIMEOUT_S = 60
 

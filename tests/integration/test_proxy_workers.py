@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
-from kdelay.local import wait_until
+from kdelay.local import KDELAY, wait_until
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     Record,
@@ -32,7 +32,6 @@ from tests.support.kafka_helpers import (
     decode_buffer,
     unique_topic,
 )
-from tests.support.proxies import KDELAY
 
 TIMEOUT_S = 60
 _READY = re.compile(r"kdelay proxy ready kafka=(\S+) http=(\S+) workers=2")

@@ -19,11 +19,11 @@ from confluent_kafka.cimpl import NewPartitions
 from kazoo.client import KazooClient
 
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.local import wait_until
+from kdelay.local import KDELAY, wait_until
 from kdelay.shards import owns
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
-from tests.support.replicas import KDELAY, ReplicaSet
+from tests.support.replicas import ReplicaSet
 from tests.support.schedule import (
     assert_delivered_once,
     buffer_partition,

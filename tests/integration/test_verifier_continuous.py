@@ -10,7 +10,6 @@ import gc
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kdelay import buffer
-from kdelay.local.process import free_port
+from kdelay.local.process import KDELAY, free_port
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,
@@ -227,7 +226,7 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
     create_target(bootstrap, target)
     out_dir = tmp_path / "out"
     argv = [
-        str(Path(sys.executable).with_name("kdelay")),
+        KDELAY,
         "verify",
         "--bootstrap-servers",
         bootstrap,

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
 from kdelay import headers as h
+from kdelay.local import KDELAY
 from tests.support import oracle
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
@@ -42,7 +42,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-KDELAY = Path(sys.executable).with_name("kdelay")
 GRACE_MS = 5_000
 BUFFER_PARTITIONS = 3
 REPORT_KEYS = {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
@@ -293,7 +292,7 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
     report = tmp_path / "cli" / "report.json"
     out_topic = unique_topic("vout")
     argv = [
-        str(KDELAY),
+        KDELAY,
         "verify",
         "--once",
         "--report",

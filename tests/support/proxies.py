@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kdelay.local import free_port, wait_until
+from kdelay.local import KDELAY, free_port, wait_until
 from kdelay.local.process import ManagedProcess
 from proxy import ProxyConfig
-
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
 
 
 def loopback_config(bootstrap: str, **overrides: Any) -> ProxyConfig:

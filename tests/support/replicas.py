@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -18,13 +17,11 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from kdelay.checkpoint import CheckpointRecord
-from kdelay.local import ManagedProcess, wait_until
+from kdelay.local import KDELAY, ManagedProcess, wait_until
 from kdelay.local.kafka_tools import create_topic
 from kdelay.local.replica import ReplicaSpec
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from zk import Paths, cluster_status, read_checkpoint
-
-KDELAY = str(Path(sys.executable).with_name("kdelay"))
 
 
 @dataclass
