@@ -21,28 +21,18 @@ import argparse
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, Message, Producer
 from prometheus_client import CollectorRegistry
 
 from bench.proxy_process import local_kafka
+from bench.retry_helper import PARTITIONS, conf
 from kdelay.local.kafka_tools import create_topic, unique_topic
 from kdelay.retry import RetryingConsumer
 from kdelay.stats import percentile
 
-PARTITIONS = 3
 JOIN_S = 6.0  # a new group's join and first fetch, before the first record is sent
-
-
-def _group(bootstrap: str) -> dict[str, str | bool]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "group.id": f"bench-{uuid.uuid4().hex[:10]}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    }
 
 
 def _send(bootstrap: str, topic: str, n: int, interval: float) -> None:
@@ -56,7 +46,7 @@ def _send(bootstrap: str, topic: str, n: int, interval: float) -> None:
 def _plain(
     bootstrap: str, topic: str, seen: Callable[[Message], None], stop: threading.Event
 ) -> None:
-    consumer = Consumer(_group(bootstrap))
+    consumer = Consumer(conf(bootstrap))
     consumer.subscribe([topic])
     try:
         while not stop.is_set():
@@ -72,7 +62,7 @@ def _helper(
     bootstrap: str, topic: str, seen: Callable[[Message], None], stop: threading.Event
 ) -> None:
     with RetryingConsumer(
-        _group(bootstrap), bootstrap, [topic], seen, registry=CollectorRegistry()
+        conf(bootstrap), bootstrap, [topic], seen, registry=CollectorRegistry()
     ) as rc:
         rc.run(stop=stop)
 
