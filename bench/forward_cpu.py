@@ -13,38 +13,26 @@ nothing, so what is measured is the replica's own work per record, not the broke
   store, decode the entry, produce the release with its headers and a delivery callback,
   produce a tombstone, delete the entry.
 
-Each is a child process; the figure is per record of the measured part. CPU time (the
-measuring thread's, median of ``--repeat`` runs) varies from run to run by a quarter on a
-shared 2-core VM; ``--callgrind`` counts instructions under valgrind instead (deterministic
-to a fraction of a percent, about a minute), the setup's own count subtracted. The ratio
+Each is a child process (``bench/cpu_count.py``); the figure is per record of the measured
+part: CPU time (median of ``--repeat`` runs), or with ``--callgrind`` instructions under
+valgrind (deterministic to a fraction of a percent, about a minute). The ratio
 ``kdelay / baseline`` is what this repository's code adds to the libraries' own cost.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import re
-import shutil
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, cast
 
 from rocksdict import WriteBatch
 
+from bench import cpu_count
 from delay_service.config import ReplicaConfig
 from delay_service.entry import decode_entry
 from delay_service.exactly_once import ExactlyOnceForwarder
 from delay_service.metrics import Metrics
 from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
-from kdelay import memory
 from kdelay.buffer import Scheduled, Tombstone, encode
 
 _CHUNK = 5_000
@@ -194,86 +182,11 @@ def _baseline(store: Store) -> int:
 
 def child(mode: str, records: int) -> None:
     """One measurement in this process: print the measured part's CPU µs per record."""
-    with tempfile.TemporaryDirectory(prefix="kdelay-forward-cpu-") as tmp:
-        store = Store(Path(tmp) / "db")
-        try:
-            _fill(store, records)
-            memory.freeze_startup_objects()
-            memory.collect_young_less_often()
-            if mode == "setup":
-                return
-            started = time.thread_time()
-            released = _kdelay(store) if mode == "kdelay" else _baseline(store)
-            elapsed = time.thread_time() - started
-            if released != records:
-                raise SystemExit(f"{mode}: released {released} of {records}")
-            print(json.dumps({"cpu_us_per_record": elapsed / records * 1e6}))
-        finally:
-            store.close()
-
-
-def _run(mode: str, records: int, *, callgrind: bool) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "bench.forward_cpu", "--child", mode, "--records", str(records)]
-    if callgrind:
-        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    return subprocess.Popen(
-        argv, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-
-
-def _instructions(proc: subprocess.Popen[str]) -> int:
-    out, err = proc.communicate()
-    found = re.search(r"I\s+refs:\s+([\d,]+)", err)
-    if proc.returncode != 0 or found is None:
-        raise SystemExit(f"callgrind run failed ({proc.returncode}):\n{out}\n{err[-2000:]}")
-    return int(found.group(1).replace(",", ""))
-
-
-def _cpu_us(proc: subprocess.Popen[str]) -> float:
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed ({proc.returncode}):\n{out}\n{err[-2000:]}")
-    return float(json.loads(out.strip().splitlines()[-1])["cpu_us_per_record"])
+    cpu_count.in_store(mode, records, lambda store: _fill(store, records), _kdelay, _baseline)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=5_000, help="entries released per run")
-    ap.add_argument("--repeat", type=int, default=5, help="CPU-time runs of each (median)")
-    ap.add_argument("--callgrind", action="store_true", help="count instructions (valgrind)")
-    ap.add_argument("--child", choices=("setup", "kdelay", "baseline"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        child(args.child, args.records)
-        return {}
-    out: dict[str, float] = {"records": args.records}
-    if args.callgrind:
-        if shutil.which("valgrind") is None:
-            raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
-        print(f"counting instructions of {args.records:,} releases under valgrind (~1 min)")
-        procs = {m: _run(m, args.records, callgrind=True) for m in ("setup", "kdelay", "baseline")}
-        counts = {m: _instructions(p) for m, p in procs.items()}
-        for mode in ("kdelay", "baseline"):
-            out[f"{mode}_instructions_per_record"] = (counts[mode] - counts["setup"]) / args.records
-        out["kdelay_vs_baseline"] = (
-            out["kdelay_instructions_per_record"] / out["baseline_instructions_per_record"]
-        )
-    else:
-        runs: dict[str, list[float]] = {"kdelay": [], "baseline": []}
-        for i in range(args.repeat):
-            print(f"run {i + 1}/{args.repeat}", flush=True)
-            for mode, values in runs.items():  # alternating: a slow spell hits both
-                values.append(_cpu_us(_run(mode, args.records, callgrind=False)))
-        for mode, values in runs.items():
-            out[f"{mode}_cpu_us_per_record"] = statistics.median(values)
-        out["kdelay_vs_baseline"] = (
-            out["kdelay_cpu_us_per_record"] / out["baseline_cpu_us_per_record"]
-        )
-    for k, v in out.items():
-        print(f"{k:36} {v:,.2f}")
-    print(json.dumps(out, indent=1))
-    return out
+    return cpu_count.main("bench.forward_cpu", __doc__ or "", child, argv, what="releases")
 
 
 if __name__ == "__main__":
