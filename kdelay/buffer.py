@@ -51,9 +51,9 @@ from dataclasses import field, replace
 from typing import Any
 
 import orjson
-from kafka.partitioner.default import murmur2
 
 from kdelay import headers as h
+from kdelay import partitioner
 from kdelay.errors import BufferFormatError
 from kdelay.immutable import immutable
 from kdelay.json_bytes import dumps
@@ -262,8 +262,7 @@ def partition_for(msg_id: str, partitions: int) -> int:
     pinned = _PINNED.match(msg_id)
     if pinned:
         return int(pinned[1]) % partitions
-    hashed: int = murmur2(msg_id.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
+    return partitioner.partition(msg_id.encode(), partitions)
 
 
 def pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
@@ -276,8 +275,8 @@ def pinned_id(uid: str, topic: str, partition: int, partitions: int) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def target_pin(topic: str, partition: int, partitions: int) -> int:
-    """The buffer partition of a target partition's records without an id (murmur2 in pure
-    Python, once per target partition, not once per record)."""
+    """The buffer partition of a target partition's records without an id (computed once per
+    target partition, not once per record)."""
     return partition_for(f"{topic}/{partition}", partitions)
 
 
