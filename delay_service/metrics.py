@@ -6,7 +6,15 @@ in one interpreter. prometheus_client's metrics are thread-safe; any thread may 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import itertools
+import math
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: Lateness buckets, seconds: a healthy master releases within milliseconds; a failover or a
 #: restart shows up in the seconds-to-a-minute range.
@@ -24,6 +32,54 @@ DUE_WINDOWS = {
     "1d": 86_400_000,
 }
 ZK_STATES = ("connected", "suspended", "lost")
+
+
+class BatchHistogram(Collector):
+    """A histogram that takes a round's values at once (:meth:`observe_all`), exported as
+    prometheus_client's own (``_bucket``, ``_sum``, ``_count``; no ``_created``).
+
+    The master observes the lateness of every release: ``Histogram.observe`` (two locked
+    increments and a walk of the buckets, each time) cost 10.6k instructions a release, 5% of
+    the Python work of one (``bench.forward_cpu --callgrind``); here a round takes the lock
+    once and each value costs a binary search of the bounds.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = (*sorted(buckets), math.inf)
+        # prometheus_client's ``le`` labels: repr of the float, "+Inf" last
+        self._labels = [*(repr(float(b)) for b in self._bounds[:-1]), "+Inf"]
+        self._counts = [0] * len(self._bounds)  # per bucket, not cumulative
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.observe_all((value,))
+
+    def observe_all(self, values: Iterable[float]) -> None:
+        bounds, counts = self._bounds, self._counts
+        total = 0.0
+        with self._lock:
+            for value in values:
+                counts[bisect_left(bounds, value)] += 1  # the first bucket with value <= le
+                total += value
+            self._sum += total
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self._name, self._documentation)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative = itertools.accumulate(counts)
+        buckets = [(le, float(c)) for le, c in zip(self._labels, cumulative, strict=True)]
+        yield HistogramMetricFamily(
+            self._name, self._documentation, buckets=buckets, sum_value=total
+        )
 
 
 class Metrics:
@@ -70,11 +126,11 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
-        self.lateness = Histogram(
+        self.lateness = BatchHistogram(
             "kdelay_replica_lateness_seconds",
             "release time - due time of each forwarded message",
-            buckets=LATENESS_BUCKETS,
-            registry=r,
+            LATENESS_BUCKETS,
+            r,
         )
         self.buffer_lag = Gauge(
             "kdelay_replica_buffer_lag_messages",

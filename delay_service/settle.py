@@ -109,14 +109,14 @@ class Settler:
         fates = {c.entry.key: fate_of(c) for c in completions if c.error is None}
         to_dead_letter: list[tuple[Entry, KafkaError]] = []
         failed: dict[Target, _Failed] = {}
+        lateness: list[float] = []  # seconds, of each delivered release
         for done in completions:
             entry, err = done.entry, done.error
             if done.dead_letter:
                 self._settle_dead_letter(done, out)
             elif err is None:
                 out.delivered.append(entry)
-                lateness_ms = max(0, done.timestamp_ms - entry.message.deliver_at_ms)
-                self._metrics.lateness.observe(lateness_ms / 1000)
+                lateness.append(max(0, done.timestamp_ms - entry.message.deliver_at_ms) / 1000)
             else:
                 verdict = attempt_failed(entry, err, self._retries, self._metrics)
                 if verdict.dead_letter:
@@ -142,6 +142,7 @@ class Settler:
             out.dead_letters_sent = [e.key for e, _ in to_dead_letter]
         self._remove([*out.delivered, *out.dead_lettered], fates)
         self._metrics.forwarded.inc(len(out.delivered))
+        self._metrics.lateness.observe_all(lateness)
         return out
 
     def _settle_dead_letter(self, done: Completion, out: Settled) -> None:
