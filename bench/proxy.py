@@ -5,8 +5,9 @@
 
 Starts a local Kafka (unless --bootstrap names one) and ``kdelay proxy`` as a subprocess, then
 for confluent-kafka (this process) and the Java producer (kafka-tools' ProducerPerformance):
-throughput and ack latency p50/p99, direct vs through the proxy, immediate and delayed, 100 B
-and 1 KB values; and the p99 added at a fixed 10k msg/s, direct and through the proxy run back to
+throughput and ack latency p50/p99, direct vs through the proxy, immediate and delayed (and
+delayed with a ``kdelay-id`` of its own, a message its producer may cancel), 100 B and 1 KB
+values; and the p99 added at a fixed 10k msg/s, direct and through the proxy run back to
 back in each of ``--rate-rounds`` rounds. Prints a Markdown table.
 """
 
@@ -20,12 +21,14 @@ import re
 import statistics
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from bench.proxy_process import local_kafka, proxy_process
+from bench.replicas import tree_cpu_seconds
 from kdelay import headers as h
 from kdelay import jars
 from kdelay.local.kafka_tools import create_topic, unique_topic
@@ -41,14 +44,19 @@ class Result:
     msgs_per_s: float
     p50_ms: float
     p99_ms: float
+    proxy_cpu_us: float | None = None  # the proxy's CPU time (all its processes) a record
 
 
 def _result(client: str, path: str, kind: str, size: int, r: tuple[float, float, float]) -> Result:
     return Result(client, path, kind, size, r[0], r[1], r[2])
 
 
+#: What the confluent-kafka cells send through the proxy.
+KINDS = ("immediate", "delayed", "delayed with id")
+
+
 def confluent_run(
-    bootstrap: str, topic: str, n: int, size: int, *, delayed: bool, rate: float | None = None
+    bootstrap: str, topic: str, n: int, size: int, *, kind: str, rate: float | None = None
 ) -> tuple[float, float, float]:
     """Throughput (msg/s) and ack latency p50/p99 (ms) of an idempotent librdkafka producer."""
     producer = Producer(
@@ -63,7 +71,10 @@ def confluent_run(
     value = os.urandom(size)
     latencies: list[float] = []
     errors: list[KafkaError] = []
-    headers: list[tuple[str, str | bytes | None]] = [(h.DELAY_MS, b"3600000")] if delayed else []
+    headers: list[tuple[str, str | bytes | None]] = (
+        [] if kind == "immediate" else [(h.DELAY_MS, b"3600000")]
+    )
+    with_id = kind == "delayed with id"
 
     def report(start: float) -> Callable[[KafkaError | None, Message], None]:
         def cb(err: KafkaError | None, _msg: Message) -> None:
@@ -83,9 +94,8 @@ def confluent_run(
                 producer.poll(0)
         while True:
             try:
-                producer.produce(
-                    topic, value, headers=headers, on_delivery=report(time.perf_counter())
-                )
+                own = [*headers, (h.ID, uuid.uuid4().hex.encode())] if with_id else headers
+                producer.produce(topic, value, headers=own, on_delivery=report(time.perf_counter()))
                 break
             except BufferError:
                 producer.poll(0.001)
@@ -140,23 +150,21 @@ def java_run(
 
 
 def clients_run(
-    bootstrap: str, topic: str, n: int, size: int, *, delayed: bool, clients: int
+    bootstrap: str, topic: str, n: int, size: int, *, kind: str, clients: int
 ) -> tuple[float, float, float]:
     """:func:`confluent_run` in ``clients`` processes at once, ``n`` records in all (one
     connection each: the kernel spreads connections, not records, over proxy workers):
     summed msg/s, and the highest p50 and p99 of any client."""
     if clients == 1:
-        return confluent_run(bootstrap, topic, n, size, delayed=delayed)
+        return confluent_run(bootstrap, topic, n, size, kind=kind)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(clients) as pool:
-        runs = pool.starmap(_client, [(bootstrap, topic, n // clients, size, delayed)] * clients)
+        runs = pool.starmap(_client, [(bootstrap, topic, n // clients, size, kind)] * clients)
     return sum(r[0] for r in runs), max(r[1] for r in runs), max(r[2] for r in runs)
 
 
-def _client(
-    bootstrap: str, topic: str, n: int, size: int, delayed: bool
-) -> tuple[float, float, float]:
-    return confluent_run(bootstrap, topic, n, size, delayed=delayed)
+def _client(bootstrap: str, topic: str, n: int, size: int, kind: str) -> tuple[float, float, float]:
+    return confluent_run(bootstrap, topic, n, size, kind=kind)
 
 
 @dataclass
@@ -180,7 +188,7 @@ def rate_pairs(
     work settle."""
     runs: list[tuple[str, Callable[[str], tuple[float, float, float]]]] = [
         ("confluent-kafka@10k/s",
-         lambda bs: confluent_run(bs, topic, n, 100, delayed=False, rate=10_000)),
+         lambda bs: confluent_run(bs, topic, n, 100, kind="immediate", rate=10_000)),
     ]  # fmt: skip
     if java:
         runs.append(("java@10k/s", lambda bs: java_run(bs, topic, n, 100, rate=10_000)))
@@ -230,7 +238,9 @@ def main() -> None:
         create_topic(direct, rate_topic, partitions=3)
         n = 10_000 * args.rate_seconds
         for size, topic in topics.items():
-            r = clients_run(direct, topic, args.records, size, delayed=False, clients=args.clients)
+            r = clients_run(
+                direct, topic, args.records, size, kind="immediate", clients=args.clients
+            )
             results.append(_result(client, "direct", "immediate", size, r))
             if not args.skip_java:
                 results.append(_result("java", "direct", "immediate", size,
@@ -240,11 +250,13 @@ def main() -> None:
             with proxy_process(direct, "--workers", str(workers)) as running:
                 via = running.kafka
                 for size, topic in topics.items():
-                    for kind in ("immediate", "delayed"):
-                        delayed = kind == "delayed"
+                    for kind in KINDS:
+                        cpu = tree_cpu_seconds(running.pid)
                         r = clients_run(via, topic, args.records, size,
-                                        delayed=delayed, clients=args.clients)  # fmt: skip
+                                        kind=kind, clients=args.clients)  # fmt: skip
+                        cpu = tree_cpu_seconds(running.pid) - cpu
                         results.append(_result(client, path, kind, size, r))
+                        results[-1].proxy_cpu_us = cpu / (args.records + 1) * 1e6
                     if not args.skip_java:
                         r = java_run(via, topic, args.records, size)
                         results.append(_result("java", path, "immediate", size, r))
@@ -257,12 +269,13 @@ def main() -> None:
                     rounds=args.rate_rounds,
                     java=not args.skip_java,
                 )
-    print("| client | path | kind | size | msg/s | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| client | path | kind | size | msg/s | p50 ms | p99 ms | proxy CPU µs a record |")
+    print("|---|---|---|---|---|---|---|---|")
     for res in results + [r for pair in pairs for r in (pair.direct, pair.proxy)]:
+        proxy_cpu = "" if res.proxy_cpu_us is None else f"{res.proxy_cpu_us:.1f}"
         print(
             f"| {res.client} | {res.path} | {res.kind} | {res.size} | {res.msgs_per_s:,.0f} "
-            f"| {res.p50_ms:.1f} | {res.p99_ms:.1f} |"
+            f"| {res.p50_ms:.1f} | {res.p99_ms:.1f} | {proxy_cpu} |"
         )
     direct_by = {(x.client, x.size): x for x in results if x.path == "direct"}
     print()

@@ -41,6 +41,26 @@ def stat_cpu_seconds(stat: str) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and of its descendants alive now (a proxy's
+    worker processes), from /proc."""
+    stats: dict[int, tuple[int, str]] = {}  # pid -> (parent, stat line)
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = path.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        stats[int(path.parent.name)] = (int(text.rsplit(")", 1)[1].split()[1]), text)
+    family, total = {pid}, 0.0
+    for child in sorted(stats):  # a child's pid is usually above its parent's
+        if stats[child][0] in family:
+            family.add(child)
+    for member in family:
+        if member in stats:
+            total += stat_cpu_seconds(stats[member][1])
+    return total
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (0 when it is gone), from /proc."""
     try:
