@@ -34,7 +34,8 @@ def test_the_replicas_lateness_is_a_histogram_of_its_registry() -> None:
     metrics = Metrics()
     metrics.lateness.observe_all([0.02, 0.3])
     assert metrics.registry.get_sample_value("kdelay_replica_lateness_seconds_count") == 2
-    assert metrics.registry.get_sample_value(
-        "kdelay_replica_lateness_seconds_bucket", {"le": "0.025"}
-    ) == 1
+    assert (
+        metrics.registry.get_sample_value("kdelay_replica_lateness_seconds_bucket", {"le": "0.025"})
+        == 1
+    )
     assert metrics.registry.get_sample_value("kdelay_replica_lateness_seconds_sum") == 0.32
