@@ -186,12 +186,17 @@ class ExactlyOnceForwarder(Forwarder):
     ) -> dict[bytes, Fate] | None:
         """Produce the round in one transaction and commit it: what became of each entry, or
         None if it was aborted."""
-        txn = self._txn
+        txn, clock, phase = self._txn, self._clock, self._metrics.round_phase
+        began = clock.monotonic()
         txn.begin()
         txn.submit(releases)
         txn.submit_dead_letters(dead)
         keys = [e.key for e in releases] + [e.key for e, _ in dead]
-        txn.wait(keys, self._clock.monotonic() + self._patience_s())
+        sent = clock.monotonic()
+        phase.labels("send").observe(sent - began)
+        txn.wait(keys, sent + self._patience_s())
+        acked = clock.monotonic()
+        phase.labels("acks").observe(acked - sent)
         done = txn.take_completed()
         failures = [c for c in done if c.error is not None]
         unanswered = [k for k in keys if txn.is_in_flight(k)]
@@ -206,7 +211,9 @@ class ExactlyOnceForwarder(Forwarder):
         txn.tombstones([*owed, *retired([*releases, *(e for e, _ in dead)], fates)])
         previous, self._claim = self._claim, claim
         txn.checkpoint(self._record())
-        if txn.commit() is not None:
+        failed = txn.commit()
+        phase.labels("commit").observe(clock.monotonic() - acked)
+        if failed is not None:
             self._claim = previous
             self._metrics.transactions.labels("aborted").inc()
             return None

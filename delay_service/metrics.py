@@ -12,7 +12,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -21,6 +21,13 @@ from prometheus_client.registry import Collector
 LATENESS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+#: Round-phase buckets, seconds: a local broker answers within milliseconds; a slow or
+#: overloaded one shows in the tens to hundreds.
+ROUND_PHASE_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: The phases of an exactly-once round (``kdelay_replica_round_phase_seconds``).
+ROUND_PHASES = ("send", "acks", "commit")
 #: The ``within`` windows of ``kdelay_replica_due_messages``, in milliseconds (replica.py counts
 #: at most 50,000 entries per refresh: a window that reaches it reads 50,000, "at least").
 DUE_WINDOWS = {
@@ -132,6 +139,18 @@ class Metrics:
             LATENESS_BUCKETS,
             r,
         )
+        self.round_phase = Histogram(
+            "kdelay_replica_round_phase_seconds",
+            "how long each phase of an exactly-once release round took: send (open the "
+            "transaction, produce its records), acks (wait for their acknowledgements), commit "
+            "(the tombstones and the checkpoint, then commit_transaction); a message due while "
+            "a round runs waits for its end",
+            ["phase"],
+            buckets=ROUND_PHASE_BUCKETS,
+            registry=r,
+        )
+        for phase in ROUND_PHASES:
+            self.round_phase.labels(phase)
         self.buffer_lag = Gauge(
             "kdelay_replica_buffer_lag_messages",
             "buffer-topic records not yet ingested (sum over partitions)",

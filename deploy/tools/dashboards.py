@@ -199,6 +199,19 @@ REPLICAS = [
     ),
     Panel("Role (1 = master)", [q("kdelay_replica_is_master", "{{instance}}")], "none"),
     Panel(
+        "Release round phases (p99)",
+        [
+            q(
+                "histogram_quantile(0.99, sum by (le, phase) "
+                f"(rate(kdelay_replica_round_phase_seconds_bucket[{RATE}])))",
+                "{{phase}}",
+            )
+        ],
+        "s",
+        description="Exactly-once rounds: producing, waiting for acknowledgements, committing. "
+        "A release is about one round late: this says which part to look at.",
+    ),
+    Panel(
         "Fenced checkpoint writes",
         [q(f"increase(kdelay_replica_checkpoint_rejected_total[{RATE}])", "{{instance}}")],
         "short",

@@ -159,6 +159,8 @@ def test_a_round_commits_releases_tombstones_and_its_checkpoint_together(store: 
     assert store.pending == 1
     assert cps.writes[-1][0] == rig.clock.now_ms  # ZooKeeper's copy, after the commit
     assert rig.value("kdelay_replica_transactions_total", outcome="committed") == 1
+    for phase in ("send", "acks", "commit"):  # where the round's time went, one each
+        assert rig.value("kdelay_replica_round_phase_seconds_count", phase=phase) == 1
 
 
 def test_a_failing_target_aborts_the_round_and_only_it_is_held(store: Store) -> None:
@@ -177,6 +179,8 @@ def test_a_failing_target_aborts_the_round_and_only_it_is_held(store: Store) -> 
     assert (producer.commits, producer.aborts) == (0, 1)
     assert producer.committed == []  # nothing of the aborted round is visible
     assert store.pending == 2
+    assert rig.value("kdelay_replica_round_phase_seconds_count", phase="acks") == 1
+    assert rig.value("kdelay_replica_round_phase_seconds_count", phase="commit") == 0
     second = rig.fwd.forward_once(cps, gen)  # "bad" waits out its backoff; "good" goes alone
     assert second.delivered == 1
     assert ids(producer.visible("good")) == [b"m2"]
