@@ -234,6 +234,20 @@ def delayed(rs: Replicas, rate: int, seconds: float, delay_ms: int = 1000) -> La
     return reader.wait()
 
 
+def phase_means(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """The master's exactly-once rounds between two readings of
+    ``kdelay_replica_round_phase_seconds``: ``rounds`` (how many), then each phase's mean ms."""
+    out: dict[str, float] = {}
+    for phase, (count, total) in after.items():
+        count0, total0 = before.get(phase, (0.0, 0.0))
+        if phase == "send":
+            out["rounds"] = count - count0
+        out[phase] = (total - total0) / max(count - count0, 1) * 1000
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="1000,5000,20000")
@@ -278,8 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
                     master = rs.wait_master()
                     cpu0 = {n: rs.cpu_seconds(n) for n in rs.procs}
+                    phases0 = rs.round_phases(master)
                     lat = delayed(rs, rate, args.seconds, args.delay_ms)
                     cpu1 = {n: rs.cpu_seconds(n) for n in rs.procs}
+                    rounds = phase_means(phases0, rs.round_phases(master))
                     sent = int(rate * args.seconds)
                     # CPU-µs per message of each replica over the run (master and followers).
                     us = {n: (cpu1[n] - cpu0[n]) * 1e6 / max(sent, 1) for n in cpu0}
@@ -290,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{f'{n_rep} replica(s) {rate}/s':24} {lat.row()}  "
                           + " ".join(f"{k} {v:.0f} CPU-us/msg" for k, v in cpu.items()),
                           flush=True)  # fmt: skip
+                    print(f"{'':24} master's rounds, mean ms: "
+                          + " ".join(f"{k} {v:.1f}" for k, v in rounds.items()))  # fmt: skip
                     results[f"{n_rep}x{rate}"] = {
                         "baseline_receipt_ms": [pct(base_l.receipt, q) for q in (0.5, 0.99)],
                         "release_ms": [pct(lat.release, 0.5), pct(lat.release, 0.99),
@@ -299,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                         "delivered": len(lat.release),
                         "expected": sent,
                         "cpu_us_per_msg": cpu,
+                        "master_round_mean_ms": rounds,
                     }  # fmt: skip
             finally:
                 rs.close()

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 from kazoo.client import KazooClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from kdelay.local import KDELAY, KafkaSettings, ManagedProcess, wait_until
 from kdelay.local.replica import ReplicaSpec
@@ -157,6 +158,25 @@ class Replicas:
             for line in text.splitlines()
             if line.startswith((metric + "{", metric + " "))
         )
+
+    def round_phases(self, name: str) -> dict[str, tuple[float, float]]:
+        """Replica ``name``'s exactly-once round phases so far: phase -> (rounds, seconds), from
+        ``kdelay_replica_round_phase_seconds``; empty before it answers."""
+        try:
+            url = str(self.status()[name]["metrics"])
+            text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
+        except (KeyError, OSError):
+            return {}
+        found: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name != "kdelay_replica_round_phase_seconds":
+                continue
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[1]
+                if kind in ("count", "sum"):
+                    pair = found.setdefault(sample.labels["phase"], [0.0, 0.0])
+                    pair[kind == "sum"] = sample.value
+        return {phase: (count, total) for phase, (count, total) in found.items()}
 
     def cpu_seconds(self, name: str) -> float:
         """User + system CPU time of replica ``name`` so far (0 when it is gone)."""
