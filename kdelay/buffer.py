@@ -402,21 +402,19 @@ def decode(
 
 
 def _fate(route: dict[str, Any]) -> Fate | None:
-    if route.get("x") is None:
+    state = route.get("x")
+    if state is None:
         return None
-
-    def opt(name: str) -> int | None:
-        return None if route.get(name) is None else int(route[name])
-
-    topic = route.get("t")
+    get = route.get
+    topic, tp, to, ts, d, oc = get("t"), get("tp"), get("to"), get("ts"), get("d"), get("oc")
     return Fate(
-        str(route["x"]),
+        str(state),
         None if topic is None else str(topic),
-        opt("tp"),
-        opt("to"),
-        opt("ts"),
-        opt("d"),
-        opt("oc"),
+        None if tp is None else int(tp),
+        None if to is None else int(to),
+        None if ts is None else int(ts),
+        None if d is None else int(d),
+        None if oc is None else int(oc),
     )
 
 

@@ -15,6 +15,7 @@ from kdelay.buffer import (
     ROUTE_HEADER,
     BufferRecord,
     Cancel,
+    Fate,
     Scheduled,
     Tombstone,
     decode,
@@ -40,10 +41,23 @@ scheduled = st.builds(
     uid=uids,
     seq=st.integers(min_value=0, max_value=2**62),
 )
+longs = st.none() | st.integers(min_value=0, max_value=2**62)
+fates = st.none() | st.builds(
+    Fate,
+    state=st.sampled_from(["delivered", "dead_lettered", "cancelled"]),
+    topic=st.none() | st.text(min_size=1, max_size=20),
+    partition=st.none() | st.integers(min_value=0, max_value=2**31 - 1),
+    offset=longs,
+    released_ms=longs,
+    deliver_at_ms=longs,
+    occurrence=st.none() | st.integers(min_value=1, max_value=2**31),
+)
 records: st.SearchStrategy[BufferRecord] = (
     scheduled
     | st.builds(Cancel, id=ids, uid=uids)
-    | st.builds(Tombstone, id=ids, offset=st.integers(min_value=0, max_value=2**62), uid=uids)
+    | st.builds(
+        Tombstone, id=ids, offset=st.integers(min_value=0, max_value=2**62), uid=uids, fate=fates
+    )
 )
 
 
