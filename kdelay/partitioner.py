@@ -41,7 +41,8 @@ def _loaded_librdkafka() -> Path | None:
     return None
 
 
-def _native() -> Callable[[bytes, int], int] | None:
+def _native() -> Callable[..., int] | None:
+    """``rd_kafka_msg_partitioner_murmur2`` of the loaded librdkafka, typed, or None."""
     path = _loaded_librdkafka()
     if path is None:
         return None
@@ -54,16 +55,12 @@ def _native() -> Callable[[bytes, int], int] | None:
         ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32,
         ctypes.c_void_p, ctypes.c_void_p,
     ]  # fmt: skip
-
-    def partition(key: bytes, partitions: int) -> int:
-        return int(fn(None, key, len(key), partitions, None, None))
-
-    return partition
+    return fn
 
 
-_NATIVE = _native()
+_MURMUR2 = _native()
 #: Whether librdkafka's partitioner serves (else kafka-python's pure-Python murmur2).
-NATIVE = _NATIVE is not None
+NATIVE = _MURMUR2 is not None
 
 
 def python_partition(key: bytes, partitions: int) -> int:
@@ -76,6 +73,6 @@ def partition(key: bytes, partitions: int) -> int:
     """The partition of ``partitions`` that Kafka's default partitioner gives ``key``."""
     if not 0 < partitions <= _INT32_MAX:
         raise ValueError(f"partitions must be 1 to {_INT32_MAX}, not {partitions}")
-    if _NATIVE is None:
+    if _MURMUR2 is None:
         return python_partition(key, partitions)
-    return _NATIVE(key, partitions)
+    return _MURMUR2(None, key, len(key), partitions, None, None)
