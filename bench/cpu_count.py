@@ -1,4 +1,4 @@
-"""The harness of the per-record CPU benches (``bench.forward_cpu``, ``bench.ingest_cpu``).
+"""The harness of the per-record CPU benches (``bench.forward_cpu``, ``ingest_cpu``, ``route_cpu``).
 
 A bench module runs its measured code in a child process per *mode*: ``setup`` (the fixture
 only), ``kdelay`` (this repository's code) and ``baseline`` (the least the same work needs

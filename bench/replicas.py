@@ -45,20 +45,21 @@ def stat_cpu_seconds(stat: str) -> float:
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` and of its descendants alive now (a proxy's
     worker processes), from /proc."""
-    stats: dict[int, tuple[int, str]] = {}  # pid -> (parent, stat line)
+    stats: dict[int, str] = {}
+    children: dict[int, list[int]] = {}
     for path in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = path.read_text()
         except OSError:  # gone meanwhile
             continue
-        stats[int(path.parent.name)] = (int(text.rsplit(")", 1)[1].split()[1]), text)
-    family, total = {pid}, 0.0
-    for child in sorted(stats):  # a child's pid is usually above its parent's
-        if stats[child][0] in family:
-            family.add(child)
-    for member in family:
-        if member in stats:
-            total += stat_cpu_seconds(stats[member][1])
+        member = int(path.parent.name)
+        stats[member] = text
+        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(member)
+    total, todo = 0.0, [pid]
+    while todo:
+        member = todo.pop()
+        total += stat_cpu_seconds(stats[member]) if member in stats else 0.0
+        todo += children.get(member, [])
     return total
 
 
@@ -146,12 +147,19 @@ class Replicas:
                 return float(line.split()[1])
         return float("nan")
 
-    def metric_sum(self, name: str, metric: str) -> float:
-        """The sum of every series of ``metric`` (all label values); nan before it answers."""
+    def _scrape(self, name: str) -> str | None:
+        """Replica ``name``'s /metrics text; None before it answers."""
         try:
             url = str(self.status()[name]["metrics"])
-            text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
+            text: str = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
         except (KeyError, OSError):
+            return None
+        return text
+
+    def metric_sum(self, name: str, metric: str) -> float:
+        """The sum of every series of ``metric`` (all label values); nan before it answers."""
+        text = self._scrape(name)
+        if text is None:
             return float("nan")
         return sum(
             float(line.rsplit(" ", 1)[1])
@@ -162,10 +170,8 @@ class Replicas:
     def round_phases(self, name: str) -> dict[str, tuple[float, float]]:
         """Replica ``name``'s exactly-once round phases so far: phase -> (rounds, seconds), from
         ``kdelay_replica_round_phase_seconds``; empty before it answers."""
-        try:
-            url = str(self.status()[name]["metrics"])
-            text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
-        except (KeyError, OSError):
+        text = self._scrape(name)
+        if text is None:
             return {}
         found: dict[str, list[float]] = {}
         for family in text_string_to_metric_families(text):
