@@ -256,7 +256,9 @@ def main() -> None:
                                         kind=kind, clients=args.clients)  # fmt: skip
                         cpu = tree_cpu_seconds(running.pid) - cpu
                         results.append(_result(client, path, kind, size, r))
-                        results[-1].proxy_cpu_us = cpu / (args.records + 1) * 1e6
+                        # each client sends its share and one warm-up record
+                        sent = (args.records // args.clients + 1) * args.clients
+                        results[-1].proxy_cpu_us = cpu / sent * 1e6
                     if not args.skip_java:
                         r = java_run(via, topic, args.records, size)
                         results.append(_result("java", path, "immediate", size, r))
