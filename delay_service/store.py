@@ -464,7 +464,10 @@ class Store:
             self._write(batch)
             self._pending -= dropped
             self._checkpoint = cp
-            self._floor = first_kept or due_bound(cp.time_ms + 1)
+            # Never below the floor it started from: a claim behind the last scan (a round
+            # cut short among entries due in the same millisecond) would send every later scan
+            # back over all the deletions since, a cost that grows with each round of a burst.
+            self._floor = first_kept or max(self._floor, due_bound(cp.time_ms + 1))
         return dropped
 
     # -- outcomes (outcomes.py) -------------------------------------------------------------
