@@ -8,7 +8,8 @@ confluent-kafka loads anyway, exports the same partitioner as public API
 (``rd_kafka_msg_partitioner_murmur2``, rdkafka.h: it uses neither the topic nor the opaques),
 so it is called in place through ctypes: about 1 µs, the same numbers (a unit test compares
 them with kafka-python's on random keys). ``NATIVE`` says whether it was found; without it
-(a librdkafka this module cannot locate) the pure-Python hash serves, with the same results.
+(a librdkafka this module cannot locate) kafka-python's pure-Python hash serves, with the
+same results.
 
 Pure: safe from any thread. The library is called without releasing the interpreter lock
 (``ctypes.PyDLL``): the call is shorter than a lock hand-over.
@@ -21,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka
-from kafka.partitioner.default import murmur2
 
 _INT32_MAX = 0x7FFFFFFF
 
@@ -65,7 +65,10 @@ NATIVE = _MURMUR2 is not None
 
 def python_partition(key: bytes, partitions: int) -> int:
     """:func:`partition` in pure Python (kafka-python's murmur2): the fallback, and the
-    reference the tests compare the native one with."""
+    reference the tests compare the native one with. Imported here: kafka-python's package
+    builds its protocol classes on import (0.1 s), which a replica never needs otherwise."""
+    from kafka.partitioner.default import murmur2
+
     return (int(murmur2(key)) & _INT32_MAX) % partitions
 
 
