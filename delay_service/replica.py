@@ -3,7 +3,8 @@
 Start-up order: internal topics exist -> store opens -> ingest starts -> first catch-up with
 the end of the buffer topic -> only then the replica joins the election, as a follower; the
 winner claims an epoch and the forwarder takes over (see forwarder.py). A follower applies each
-checkpoint it sees, so its store holds only what is not yet known to be delivered.
+checkpoint it sees once it has settled (settling.py), so its store holds only what is not yet
+known to be delivered.
 
 Threads and who calls what:
 - main thread: :meth:`Replica.run` (start-up, then the *control loop*), :meth:`request_stop`
@@ -47,6 +48,7 @@ from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
 from delay_service.queries import Answers
+from delay_service.settling import SettlingCheckpoints
 from delay_service.store import Store
 from delay_service.supervisor import RestartPolicy, Supervisor
 from kdelay import logs, memory
@@ -90,7 +92,7 @@ class Replica:
         self._wakeup = threading.Event()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._last_cp: CheckpointRecord | None = None
-        self._applied_cp_version = -1
+        self._settling = SettlingCheckpoints()  # a follower's, applied once settled
         self._joined = False
         self._due_next = 0.0  # monotonic: when the due-window gauges are next recounted
         self.supervisor = Supervisor(
@@ -358,7 +360,7 @@ class Replica:
             try:
                 kind, payload = self._events.get_nowait()
             except queue.Empty:
-                return
+                break
             if kind == "leader":
                 pass  # _reconcile below looks at the current leadership, not at edges
             elif kind == "component_failed":
@@ -381,11 +383,19 @@ class Replica:
                     log.warning("replica.checkpoint_unreadable", error=str(exc))
                     continue
                 self._last_cp = cp
-                if not forwarder.active.is_set() and version > self._applied_cp_version:
-                    dropped = store.apply_checkpoint(cp.checkpoint)
-                    self._applied_cp_version = version
-                    if dropped:
-                        log.debug("replica.covered_entries_dropped", count=dropped, epoch=cp.epoch)
+                self._settling.seen(version, cp.checkpoint)
+        self._apply_settled(store, forwarder)
+
+    def _apply_settled(self, store: Store, forwarder: Forwarder) -> None:
+        """A follower applies each checkpoint once it has settled (settling.py says why); a
+        master applies its own."""
+        if forwarder.active.is_set():
+            self._settling.clear()
+            return
+        for version, checkpoint in self._settling.settled():
+            dropped = store.apply_checkpoint(checkpoint)
+            if dropped:
+                log.debug("replica.covered_entries_dropped", count=dropped, version=version)
 
     def _publish(
         self,
