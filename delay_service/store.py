@@ -223,18 +223,33 @@ class Store:
             return split_key(bytes(it.key()))[0]
 
     def count_due_within(self, now_ms: int, windows_ms: list[int], cap: int) -> list[int]:
-        """Cumulative counts of entries due within each window (counting stops at ``cap``)."""
+        """Cumulative counts of entries due within each window (counting stops at ``cap``).
+
+        One pass over the keys only, in key order (due time first): the count of a window is
+        how many keys came before the first one at or past its bound. Each replica refreshes
+        its due-window gauges with it, holding the store's lock, over up to ``cap`` entries.
+        """
+        if not windows_ms:
+            return []
+        order = sorted(range(len(windows_ms)), key=windows_ms.__getitem__)
+        bounds = [due_bound(now_ms + windows_ms[i] + 1) for i in order]
         counts = [0] * len(windows_ms)
-        limit = now_ms + max(windows_ms)
+        seen = crossed = 0
         with self._lock:
             self._check_open()
-            for seen, (key, _) in enumerate(self._iter_from_floor(due_bound(limit + 1))):
-                if seen >= cap:
-                    break
-                deliver_at = split_key(key)[0]
-                for i, window in enumerate(windows_ms):
-                    if deliver_at <= now_ms + window:
-                        counts[i] += 1
+            ro = ReadOptions()
+            ro.set_iterate_upper_bound(bounds[-1])
+            it = self._db.iter(ro)
+            it.seek(self._floor)
+            while it.valid() and seen < cap:
+                key = it.key()
+                while key >= bounds[crossed]:  # the upper bound keeps crossed in range
+                    counts[order[crossed]] = seen
+                    crossed += 1
+                seen += 1
+                it.next()
+        for i in order[crossed:]:
+            counts[i] = seen
         return counts
 
     def chunk_after(

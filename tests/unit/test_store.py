@@ -395,6 +395,32 @@ def test_due_window_counts_are_cumulative(store: Store) -> None:
     assert store.count_due_within(0, [10, 100, 1000], cap=2) == [1, 2, 2]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    dues=st.lists(st.integers(0, 2_000), max_size=60),
+    windows=st.lists(st.integers(0, 2_000), min_size=1, max_size=6),
+    now=st.integers(0, 1_000),
+    cap=st.integers(0, 70),
+)
+def test_due_window_counts_match_a_count_of_every_entry(
+    tmp_path_factory: pytest.TempPathFactory,
+    dues: list[int],
+    windows: list[int],
+    now: int,
+    cap: int,
+) -> None:
+    """The one-pass count equals counting each of the first ``cap`` entries (in due order)
+    into every window it is due within, windows in any order, overdue entries included."""
+    s = Store(tmp_path_factory.mktemp("due") / "db")
+    try:
+        s.apply([(0, i, sched(f"m{i}", at)) for i, at in enumerate(dues)], {0: len(dues)})
+        first = sorted(dues)[:cap]
+        expected = [sum(1 for at in first if at <= now + w) for w in windows]
+        assert s.count_due_within(now, windows, cap) == expected
+    finally:
+        s.close()
+
+
 def test_size_bytes_counts_the_write_ahead_log_and_the_tables(tmp_path: Path) -> None:
     s = Store(tmp_path / "db")
     empty = s.size_bytes()
