@@ -387,9 +387,11 @@ class Replica:
         self._apply_settled(store, forwarder)
 
     def _apply_settled(self, store: Store, forwarder: Forwarder) -> None:
-        """A follower applies each checkpoint once it has settled (settling.py says why); a
-        master applies its own."""
-        if forwarder.active.is_set():
+        """A follower applies each checkpoint once it has settled (settling.py says why). From
+        the moment this thread activates the forwarder (``engaged``), the forwarder applies
+        the newest checkpoint itself, and an older one applied after it would make the store
+        store again, and release again, what the newer one covers: none is applied here."""
+        if forwarder.engaged:
             self._settling.clear()
             return
         for version, checkpoint in self._settling.settled():

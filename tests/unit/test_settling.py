@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+from typing import cast
+
+from delay_service.config import ReplicaConfig
+from delay_service.forwarder import Forwarder
+from delay_service.replica import Replica
 from delay_service.settling import SettlingCheckpoints
+from delay_service.store import Store
 from kdelay.checkpoint import Checkpoint
 
 
@@ -67,3 +74,42 @@ def test_clear_forgets_what_has_not_settled() -> None:
     s.seen(2, cp(20))  # newer versions still count
     clock.now += 1.0
     assert s.settled() == [(2, cp(20))]
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.applied: list[Checkpoint] = []
+
+    def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
+        self.applied.append(checkpoint)
+        return 0
+
+
+class FakeForwarder:
+    engaged = False
+
+
+def test_a_replica_applies_settled_checkpoints_only_while_not_engaged_as_master() -> None:
+    """From the moment the control thread activates the forwarder, the forwarder applies the
+    newest checkpoint itself; an older one applied after it would have the store keep, and
+    the master release again, what the newer one covers. So none is applied once engaged,
+    and what had not settled by then is forgotten."""
+    replica = Replica(ReplicaConfig(name="settling-test"))
+    clock = FakeClock()
+    replica._settling = SettlingCheckpoints(1.0, clock)
+    store, forwarder = FakeStore(), FakeForwarder()
+    apply = functools.partial(replica._apply_settled, cast("Store", store))
+    replica._settling.seen(1, cp(10))
+    clock.now += 1.0
+    replica._settling.seen(2, cp(20))
+    apply(cast("Forwarder", forwarder))
+    assert store.applied == [cp(10)]  # settled; the second not yet
+    forwarder.engaged = True  # won the election: activated, not forwarding yet
+    clock.now += 1.0
+    apply(cast("Forwarder", forwarder))
+    assert store.applied == [cp(10)]
+    forwarder.engaged = False  # stepped down: a follower again
+    replica._settling.seen(3, cp(30))
+    clock.now += 1.0
+    apply(cast("Forwarder", forwarder))
+    assert store.applied == [cp(10), cp(30)]  # the one from before the takeover is gone
