@@ -53,8 +53,13 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # pytest exits 5 when it collected nothing; that is a failure here, never a silent pass.
+# Two pytest workers (pytest-xdist), each test file on one of them, each worker with its own
+# Kafka and ZooKeeper on free ports: most of the suite's time is waiting (failovers, due
+# times, a cron minute), so two halve it on two cores (one run: 21 min 46 s -> 13 min 11 s).
+# PYTEST_WORKERS= runs it in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 test: install lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
 test-unit: $(STAMP)
