@@ -335,7 +335,8 @@ class Replica:
                     log.info("replica.election_joined", node=election.node)
                 except CoordinationError as exc:
                     log.warning("replica.election_join_failed", error=str(exc))
-            self._drain_events(session, store, forwarder, election)
+            self._drain_events(session, forwarder, election)
+            self._apply_settled(store, forwarder)
             self._reconcile(session, forwarder, election)
             if time.monotonic() >= next_trim:
                 next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
@@ -353,14 +354,12 @@ class Replica:
         elif not election.is_leader and forwarder.engaged:
             forwarder.deactivate("lost leadership")
 
-    def _drain_events(
-        self, session: Session, store: Store, forwarder: Forwarder, election: Election
-    ) -> None:
+    def _drain_events(self, session: Session, forwarder: Forwarder, election: Election) -> None:
         while True:
             try:
                 kind, payload = self._events.get_nowait()
             except queue.Empty:
-                break
+                return
             if kind == "leader":
                 pass  # _reconcile below looks at the current leadership, not at edges
             elif kind == "component_failed":
@@ -384,7 +383,6 @@ class Replica:
                     continue
                 self._last_cp = cp
                 self._settling.seen(version, cp.checkpoint)
-        self._apply_settled(store, forwarder)
 
     def _apply_settled(self, store: Store, forwarder: Forwarder) -> None:
         """A follower applies each checkpoint once it has settled (settling.py says why). From
