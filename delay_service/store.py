@@ -36,7 +36,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocksdict import Rdict, ReadOptions, WriteBatch
+from rocksdict import Rdict, RdictIter, ReadOptions, WriteBatch
 
 from delay_service import rocks
 from delay_service.cancels import At, CancelBatch, CancelMemory
@@ -188,11 +188,16 @@ class Store:
         with self._lock:
             return self._checkpoint
 
-    def _iter_from_floor(self, upper: bytes) -> Iterable[tuple[bytes, bytes]]:
+    def _cursor_at_floor(self, upper: bytes) -> RdictIter:
+        """A RocksDB iterator over the entries below ``upper``, at the first one."""
         ro = ReadOptions()
         ro.set_iterate_upper_bound(upper)
         it = self._db.iter(ro)
         it.seek(self._floor)
+        return it
+
+    def _iter_from_floor(self, upper: bytes) -> Iterable[tuple[bytes, bytes]]:
+        it = self._cursor_at_floor(upper)
         while it.valid():
             yield bytes(it.key()), bytes(it.value())
             it.next()
@@ -237,10 +242,7 @@ class Store:
         seen = crossed = 0
         with self._lock:
             self._check_open()
-            ro = ReadOptions()
-            ro.set_iterate_upper_bound(bounds[-1])
-            it = self._db.iter(ro)
-            it.seek(self._floor)
+            it = self._cursor_at_floor(bounds[-1])
             while it.valid() and seen < cap:
                 key = it.key()
                 while key >= bounds[crossed]:  # the upper bound keeps crossed in range
