@@ -140,21 +140,24 @@ class Replicas:
         return found[-1]
 
     def metric(self, name: str, metric: str) -> float:
-        url = str(self.status()[name]["metrics"])
-        text = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310 - loopback
-        for line in text.splitlines():
+        """The value of unlabelled ``metric`` (nan when absent); raises before it answers."""
+        for line in self._fetch(name).splitlines():
             if line.startswith(metric + " "):
                 return float(line.split()[1])
         return float("nan")
 
+    def _fetch(self, name: str) -> str:
+        """Replica ``name``'s /metrics text (KeyError or OSError before it answers)."""
+        url = str(self.status()[name]["metrics"])
+        text: str = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310 - loopback
+        return text
+
     def _scrape(self, name: str) -> str | None:
-        """Replica ``name``'s /metrics text; None before it answers."""
+        """:meth:`_fetch`, None before it answers."""
         try:
-            url = str(self.status()[name]["metrics"])
-            text: str = urllib.request.urlopen(url, timeout=5).read().decode()  # noqa: S310
+            return self._fetch(name)
         except (KeyError, OSError):
             return None
-        return text
 
     def metric_sum(self, name: str, metric: str) -> float:
         """The sum of every series of ``metric`` (all label values); nan before it answers."""
