@@ -27,11 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import Message
-
-from bench.ingest_cpu import _PARTITIONS, messages
+from bench.ingest_cpu import _PARTITIONS, batches, buffer_records
 from delay_service.config import ReplicaConfig
-from delay_service.ingest import _BATCH, Ingest
+from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
 from delay_service.store import Store
 from kdelay import memory
@@ -40,13 +38,9 @@ from kdelay.checkpoint import Checkpoint
 ORDERS = ("tombstone_first", "checkpoint_first")
 
 
-def _batches(items: list[Message]) -> list[list[Message]]:
-    return [items[i : i + _BATCH] for i in range(0, len(items), _BATCH)]
-
-
 def run(order: str, count: int) -> float:
     """CPU µs a message of removing ``count`` released messages in ``order``."""
-    flat = [m for batch in messages(2 * count) for m in batch]  # schedules, then tombstones
+    flat = buffer_records(2 * count)  # schedules, then tombstones
     schedules, tombstones = flat[:count], flat[count:]
     covering = Checkpoint(2**62, dict.fromkeys(range(_PARTITIONS), 2**62))
     with tempfile.TemporaryDirectory(prefix="kdelay-follower-removal-") as tmp:
@@ -54,13 +48,13 @@ def run(order: str, count: int) -> float:
         try:
             ingest = Ingest(ReplicaConfig(name="bench"), store, Metrics())
             ingest.leading = lambda: False
-            for batch in _batches(schedules):
+            for batch in batches(schedules):
                 ingest._apply(batch)
             memory.freeze_startup_objects()
             started = time.thread_time()
             if order == "checkpoint_first":
                 store.apply_checkpoint(covering)
-            for batch in _batches(tombstones):
+            for batch in batches(tombstones):
                 ingest._apply(batch)
             if order == "tombstone_first":
                 store.apply_checkpoint(covering)

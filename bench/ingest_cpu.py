@@ -52,9 +52,19 @@ def _message(partition: int, offset: int, record: Scheduled | Tombstone) -> Mess
     )
 
 
+def batches(items: list[Message]) -> list[list[Message]]:
+    """``items`` in ingest's batches."""
+    return [items[i : i + _BATCH] for i in range(0, len(items), _BATCH)]
+
+
 def messages(records: int) -> list[list[Message]]:
-    """``records`` buffer records in ingest's batches: schedules (100 B values, a header, due in
-    an hour), then one tombstone for each of the first half, as a master writes it."""
+    """:func:`buffer_records` in ingest's batches."""
+    return batches(buffer_records(records))
+
+
+def buffer_records(records: int) -> list[Message]:
+    """``records`` buffer records: schedules (100 B values, a header, due in an hour), then one
+    tombstone for each of the first half, as a master writes it."""
     schedules = records - records // 2
     out: list[Message] = []
     for i in range(schedules):
@@ -67,7 +77,7 @@ def messages(records: int) -> list[list[Message]]:
         fate = Fate("delivered", "target", i % 6, i, _NOW_MS + 3_600_001, _NOW_MS + 3_600_000)
         t = Tombstone(f"id-{i}", i // _PARTITIONS, f"u-{i}", fate)
         out.append(_message(i % _PARTITIONS, schedules // _PARTITIONS + 1 + i, t))
-    return [out[i : i + _BATCH] for i in range(0, len(out), _BATCH)]
+    return out
 
 
 def _kdelay(store: Store, batches: list[list[Message]]) -> int:
