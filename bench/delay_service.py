@@ -5,7 +5,9 @@ and ZooKeeper through kdelay.local and replicas as ``kdelay delay-service`` subp
 measures, beside a plain Kafka produce->consume baseline from the same run:
 
 - lateness (record timestamp - due time, and consumer receipt - due time) p50/p99/max at
-  several rates, with 1 and 3 replicas;
+  several rates, with 1 and 3 replicas (``--delivery``: their release mode), each beside the
+  same schedule released by the least a releaser does on plain Kafka in the same mode (the
+  *floor*, ``bench/release_floor.py``; ``--no-floor`` leaves it out);
 - ingest rate of one replica (a fresh replica reading a pre-filled buffer topic, from its
   ``kdelay_replica_ingested_total``), against a plain consumer reading the same records;
 - forward rate (a burst of messages all due at once), against the rate the bench itself
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench.release_floor import BURST, EXACTLY_ONCE, MODES, Floor
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from kdelay.buffer import Scheduled, encode
 from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
@@ -218,6 +221,22 @@ def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
     return reader.wait()
 
 
+def floor(bootstrap: str, rate: int, n: int, delay_ms: int, mode: str) -> Lateness:
+    """``n`` messages at ``rate`` a second released by the least a releaser does
+    (``bench/release_floor.py``), read back as kdelay's releases are."""
+    run = Floor(bootstrap, rate, n, delay_ms, mode)
+    reader = Reader(bootstrap, run.topic, run.n, timeout=n / rate + 600)
+    run.start()
+    run.join(n / rate + delay_ms / 1000 + 600)
+    return reader.wait()
+
+
+def spread_per_s(lat: Lateness) -> float:
+    """Messages a second from the first release of a burst to its last (record timestamps)."""
+    spread = max(lat.release, default=0) - min(lat.release, default=0)
+    return len(lat.release) / max(spread / 1000, 1e-3)
+
+
 def delayed(rs: Replicas, rate: int, seconds: float, delay_ms: int = 1000) -> Lateness:
     topic = f"bench-target-{uuid.uuid4().hex[:8]}"
     create_topic(rs.bootstrap, topic, PARTITIONS)
@@ -266,6 +285,20 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds of unmeasured load at the first rate before each replica set's runs (a "
         "fresh broker's first run was the slowest)",
     )
+    ap.add_argument(
+        "--delivery",
+        default=EXACTLY_ONCE,
+        choices=MODES,
+        help="the replicas' release mode in the lateness runs (--delivery of kdelay "
+        "delay-service), and the floor's",
+    )
+    ap.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="beside each lateness run, the same schedule released by the least a releaser "
+        "does on plain Kafka (bench/release_floor.py)",
+    )
     ap.add_argument("--burst", type=int, default=50_000, help="messages due at once")
     ap.add_argument("--pending", type=int, default=1_000_000, help="large pending set")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -278,9 +311,11 @@ def main(argv: list[str] | None = None) -> None:
         kafka.start()
         zk.start()
         bs = kafka.bootstrap_servers
-        print(f"{'run':24} {'release p50/p99/max ms':>28} | {'receipt p50/p99/max ms':>26}")
+        print(f"{args.delivery}\n{'run':24} {'release p50/p99/max ms':>28} | "
+              f"{'receipt p50/p99/max ms':>26}")  # fmt: skip
         for n_rep in [int(x) for x in args.replicas.split(",") if x]:
-            rs = Replicas(base / f"set-{n_rep}", bs, zk.connect_string, n_rep)
+            rs = Replicas(base / f"set-{n_rep}", bs, zk.connect_string, n_rep,
+                          ("--delivery", args.delivery))  # fmt: skip
             try:
                 rs.start_all()
                 rs.wait_master()
@@ -290,6 +325,11 @@ def main(argv: list[str] | None = None) -> None:
                 for rate in rates:
                     base_l = baseline(bs, rate, args.seconds)
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
+                    floor_l = None
+                    if args.floor:
+                        n = int(rate * args.seconds)
+                        floor_l = floor(bs, rate, n, args.delay_ms, args.delivery)
+                        print(f"{'floor ' + str(rate) + '/s':24} {floor_l.row()}")
                     master = rs.wait_master()
                     cpu0 = {n: rs.cpu_seconds(n) for n in rs.procs}
                     phases0 = rs.round_phases(master)
@@ -310,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
                           + " ".join(f"{k} {v:.1f}" for k, v in rounds.items()))  # fmt: skip
                     results[f"{n_rep}x{rate}"] = {
                         "baseline_receipt_ms": [pct(base_l.receipt, q) for q in (0.5, 0.99)],
+                        "floor_release_ms": None if floor_l is None else [
+                            pct(floor_l.release, 0.5), pct(floor_l.release, 0.99),
+                            max(floor_l.release, default=0)],
                         "release_ms": [pct(lat.release, 0.5), pct(lat.release, 0.99),
                                        max(lat.release, default=0)],
                         "receipt_ms": [pct(lat.receipt, 0.5), pct(lat.receipt, 0.99),
@@ -400,14 +443,18 @@ def rates_and_pending(base: Path, bs: str, zk: str, args: argparse.Namespace) ->
         ))  # fmt: skip
         cpu_before = rs.cpu_seconds("r1")
         lat = consume_lateness(bs, burst_topic, args.burst, timeout=600)
-        spread = max(lat.release, default=0) - min(lat.release, default=0)
-        forward_per_s = args.burst / max(spread / 1000, 1e-3)
+        forward_per_s = spread_per_s(lat)
         out["forward_per_s"] = forward_per_s
         # The replica's CPU from the burst's last buffer record acknowledged to its last
         # release (what ingest had left of the burst included), a message: steadier than the
         # rate on a shared machine.
         out["forward_cpu_us_per_msg"] = (rs.cpu_seconds("r1") - cpu_before) * 1e6 / args.burst
         out["forward_vs_buffer_produce"] = forward_per_s / produce_per_s
+        if args.floor:
+            # The same burst released by the least an exactly-once releaser does.
+            floor_per_s = spread_per_s(floor(bs, BURST, args.burst, 1000, EXACTLY_ONCE))
+            out["forward_floor_per_s"] = floor_per_s
+            out["forward_vs_floor"] = forward_per_s / floor_per_s
         # Restart with the big pending set: time from process start to the first delivery.
         rs.procs["r1"].stop(grace=60)
         first = f"bench-first-{uuid.uuid4().hex[:8]}"
