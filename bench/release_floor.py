@@ -12,8 +12,10 @@ master's round with nothing else in it:
   produce one checkpoint record, ``commit_transaction``, as kdelay's round does
   (``delay_service/exactly_once.py``), whose extra work is the store, the ingest beside it and
   the outcome of each release;
-- at-least-once: produce what is due with an idempotent producer and serve the delivery
-  reports, never waiting for a round.
+- at-least-once: produce what is due with an idempotent producer and wait for the
+  acknowledgements before the next round, as kdelay's round does: a target with records in
+  flight is held, so that a retried record is never overtaken (DESIGN.md, "order is kept");
+  ``ordered=False`` never waits (the least any producer does, with no such order).
 
 The same producer settings as kdelay's master (acks=all, ``linger.ms`` 2). The bench's reader
 reads the target read_committed (librdkafka's default) and measures lateness as for kdelay:
@@ -56,6 +58,7 @@ class Schedule:
     start: float
     mode: str
     round_limit: int
+    ordered: bool
 
 
 def _release(s: Schedule) -> None:
@@ -90,6 +93,8 @@ def _release(s: Schedule) -> None:
             p.flush(30)  # the round's acknowledgements
             p.produce(checkpoints, b"checkpoint", key=b"floor")
             p.commit_transaction(30)
+        elif s.ordered:
+            p.flush(30)  # the round's acknowledgements: nothing overtakes a retried record
         else:
             p.poll(0)
     p.flush(30)
@@ -100,11 +105,12 @@ class Floor:
     (it must be fetching before the first message is due), then :meth:`start` this."""
 
     def __init__(self, bootstrap: str, rate: int, n: int, delay_ms: int,
-                 mode: str = EXACTLY_ONCE, *, round_limit: int = ROUND_LIMIT) -> None:  # fmt: skip
+                 mode: str = EXACTLY_ONCE, *, round_limit: int = ROUND_LIMIT,
+                 ordered: bool = True) -> None:  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"--delivery: one of {', '.join(MODES)}, not {mode!r}")
         self.bootstrap, self.rate, self.delay_ms, self.mode = bootstrap, rate, delay_ms, mode
-        self.n, self.round_limit = n, round_limit
+        self.n, self.round_limit, self.ordered = n, round_limit, ordered
         self.topic = f"bench-floor-{uuid.uuid4().hex[:8]}"
         self.checkpoints = f"{self.topic}-checkpoints"
         create_topic(bootstrap, self.topic, PARTITIONS)
@@ -114,7 +120,7 @@ class Floor:
     def start(self) -> None:
         start = time.time() + self.delay_ms / 1000
         schedule = Schedule(self.bootstrap, self.topic, self.checkpoints, self.rate, self.n,
-                            start, self.mode, self.round_limit)  # fmt: skip
+                            start, self.mode, self.round_limit, self.ordered)  # fmt: skip
         proc = multiprocessing.get_context("spawn").Process(
             target=_release, args=(schedule,), daemon=True
         )
