@@ -35,8 +35,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.release_floor import BURST, EXACTLY_ONCE, MODES, Floor
+from bench.release_floor import BURST, Floor
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from kdelay.buffer import Scheduled, encode
 from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.local.kafka_tools import create_topic
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--delivery",
         default=EXACTLY_ONCE,
-        choices=MODES,
+        choices=DELIVERY_MODES,
         help="the replicas' release mode in the lateness runs (--delivery of kdelay "
         "delay-service), and the floor's",
     )

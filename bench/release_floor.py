@@ -34,11 +34,9 @@ from multiprocessing.process import BaseProcess
 from confluent_kafka import Producer
 
 from bench.replicas import PARTITIONS
+from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from kdelay.local.kafka_tools import create_topic
 
-EXACTLY_ONCE = "exactly-once"
-AT_LEAST_ONCE = "at-least-once"
-MODES = (EXACTLY_ONCE, AT_LEAST_ONCE)
 #: Most records a round releases: kdelay's default ``scan_batch``.
 ROUND_LIMIT = 10_000
 #: A rate at which every message of a burst is due within the same millisecond.
@@ -107,8 +105,8 @@ class Floor:
     def __init__(self, bootstrap: str, rate: int, n: int, delay_ms: int,
                  mode: str = EXACTLY_ONCE, *, round_limit: int = ROUND_LIMIT,
                  ordered: bool = True) -> None:  # fmt: skip
-        if mode not in MODES:
-            raise ValueError(f"--delivery: one of {', '.join(MODES)}, not {mode!r}")
+        if mode not in DELIVERY_MODES:
+            raise ValueError(f"--delivery: one of {', '.join(DELIVERY_MODES)}, not {mode!r}")
         self.bootstrap, self.rate, self.delay_ms, self.mode = bootstrap, rate, delay_ms, mode
         self.n, self.round_limit, self.ordered = n, round_limit, ordered
         self.topic = f"bench-floor-{uuid.uuid4().hex[:8]}"
@@ -130,5 +128,8 @@ class Floor:
     def join(self, timeout: float) -> None:
         assert self._proc is not None
         self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            self._proc.kill()
+            raise TimeoutError(f"the floor's releaser of {self.topic} ran past {timeout:.0f} s")
         if self._proc.exitcode != 0:
             raise RuntimeError(f"the floor's releaser exited with {self._proc.exitcode}")
