@@ -222,10 +222,13 @@ def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
     return reader.wait()
 
 
-def floor(bootstrap: str, rate: int, n: int, delay_ms: int, mode: str) -> Lateness:
+def floor(
+    bootstrap: str, rate: int, n: int, delay_ms: int, mode: str, *, ordered: bool = True
+) -> Lateness:
     """``n`` messages at ``rate`` a second released by the least a releaser does
-    (``bench/release_floor.py``), read back as kdelay's releases are."""
-    run = Floor(bootstrap, rate, n, delay_ms, mode)
+    (``bench/release_floor.py``; ``ordered``: see :class:`Floor`), read back as kdelay's
+    releases are."""
+    run = Floor(bootstrap, rate, n, delay_ms, mode, ordered=ordered)
     reader = Reader(bootstrap, run.topic, run.n, timeout=n / rate + 600)
     run.start()
     run.join(n / rate + delay_ms / 1000 + 600)
@@ -300,6 +303,13 @@ def main(argv: list[str] | None = None) -> None:
         help="beside each lateness run, the same schedule released by the least a releaser "
         "does on plain Kafka (bench/release_floor.py)",
     )
+    ap.add_argument(
+        "--ordered-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at-least-once: the floor waits for each round's acknowledgements, keeping the "
+        "order kdelay keeps (--no-ordered-floor: the least any producer does)",
+    )
     ap.add_argument("--burst", type=int, default=50_000, help="messages due at once")
     ap.add_argument("--pending", type=int, default=1_000_000, help="large pending set")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -326,10 +336,11 @@ def main(argv: list[str] | None = None) -> None:
                 for rate in rates:
                     base_l = baseline(bs, rate, args.seconds)
                     print(f"{'baseline ' + str(rate) + '/s':24} {base_l.row()}")
+                    sent = int(rate * args.seconds)
                     floor_l = None
                     if args.floor:
-                        n = int(rate * args.seconds)
-                        floor_l = floor(bs, rate, n, args.delay_ms, args.delivery)
+                        floor_l = floor(bs, rate, sent, args.delay_ms, args.delivery,
+                                        ordered=args.ordered_floor)  # fmt: skip
                         print(f"{'floor ' + str(rate) + '/s':24} {floor_l.row()}")
                     master = rs.wait_master()
                     cpu0 = {n: rs.cpu_seconds(n) for n in rs.procs}
@@ -337,7 +348,6 @@ def main(argv: list[str] | None = None) -> None:
                     lat = delayed(rs, rate, args.seconds, args.delay_ms)
                     cpu1 = {n: rs.cpu_seconds(n) for n in rs.procs}
                     rounds = phase_means(phases0, rs.round_phases(master))
-                    sent = int(rate * args.seconds)
                     # CPU-µs per message of each replica over the run (master and followers).
                     us = {n: (cpu1[n] - cpu0[n]) * 1e6 / max(sent, 1) for n in cpu0}
                     followers = [v for n, v in us.items() if n != master]

@@ -15,7 +15,8 @@ master's round with nothing else in it:
 - at-least-once: produce what is due with an idempotent producer and wait for the
   acknowledgements before the next round, as kdelay's round does: a target with records in
   flight is held, so that a retried record is never overtaken (DESIGN.md, "order is kept");
-  ``ordered=False`` never waits (the least any producer does, with no such order).
+  ``ordered=False`` (``bench.delay_service --no-ordered-floor``) never waits: the least any
+  producer does, with no such order.
 
 The same producer settings as kdelay's master (acks=all, ``linger.ms`` 2). The bench's reader
 reads the target read_committed (librdkafka's default) and measures lateness as for kdelay:
@@ -61,9 +62,9 @@ class Schedule:
 
 def _release(s: Schedule) -> None:
     """The releaser (a child process)."""
-    bootstrap, topic, checkpoints, rate, n, start, mode = (
-        s.bootstrap, s.topic, s.checkpoints, s.rate, s.n, s.start, s.mode)  # fmt: skip
-    limit = s.round_limit
+    bootstrap, topic, checkpoints, rate, n, start, mode, limit, ordered = (
+        s.bootstrap, s.topic, s.checkpoints, s.rate, s.n, s.start, s.mode, s.round_limit,
+        s.ordered)  # fmt: skip
     conf = {"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all"}
     if mode == EXACTLY_ONCE:
         conf["transactional.id"] = f"bench-floor-{uuid.uuid4().hex[:8]}"
@@ -91,7 +92,7 @@ def _release(s: Schedule) -> None:
             p.flush(30)  # the round's acknowledgements
             p.produce(checkpoints, b"checkpoint", key=b"floor")
             p.commit_transaction(30)
-        elif s.ordered:
+        elif ordered:
             p.flush(30)  # the round's acknowledgements: nothing overtakes a retried record
         else:
             p.poll(0)
