@@ -41,7 +41,7 @@ jvm: $(STAMP)
 
 # helm, kubeconform, promtool, hadolint, schemas: pinned, into .cache/tools (the tests run it too).
 deploy-tools: $(STAMP)
-	bash deploy/tools/install.sh
+	bash dev/tools/install.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -74,12 +74,12 @@ test-e2e: install
 	@$(MAKE) --no-print-directory check-leftovers
 
 # Every JVM and service kdelay starts carries kdelay.managed=<owner pid> in its command line; one
-# whose owner is gone outlived its run (kdelay/local/leftovers.py).
+# whose owner is gone outlived its run (dev/stack/leftovers.py).
 check-leftovers: $(STAMP)
-	@$(BIN)/python -m kdelay.local.leftovers
+	@$(BIN)/python -m dev.stack.leftovers
 
 demo: install
-	$(BIN)/python -m kdelay.demo
+	$(BIN)/python -m dev.demo
 
 # Not part of `make test`: each starts its own servers and prints ratios against plain Kafka.
 bench: install
@@ -91,14 +91,14 @@ clean:
 
 # ---- Containers (docs/containers.md); none of it is part of `make test` -------------------------
 # Debian's podman and runc (apt-get, as faketime), its configuration and image storage under
-# .kdelay/containers and .cache/containers, a Docker API socket, and every image built here
+# .dev/containers and .cache/containers, a Docker API socket, and every image built here
 # (debootstrap, the pinned jars; no registry). A Docker Engine that answers is used instead.
 containers: $(STAMP) jvm
-	$(BIN)/python -m kdelay.containers up
+	$(BIN)/python -m dev.containers up
 
 # Removes the containers the tests and the Compose demo left, stops the socket.
 containers-down: $(STAMP)
-	$(BIN)/python -m kdelay.containers down
+	$(BIN)/python -m dev.containers down
 
 # The testcontainers backend. tests/containers: the e2e failover subset, the image run as the
 # chart runs it, the images. CONTAINER_TESTS="tests/containers tests/integration tests/e2e" runs
@@ -108,27 +108,27 @@ containers-down: $(STAMP)
 CONTAINER_TESTS ?= tests/containers
 CONTAINER_IMAGES ?=
 test-containers: $(STAMP) jvm
-	$(BIN)/python -m kdelay.containers up --no-service --only $(CONTAINER_IMAGES)
+	$(BIN)/python -m dev.containers up --no-service --only $(CONTAINER_IMAGES)
 	KDELAY_TEST_INFRA=testcontainers $(BIN)/pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
 # deploy/docker/compose.yaml on the local images, the demo's burst, the demo's SLO.
 demo-compose: $(STAMP) jvm
-	$(BIN)/python -m kdelay.containers up --no-service
-	$(BIN)/python -m kdelay.containers demo-compose
+	$(BIN)/python -m dev.containers up --no-service
+	$(BIN)/python -m dev.containers demo-compose
 
 # ---- Kubernetes (docs/kubernetes.md); not part of `make test` ------------------------------------
 # A real single-node cluster: etcd, the control plane, the kubelet, kube-proxy and CoreDNS built
 # from the Go module proxy (once per version, .cache/k8s), Debian's containerd, runc and CNI
-# plugins, state and logs in .kdelay/k8s, the project's images (make containers) loaded into
+# plugins, state and logs in .dev/k8s, the project's images (make containers) loaded into
 # containerd. Left running until `make k8s-down`, which leaves no process, mount or netns.
 K8S_IMAGES := kdelay kafka zookeeper
 k8s-up: $(STAMP) jvm
-	$(BIN)/python -m kdelay.containers up --no-service --only $(K8S_IMAGES)
-	$(BIN)/python -m kdelay.k8s up
+	$(BIN)/python -m dev.containers up --no-service --only $(K8S_IMAGES)
+	$(BIN)/python -m dev.k8s up
 
 k8s-down: $(STAMP)
-	$(BIN)/python -m kdelay.k8s down
+	$(BIN)/python -m dev.k8s down
 
 # tests/k8s against that cluster (brought up first when it is not): the chart installed with
 # Kafka and ZooKeeper in the cluster, delayed messages through the proxy's Service, the master's

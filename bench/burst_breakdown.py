@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.burst_breakdown [--busy N] [--json F]
 
 Starts the stack ``make demo`` starts (``kdelay up``: 3 replicas), sends the demo's burst
-(kdelay/demo.py: 5,000 messages, delays 0-10 s) through the proxy, then reads every delivered
+(dev/demo.py: 5,000 messages, delays 0-10 s) through the proxy, then reads every delivered
 record (read_committed) and the buffer topic, and splits each message's lateness (its target
 record's LogAppendTime minus its due time: the verifier's measure) in two:
 
@@ -34,11 +34,11 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bench.replicas import stat_cpu_seconds
-from kdelay import demo
+from dev import demo
+from dev.stack import wait_until
+from dev.stack.leftovers import managed
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
-from kdelay.local import wait_until
-from kdelay.local.leftovers import managed
 from kdelay.stats import percentile
 
 #: Due time after the first send, ms: the rows of the breakdown.

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from kdelay.local.process import MARKER
+from dev.stack.process import MARKER
 
 FAKETIME = "/usr/bin/faketime"
 

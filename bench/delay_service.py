@@ -1,7 +1,7 @@
 """Delay-service benchmark: ingest, forward rate, lateness, and a large pending set.
 
 Run: ``.venv/bin/python -m bench.delay_service`` (``--help`` for sizes). It starts its own Kafka
-and ZooKeeper through kdelay.local and replicas as ``kdelay delay-service`` subprocesses, and
+and ZooKeeper through dev.stack and replicas as ``kdelay delay-service`` subprocesses, and
 measures, beside a plain Kafka produce->consume baseline from the same run:
 
 - lateness (record timestamp - due time, and consumer receipt - due time) p50/p99/max at
@@ -38,9 +38,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from bench.release_floor import BURST, Floor
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
+from dev.kafka_tools import create_topic
+from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled, encode
-from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
-from kdelay.local.kafka_tools import create_topic
 from kdelay.stats import percentile
 
 #: Percentiles of the kdelay-wide definition; nan (not 0) when a run delivered nothing.

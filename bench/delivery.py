@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.delivery [--rates 1000,5000,20000] [--seconds 10] [--json F]
 
-Starts its own Kafka and ZooKeeper (kdelay.local) and, for each ``--delivery`` mode, three
+Starts its own Kafka and ZooKeeper (dev.stack) and, for each ``--delivery`` mode, three
 replicas as ``kdelay delay-service`` subprocesses; buffer records are written straight to the
 set's buffer topic (as the proxy would), due 1 s later. In the same run it measures:
 
@@ -34,9 +34,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.delay_service import baseline, consume_lateness, delayed, pct, produce_buffer
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from dev.kafka_tools import create_topic
+from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled
-from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
-from kdelay.local.kafka_tools import create_topic
 
 MODES = ("at-least-once", "exactly-once")
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.failover_gap [--case all|master-kill|zk-stop] [--kills 3]
         [--zk-outage 20] [--rate 100] [--zk-session-timeout S] [--out DIR]
 
-Starts the stack ``kdelay up`` starts (:class:`kdelay.local.stack.LocalStack`: ZooKeeper, one
+Starts the stack ``kdelay up`` starts (:class:`dev.stack.stack.LocalStack`: ZooKeeper, one
 Kafka broker, the proxy, three replicas, with ``kdelay up``'s defaults unless
 ``--zk-session-timeout`` overrides the replicas'), supervised the way ``kdelay up`` supervises
 it (a killed replica is restarted after 1 s). A steady stream of delayed messages (``--rate``
@@ -43,12 +43,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from dev.kafka_tools import create_topic, unique_topic
+from dev.stack import wait_until
+from dev.stack.process import python_argv
+from dev.stack.stack import LocalStack, StackOptions
+from dev.stack.supervise import Supervisor
 from kdelay import headers as h
-from kdelay.local import wait_until
-from kdelay.local.kafka_tools import create_topic, unique_topic
-from kdelay.local.process import python_argv
-from kdelay.local.stack import LocalStack, StackOptions
-from kdelay.local.supervise import Supervisor
 from zk import Paths, Session, cluster_status, current_leader
 
 PARTITIONS = 4

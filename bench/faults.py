@@ -1,7 +1,7 @@
 """The system under test of ``bench.reliability`` and the faults it injects, one per case.
 
 :class:`Cluster` starts ZooKeeper, Kafka (1 or 3 KRaft nodes), the proxy and three replicas as
-real processes on loopback, through :mod:`kdelay.local` and :class:`bench.replicas.Replicas`;
+real processes on loopback, through :mod:`dev.stack` and :class:`bench.replicas.Replicas`;
 a process may run with its wall clock off (:mod:`bench.clock_skew`).
 Each :class:`Case` injects its fault from the bench's main thread while the stream runs, and
 records an :class:`Event` per fault with the bench's wall clock, which is the brokers' clock
@@ -24,11 +24,11 @@ from kazoo.exceptions import KazooException
 
 from bench.clock_skew import Skew
 from bench.replicas import PARTITIONS, Replicas
+from dev.kafka_tools import HeaderList, consume_until, produce_all
+from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
+from dev.stack.process import free_port, python_argv
+from dev.stack.replica import ReplicaSpec
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
-from kdelay.local.kafka_tools import HeaderList, consume_until, produce_all
-from kdelay.local.process import free_port, python_argv
-from kdelay.local.replica import ReplicaSpec
 from kdelay.topics import ensure_internal_topics
 from zk import CoordinationError, Paths, cluster_status
 

@@ -2,7 +2,7 @@
 leaderless, against its lateness with no failure and against plain Kafka, in the same run.
 
 Run: ``.venv/bin/python -m bench.isolation`` (``--help`` for sizes). It starts a 3-broker Kafka
-and ZooKeeper through kdelay.local and one replica as a ``kdelay delay-service`` subprocess.
+and ZooKeeper through dev.stack and one replica as a ``kdelay delay-service`` subprocess.
 Topic X lives on broker 3 only (replication 1); topic Y, the buffer topic, the dead-letter topic
 and the plain-Kafka baseline topic live on brokers 1 and 2, so stopping broker 3 touches X alone.
 
@@ -34,8 +34,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from bench.delay_service import Lateness, Reader, _produce, paced, producer
 from bench.replicas import PARTITIONS, Replicas
+from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, encode
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.stats import percentile
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 

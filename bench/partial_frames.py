@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from bench.proxy_process import RunningProxy, local_kafka, proxy_process
 from bench.replicas import rss_bytes
-from kdelay.local.kafka_tools import create_topic, unique_topic
+from dev.kafka_tools import create_topic, unique_topic
 from kdelay.stats import percentile
 
 MIB = 1024 * 1024

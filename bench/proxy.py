@@ -29,9 +29,9 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from bench.proxy_process import local_kafka, proxy_process
 from bench.replicas import tree_cpu_seconds
+from dev.kafka_tools import create_topic, unique_topic
 from kdelay import headers as h
 from kdelay import jars
-from kdelay.local.kafka_tools import create_topic, unique_topic
 from kdelay.stats import percentile
 
 

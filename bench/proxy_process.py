@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdelay.local import KDELAY, KafkaSettings, LocalKafka, free_port
+from dev.stack import KDELAY, KafkaSettings, LocalKafka, free_port
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from confluent_kafka import Producer
 
 from bench.replicas import PARTITIONS
 from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
-from kdelay.local.kafka_tools import create_topic
+from dev.kafka_tools import create_topic
 
 #: Most records a round releases: kdelay's default ``scan_batch``.
 ROUND_LIMIT = 10_000

@@ -49,9 +49,9 @@ from bench.clock_skew import Skew
 from bench.faults import Cluster, Event, now_ms
 from bench.replicas import PARTITIONS
 from bench.verdict import Delivery, Ledger, judge, table, update_doc
+from dev.kafka_tools import HeaderList, Record, create_topic, unique_topic
 from kdelay import headers as h
 from kdelay.buffer import DEAD_LETTER_TOPIC
-from kdelay.local.kafka_tools import HeaderList, Record, create_topic, unique_topic
 
 MAX_DELAY_MS = 5_000
 QUIET_S = 10.0

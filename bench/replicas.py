@@ -10,8 +10,8 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from kdelay.local import KDELAY, KafkaSettings, ManagedProcess, wait_until
-from kdelay.local.replica import ReplicaSpec
+from dev.stack import KDELAY, KafkaSettings, ManagedProcess, wait_until
+from dev.stack.replica import ReplicaSpec
 from zk import Paths, cluster_status
 
 PARTITIONS = 4

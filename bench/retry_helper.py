@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.retry_helper [--messages 50000] [--batch 100] [--rounds 3] [--json F]
 
-Starts the stack ``kdelay up`` starts (:class:`kdelay.local.stack.LocalStack`: ZooKeeper,
+Starts the stack ``kdelay up`` starts (:class:`dev.stack.stack.LocalStack`: ZooKeeper,
 Kafka, the proxy, one replica). Each case reads a fresh 3-partition topic of ``--messages``
 records produced straight to Kafka, in a new consumer group, and times from the first message
 to the last one handled (the group join is not counted):
@@ -36,9 +36,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from dev.kafka_tools import create_topic, unique_topic
+from dev.stack.stack import LocalStack, StackOptions
 from kdelay import logs
-from kdelay.local.kafka_tools import create_topic, unique_topic
-from kdelay.local.stack import LocalStack, StackOptions
 from kdelay.retry import RetryingConsumer, RetryPolicy
 
 PARTITIONS = 3

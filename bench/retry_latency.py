@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.proxy_process import local_kafka
 from bench.retry_helper import PARTITIONS, conf
-from kdelay.local.kafka_tools import create_topic, unique_topic
+from dev.kafka_tools import create_topic, unique_topic
 from kdelay.retry import RetryingConsumer
 from kdelay.stats import percentile
 

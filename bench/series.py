@@ -3,7 +3,7 @@ once, against plain delayed messages in the same run.
 
     .venv/bin/python -m bench.series [--series 100000] [--json F]
 
-Starts its own Kafka and ZooKeeper (kdelay.local) and three replicas (``kdelay delay-service``,
+Starts its own Kafka and ZooKeeper (dev.stack) and three replicas (``kdelay delay-service``,
 exactly-once, the default) on a buffer topic of their own; buffer records are written straight
 to it, as the proxy would. Measured:
 
@@ -33,9 +33,9 @@ from bench.delay_service import consume_lateness, produce_buffer
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.entry import encode_entry, entry_key
 from delay_service.ids import id_key
+from dev.kafka_tools import create_topic
+from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled
-from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
-from kdelay.local.kafka_tools import create_topic
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 REPEAT = "R2/PT10M"

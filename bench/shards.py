@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.shards [--messages 200000] [--shards 1,2] [--json F]
 
-Starts its own Kafka and ZooKeeper (kdelay.local). For each shard count, one replica per shard
+Starts its own Kafka and ZooKeeper (dev.stack). For each shard count, one replica per shard
 (``kdelay delay-service --shards N --shard i``, exactly-once, the default) reads a fresh buffer
 topic of 4 partitions; ``--messages`` buffer records (100 B values, round-robin over the
 partitions) are written straight to it (as the proxy would), all due
@@ -34,9 +34,9 @@ from pathlib import Path
 
 from bench.delay_service import consume_lateness, produce_buffer
 from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from dev.kafka_tools import create_topic
+from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled
-from kdelay.local import LocalKafka, LocalZooKeeper, wait_until
-from kdelay.local.kafka_tools import create_topic
 from kdelay.shards import owns
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}

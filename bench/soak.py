@@ -30,9 +30,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from bench.replicas import rss_bytes
+from dev.kafka_tools import create_topic, unique_topic
+from dev.stack.stack import LocalStack, StackOptions
 from kdelay import headers as h
-from kdelay.local.kafka_tools import create_topic, unique_topic
-from kdelay.local.stack import LocalStack, StackOptions
 from kdelay.stats import percentile
 
 SAMPLE_S = 10.0

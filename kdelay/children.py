@@ -3,7 +3,7 @@
 No hook of ours runs when a parent is SIGKILLed, so each child asks the kernel to SIGKILL it
 then (``prctl(PR_SET_PDEATHSIG)``, set between fork and exec; it survives exec). The kernel
 fires it when the *thread* that forked exits, not the process, so it is set only for children
-started from the main thread. Used by the development stack (kdelay/local/process.py) and by
+started from the main thread. Used by the development stack (dev/stack/process.py) and by
 ``kdelay proxy --workers`` (proxy/workers.py).
 """
 

@@ -3,12 +3,19 @@
 Subcommands live with their component and are imported lazily, by name, only when invoked:
 ``kdelay --version`` stays instant, and one component's dependencies never load another's.
 A component provides a ``click.Command`` at the path registered in ``SUBCOMMANDS``.
+
+``kdelay up`` is the development stack (``dev/``), which the wheel does not ship: it runs from a
+checkout (found beside this package, as in the editable install ``make install`` makes), and an
+installed wheel answers with the commands that get one. The stack is a harness for trying kdelay
+and for its tests (local Kafka and ZooKeeper from pinned jars, restarts, a lock on its data
+directory); production runs the components under Kubernetes (helm/) or Compose (deploy/docker).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import click
 
@@ -17,7 +24,7 @@ from kdelay.errors import KdelayError
 
 #: name -> "module:attribute" of a click.Command.
 SUBCOMMANDS: dict[str, str] = {
-    "up": "kdelay.up:command",
+    "up": "dev.up:command",
     "proxy": "proxy.cli:command",
     "send": "proxy.client:send_command",
     "cancel": "proxy.client:cancel_command",
@@ -40,6 +47,8 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
+        if module_name.startswith("dev.") and not _find_checkout():
+            return _unavailable(cmd_name, NO_CHECKOUT)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -53,6 +62,25 @@ class LazyGroup(click.Group):
         if not isinstance(command, click.Command):
             return _unavailable(cmd_name, f"{target} is not a click command")
         return command
+
+
+#: What ``kdelay up`` says where kdelay was installed from a wheel.
+NO_CHECKOUT = (
+    "it runs the development stack, which lives in kdelay's source checkout and is not part of "
+    "the installed package; in a checkout run 'make install' and then '.venv/bin/kdelay up' "
+    "(or 'make demo'). To run kdelay itself, start 'kdelay proxy' and 'kdelay delay-service' "
+    "against your Kafka and ZooKeeper, or install the Helm chart (helm/kdelay)."
+)
+
+
+def _find_checkout() -> bool:
+    """Put the checkout holding this package on ``sys.path`` if there is one (``dev/``)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "dev" / "__init__.py").is_file():
+        return False
+    if str(root) not in sys.path:
+        sys.path.append(str(root))
+    return True
 
 
 def _unavailable(name: str, why: str) -> click.Command:

@@ -1,16 +1,16 @@
 """The pinned JVM jars (Kafka, ZooKeeper, Spark's Kafka connector): where they are, fetching them.
 
 This is runtime code: ``kdelay jvm fetch``, the verifier (Spark's Kafka connector), the
-container image's build and the local stack (:mod:`kdelay.local`) all resolve jars here, so the
+container image's build and the development stack (``dev/stack``) all resolve jars here, so the
 cache layout has one definition.
 
-Versions live in ``deploy/jvm/<component>/pom.xml`` under ``$KDELAY_HOME`` (default: the source
-tree this module lives in, i.e. an editable install; the image sets ``KDELAY_HOME`` and copies
-``deploy/jvm`` there, because a wheel does not carry the poms). Maven copies each component's
-runtime jars into ``<cache>/<component>-<version>-<pom digest>/``, so editing a pom
-re-resolves. A finished copy is marked with ``.complete`` and is never resolved again: a
-directory that is complete needs neither Maven nor the network (the verifier image ships one).
-The cache is ``.cache/jvm`` under ``$KDELAY_HOME``, or ``$KDELAY_CACHE_DIR``.
+Versions live in ``kdelay/jvm/<component>/pom.xml``, package data shipped in the wheel, so an
+installed kdelay resolves the same jars as a checkout. Maven copies each component's runtime
+jars into ``<cache>/<component>-<version>-<pom digest>/``, so editing a pom re-resolves. A
+finished copy is marked with ``.complete`` and is never resolved again: a directory that is
+complete needs neither Maven nor the network (the verifier image ships one). The cache is
+``$KDELAY_CACHE_DIR``; else ``.cache/jvm`` of the checkout when kdelay runs from one; else
+``$XDG_CACHE_HOME/kdelay/jvm`` (``~/.cache/kdelay/jvm``).
 
 Standard library only (and :mod:`kdelay.errors`): the image's jar stage runs
 ``python -m kdelay.jars`` from these files alone, without installing kdelay's dependencies.
@@ -36,24 +36,16 @@ MIN_JAVA = 17
 _POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 
-def source_root() -> Path:
-    """The kdelay source tree (``$KDELAY_HOME`` or the checkout this module lives in)."""
-    env = os.environ.get("KDELAY_HOME")
-    return Path(env) if env else Path(__file__).resolve().parents[1]
-
-
 def jvm_dir() -> Path:
-    """``deploy/jvm`` under :func:`source_root`: the Maven settings and one pom per component."""
-    path = source_root() / "deploy" / "jvm"
+    """``kdelay/jvm``, beside this module: the Maven settings and one pom per component."""
+    path = Path(__file__).resolve().parent / "jvm"
     if not (path / "settings.xml").is_file():
-        raise InfrastructureError(
-            f"{path} holds no pinned JVM build files; set KDELAY_HOME to the kdelay source tree"
-        )
+        raise InfrastructureError(f"{path} holds no pinned JVM build files; reinstall kdelay")
     return path
 
 
 def pom(component: str) -> Path:
-    """``deploy/jvm/<component>/pom.xml``.
+    """``kdelay/jvm/<component>/pom.xml``.
 
     Only the named component's pom must exist: the image's jar stage copies just the one it
     resolves, so editing another pom does not invalidate that layer.
@@ -62,23 +54,29 @@ def pom(component: str) -> Path:
         raise InfrastructureError(f"unknown JVM component {component!r}; known: {COMPONENTS}")
     path = jvm_dir() / component / "pom.xml"
     if not path.is_file():
-        raise InfrastructureError(f"{path} is missing; set KDELAY_HOME to the kdelay source tree")
+        raise InfrastructureError(f"{path} is missing; reinstall kdelay")
     return path
 
 
 def cache_dir() -> Path:
-    """Where resolved jars live: ``$KDELAY_CACHE_DIR`` or ``.cache/jvm`` in the source tree."""
+    """Where resolved jars live (see the module's docstring for the order)."""
     env = os.environ.get("KDELAY_CACHE_DIR")
-    return Path(env) if env else source_root() / ".cache" / "jvm"
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / ".cache" / "jvm"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kdelay" / "jvm"
 
 
 @cache
 def pinned_version(component: str) -> str:
-    """The version pinned in ``deploy/jvm/<component>/pom.xml``."""
+    """The version pinned in ``kdelay/jvm/<component>/pom.xml``."""
     root = ET.parse(pom(component)).getroot()  # noqa: S314 - our own file
     node = root.find("m:version", _POM_NS)
     if node is None or not node.text:
-        raise InfrastructureError(f"deploy/jvm/{component}/pom.xml has no <version>")
+        raise InfrastructureError(f"kdelay/jvm/{component}/pom.xml has no <version>")
     return node.text.strip()
 
 
@@ -160,7 +158,7 @@ def jar_dir(component: str, *, progress: bool = False) -> Path:
     if result.returncode != 0 or not any(staging.glob("*.jar")):
         detail = (result.stdout or "")[-2000:]
         raise InfrastructureError(
-            f"Maven could not resolve {component} {version} (deploy/jvm/{component}/pom.xml): "
+            f"Maven could not resolve {component} {version} (kdelay/jvm/{component}/pom.xml): "
             f"exit {result.returncode}\n{detail}"
         )
     (staging / ".complete").touch()

@@ -63,7 +63,7 @@ def zookeeper(infra_dir: Path) -> Iterator[infra.ZooKeeperInfra]:
 @pytest.fixture(scope="session")
 def tools(pytestconfig: pytest.Config) -> Tools:
     """helm, kubeconform, promtool, prometheus, hadolint: installed once per session by
-    deploy/tools/install.sh (pinned, cached in .cache/tools); skips, naming why, if impossible."""
+    dev/tools/install.sh (pinned, cached in .cache/tools); skips, naming why, if impossible."""
     return ensure_tools(pytestconfig)
 
 

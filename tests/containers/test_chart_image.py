@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kdelay.local import free_port, wait_until
+from dev.stack import free_port, wait_until
 from tests.support.deploy_tools import Tools, find, helm_template
 from tests.support.infra import ContainerSession, KafkaInfra, ZooKeeperInfra, containers, logs
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from dev.stack import free_port, wait_until
 from kdelay import headers as h
-from kdelay.local import free_port, wait_until
 from tests.support.infra import ContainerSession, KafkaInfra, ZooKeeperInfra, containers, logs
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream, read_deliveries

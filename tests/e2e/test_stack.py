@@ -23,9 +23,9 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
+from dev.stack.process import MARKER, ManagedProcess, python_argv, wait_until
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.local.process import MARKER, ManagedProcess, python_argv, wait_until
 from tests.support import oracle
 from tests.support.kafka_helpers import HeaderList, produce_all, unique_topic
 from tests.support.schedule import create_target

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from dev.stack.process import wait_until
 from kdelay import headers as h
-from kdelay.local.process import wait_until
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream
 from tests.support.up import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.local.process import ManagedProcess, python_argv, wait_until
+from dev.stack.process import ManagedProcess, python_argv, wait_until
 from tests.support.up import children_of, kdelay_up
 
 

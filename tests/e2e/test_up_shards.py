@@ -14,8 +14,8 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
+from dev.stack import KDELAY, wait_until
 from kdelay import headers as h
-from kdelay.local import KDELAY, wait_until
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.schedule import assert_not_early, create_target
 from tests.support.up import kdelay_up

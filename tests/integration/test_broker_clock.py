@@ -18,8 +18,8 @@ from confluent_kafka.admin._config import ConfigResource
 
 from delay_service.broker_clock import BrokerClock
 from delay_service.metrics import Metrics
+from dev.stack import wait_until
 from kdelay.errors import BrokerClockError
-from kdelay.local import wait_until
 from kdelay.topics import CLOCK_TOPIC_CONFIG
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import create_topic, unique_topic

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, Cancel, Scheduled
-from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, decode_buffer, unique_topic
 from tests.support.proxies import proxy_process, wait_accepting

@@ -16,8 +16,8 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Message, Producer
 
 from delay_service.cancels import WINDOW_MS
+from dev.stack import wait_until
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, encode
-from kdelay.local import wait_until
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic

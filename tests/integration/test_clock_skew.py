@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
-from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.proxies import proxy_process, wait_accepting

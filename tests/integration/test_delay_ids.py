@@ -13,8 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from dev.stack import wait_until
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
-from kdelay.local import wait_until
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic

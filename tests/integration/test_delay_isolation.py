@@ -15,8 +15,8 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from dev.stack import wait_until
 from kdelay.buffer import Scheduled
-from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet

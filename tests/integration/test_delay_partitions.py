@@ -10,8 +10,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
+from dev.stack import wait_until
 from kdelay.buffer import Scheduled, encode
-from kdelay.local import wait_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet

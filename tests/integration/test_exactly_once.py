@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from delay_service.txn_sender import PAUSE_BEFORE_COMMIT_ENV
+from dev.kafka_tools import consume_until
+from dev.stack import wait_until
 from kdelay.buffer import Scheduled
-from kdelay.local import wait_until
-from kdelay.local.kafka_tools import consume_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, unique_topic
 from tests.support.replicas import ReplicaSet

@@ -9,7 +9,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from kdelay.local import LocalKafka
+from dev.stack import LocalKafka
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,

@@ -6,7 +6,7 @@ import uuid
 
 from kazoo.client import KazooClient
 
-from kdelay.local import wait_until
+from dev.stack import wait_until
 from tests.support.infra import ZooKeeperInfra
 from tests.support.zk_helpers import expire_session
 

@@ -6,8 +6,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
+from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
-from kdelay.local import wait_until
 from kdelay.topics import (
     CHECKPOINT_TOPIC,
     Durability,

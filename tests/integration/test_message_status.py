@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from delay_service.cli import status_command
+from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
-from kdelay.local import wait_until
 from proxy import running_proxy
 from proxy.http import MessageStatus, PendingTimeline
 from tests.support.infra import KafkaInfra, ZooKeeperInfra

@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dev.stack import KDELAY, free_port
 from kdelay import buffer
-from kdelay.local import KDELAY, free_port
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     about,

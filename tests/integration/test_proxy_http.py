@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from dev.stack import free_port
 from kdelay import buffer
-from kdelay.local import free_port
 from proxy import ProxyConfig, running_proxy
 from proxy.app import Proxy
 from tests.support.infra import KafkaInfra

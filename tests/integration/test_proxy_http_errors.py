@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from dev.stack import KafkaSettings, LocalKafka, wait_until
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.local import KafkaSettings, LocalKafka, wait_until
 from proxy import running_proxy
 from proxy.app import Proxy
 from tests.support import infra

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from dev.stack import KDELAY, wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
-from kdelay.local import KDELAY, wait_until
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     Record,

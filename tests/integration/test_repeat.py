@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from dev.kafka_tools import consume_until
+from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.local import wait_until
-from kdelay.local.kafka_tools import consume_until
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, unique_topic
 from tests.support.proxies import proxy_process, wait_accepting

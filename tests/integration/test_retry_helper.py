@@ -15,10 +15,10 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from dev.kafka_tools import read_to_end
+from dev.stack import ManagedProcess, wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.local import ManagedProcess, wait_until
-from kdelay.local.kafka_tools import read_to_end
 from kdelay.retry import RetryingConsumer, RetryPolicy, RetryProduceError
 from kdelay.retry_plan import ERROR
 from tests.support.infra import KafkaInfra, ZooKeeperInfra

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 from kazoo.client import KazooClient
 
+from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.local import KDELAY, wait_until
 from kdelay.shards import owns
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from dev.stack.process import KDELAY, free_port
 from kdelay import buffer
-from kdelay.local.process import KDELAY, free_port
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from dev.stack import KDELAY
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.local import KDELAY
 from tests.support import oracle
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from kdelay.local import wait_until
+from dev.stack import wait_until
 from tests.support.infra import ZooKeeperInfra
 from tests.support.zk_helpers import expire_session
 from zk import (

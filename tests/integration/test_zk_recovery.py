@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kdelay.local import wait_until
+from dev.stack import wait_until
 from tests.support.infra import ZooKeeperInfra
 from zk import (
     CONNECTED,

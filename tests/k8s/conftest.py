@@ -3,7 +3,7 @@
 They run only when ``KDELAY_TEST_K8S=1`` (what ``make test-k8s`` sets, after ``make k8s-up``):
 any other run deselects them, so ``make test`` reports them as deselected and starts nothing.
 Marker ``k8s``. Kafka and ZooKeeper run in the cluster from the project's images
-(deploy/k8s/kafka-zookeeper.yaml), on the node's network and address, so the chart's pods and
+(dev/k8s/manifests/kafka-zookeeper.yaml), on the node's network and address, so the chart's pods and
 the tests on the host reach them at the same stable address (10.87.0.1).
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.k8s import cluster, infra, kube
-from kdelay.k8s.settings import Layout, layout
+from dev.k8s import cluster, infra, kube
+from dev.k8s.settings import Layout, layout
 from tests.support.suites import mark_or_deselect
 
 HERE = Path(__file__).resolve().parent

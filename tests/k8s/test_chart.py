@@ -6,7 +6,7 @@ machine's interfaces) and the proxy advertises exactly that (``proxy.advertised.
 so the tests' producer on the host sends every request through the Service. Deliveries are read
 straight from Kafka with read_committed; a delivery is early when its LogAppendTime precedes
 its ``kdelay-deliver-at``. Figures (install-to-Ready, failover gap, duplicates) are printed with
-``-s`` and appended to ``.kdelay/k8s/test-report.jsonl``.
+``-s`` and appended to ``.dev/k8s/test-report.jsonl``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from dev.k8s import kube
+from dev.k8s.settings import NODE_IP, NODE_NAME, Layout
+from dev.stack import wait_until
 from kdelay import headers as h
-from kdelay.k8s import kube
-from kdelay.k8s.settings import NODE_IP, NODE_NAME, Layout
-from kdelay.local import wait_until
 from tests.support.kafka_helpers import Record, create_topic, unique_topic
 from tests.support.stream import DelayedStream, read_deliveries
 from tests.support.up import cluster_status, confirmed_master, roles

@@ -1,6 +1,6 @@
 """The deployment tools (helm, kubeconform, promtool, prometheus, compose-check, hadolint).
 
-``ensure_tools`` runs ``deploy/tools/install.sh`` once per test session (cached in-process) --
+``ensure_tools`` runs ``dev/tools/install.sh`` once per test session (cached in-process) --
 it installs the pinned tools into ``.cache/tools`` (idempotent; the first run builds helm from
 source and prints its progress) -- and skips with the installer's own last lines only when it
 fails, i.e. when a tool truly cannot be installed here. Test modules wrap it in a ``tools``
@@ -27,7 +27,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kdelay"
-INSTALL = ROOT / "deploy" / "tools" / "install.sh"
+INSTALL = ROOT / "dev" / "tools" / "install.sh"
 TOOLS = ROOT / ".cache" / "tools"
 #: Kubernetes versions the chart is validated against (install.sh generates their schemas).
 K8S_VERSIONS = ("1.29.0", "1.35.0")
@@ -83,7 +83,7 @@ def ensure_tools(config: pytest.Config) -> Tools:
     capman = config.pluginmanager.getplugin("capturemanager")
     ok, tail = _install(capman.global_and_fixture_disabled)
     if not ok:
-        pytest.skip(f"deploy tools cannot be installed here (deploy/tools/install.sh): {tail}")
+        pytest.skip(f"deploy tools cannot be installed here (dev/tools/install.sh): {tail}")
     return _tools()
 
 

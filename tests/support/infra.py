@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, free_port, wait_until
+from dev.stack.process import MARKER
+from dev.stack.zookeeper import session_ok
 from kdelay.errors import InfrastructureError
-from kdelay.local import KafkaSettings, LocalKafka, LocalZooKeeper, free_port, wait_until
-from kdelay.local.process import MARKER
-from kdelay.local.zookeeper import session_ok
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.network import Network
 
-    from kdelay.containers import Engine
+    from dev.containers import Engine
 
 BACKENDS = ("local", "testcontainers", "external")
 #: The Kafka listener containers on the session's network use, at ``<alias>:19092``.
@@ -82,7 +82,7 @@ class ZooKeeperInfra:
 def engine_problem() -> str | None:
     """Why no container engine can serve the tests here, or None when one can."""
     try:
-        from kdelay.containers import engine
+        from dev.containers import engine
 
         found = engine.detect()
         if found.kind == "podman":
@@ -177,8 +177,8 @@ class ContainerSession:
         self.labels = {MARKER: str(os.getpid())}
 
     def image(self, key: str) -> str:
-        """The image for ``key`` (kdelay/containers/images.py), or a skip when it is absent."""
-        from kdelay.containers import catalogue
+        """The image for ``key`` (dev/containers/images.py), or a skip when it is absent."""
+        from dev.containers import catalogue
 
         image = catalogue()[key]
         if not self.engine.image_exists(image.name):
@@ -279,7 +279,7 @@ def containers() -> Iterator[ContainerSession]:
         _require_engine()
         from testcontainers.core.network import Network
 
-        from kdelay.containers import api, detect, remove_orphans
+        from dev.containers import api, detect, remove_orphans
 
         stack = ExitStack()
         try:
@@ -334,7 +334,7 @@ class ContainerNode:
 
 
 def _cluster_id() -> str:
-    while True:  # as kdelay.local.kafka: an id starting with '-' confuses the storage tool
+    while True:  # as dev.stack.kafka: an id starting with '-' confuses the storage tool
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
@@ -344,7 +344,7 @@ def kafka_environment(
     node_id: int, alias: str, port: int, *, voters: str, nodes: int, cluster_id: str
 ) -> dict[str, str]:
     """One node's settings as apache/kafka's variables (kdelay's image reads the same), the
-    broker settings of :class:`kdelay.local.LocalKafka` included."""
+    broker settings of :class:`dev.stack.LocalKafka` included."""
     rf = min(3, nodes)
     isr = min(2, rf)
     return {
@@ -394,7 +394,7 @@ def _brokers_visible(bootstrap: str, expected: int) -> bool:
 
 
 class ContainerKafka:
-    """Kafka nodes in containers, controlled as :class:`kdelay.local.LocalKafka` is."""
+    """Kafka nodes in containers, controlled as :class:`dev.stack.LocalKafka` is."""
 
     def __init__(self, nodes: list[ContainerNode]) -> None:
         self.nodes = nodes
@@ -455,7 +455,7 @@ def _testcontainers_kafka(nodes: int) -> Iterator[KafkaInfra]:
 
 
 class ContainerZooKeeper:
-    """ZooKeeper in a container, controlled as :class:`kdelay.local.LocalZooKeeper` is."""
+    """ZooKeeper in a container, controlled as :class:`dev.stack.LocalZooKeeper` is."""
 
     def __init__(self, container: DockerContainer, port: int) -> None:
         self.container = container
@@ -494,7 +494,7 @@ class ContainerZooKeeper:
 
 def zookeeper_environment() -> dict[str, str]:
     """The official zookeeper image's variables (kdelay's image reads the same) for the
-    settings of :class:`kdelay.local.LocalZooKeeper` (tickTime 500 ms: sessions from 1 s)."""
+    settings of :class:`dev.stack.LocalZooKeeper` (tickTime 500 ms: sessions from 1 s)."""
     return {
         "ZOO_TICK_TIME": "500",
         "ZOO_MAX_CLIENT_CNXNS": "0",

@@ -1,10 +1,8 @@
-"""Kafka helpers for tests; they live in :mod:`kdelay.local.kafka_tools` so benches share them."""
+"""Kafka helpers for tests; they live in :mod:`dev.kafka_tools` so benches share them."""
 
 from __future__ import annotations
 
-from kdelay import buffer
-from kdelay.errors import BufferFormatError
-from kdelay.local.kafka_tools import (
+from dev.kafka_tools import (
     HeaderList,
     Record,
     consume_until,
@@ -12,6 +10,8 @@ from kdelay.local.kafka_tools import (
     produce_all,
     unique_topic,
 )
+from kdelay import buffer
+from kdelay.errors import BufferFormatError
 
 __all__ = [
     "HeaderList",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdelay.local.kafka_tools import read_to_end
+from dev.kafka_tools import read_to_end
 from tests.support.kafka_helpers import Record
 
 ROUTE = "kdelay-route"

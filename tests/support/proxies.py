@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kdelay.local import KDELAY, free_port, wait_until
-from kdelay.local.process import ManagedProcess
+from dev.stack import KDELAY, free_port, wait_until
+from dev.stack.process import ManagedProcess
 from proxy import ProxyConfig
 
 

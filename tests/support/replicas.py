@@ -16,10 +16,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from dev.kafka_tools import create_topic
+from dev.stack import KDELAY, ManagedProcess, wait_until
+from dev.stack.replica import ReplicaSpec
 from kdelay.checkpoint import CheckpointRecord
-from kdelay.local import KDELAY, ManagedProcess, wait_until
-from kdelay.local.kafka_tools import create_topic
-from kdelay.local.replica import ReplicaSpec
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from zk import Paths, cluster_status, read_checkpoint
 

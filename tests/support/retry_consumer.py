@@ -19,8 +19,8 @@ from types import FrameType
 
 from confluent_kafka import Message
 
+from dev.kafka_tools import Record
 from kdelay import logs
-from kdelay.local.kafka_tools import Record
 from kdelay.retry import RetryingConsumer, RetryPolicy
 
 

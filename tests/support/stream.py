@@ -12,9 +12,9 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from dev.kafka_tools import Record
+from dev.stack import wait_until
 from kdelay import headers as h
-from kdelay.local import wait_until
-from kdelay.local.kafka_tools import Record
 
 
 class DelayedStream(threading.Thread):

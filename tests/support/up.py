@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdelay.local.leftovers import Managed, managed
-from kdelay.local.process import ManagedProcess, python_argv, wait_until
+from dev.stack.leftovers import Managed, managed
+from dev.stack.process import ManagedProcess, python_argv, wait_until
 
 
 @dataclass

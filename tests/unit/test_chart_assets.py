@@ -36,7 +36,7 @@ def _load_tool(name: str) -> Any:
     qualified = f"kdelay_deploy_tools_{name}"
     if qualified in sys.modules:
         return sys.modules[qualified]
-    path = ROOT / "deploy" / "tools" / f"{name}.py"
+    path = ROOT / "dev" / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(qualified, path)
     assert spec is not None
     assert spec.loader is not None

@@ -97,15 +97,15 @@ def test_the_image_jar_stage_runs_the_resolver_from_the_files_it_copies(tmp_path
     (tmp_path / "kdelay").mkdir()
     for name in copied.group(1).split():
         (tmp_path / name).write_bytes((root / name).read_bytes())
-    (tmp_path / "deploy/jvm/spark-kafka").mkdir(parents=True)
-    for name in ("deploy/jvm/settings.xml", "deploy/jvm/spark-kafka/pom.xml"):
+    (tmp_path / "kdelay/jvm/spark-kafka").mkdir(parents=True)
+    for name in ("kdelay/jvm/settings.xml", "kdelay/jvm/spark-kafka/pom.xml"):
         (tmp_path / name).write_bytes((root / name).read_bytes())
     probe = "from kdelay import jars; print(jars.pinned_version('spark-kafka'))"
     # -S: no site-packages, so any third-party import fails as it would in that stage.
     result = subprocess.run(
         [sys.executable, "-S", "-c", probe],
         cwd=tmp_path,
-        env={**os.environ, "KDELAY_HOME": str(tmp_path), "PYTHONPATH": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
         text=True,
         check=False,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.local import kafka
+from dev.stack import kafka
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

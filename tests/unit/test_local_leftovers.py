@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from dev.stack import leftovers
+from dev.stack.process import MARKER, ManagedProcess, wait_until
+from dev.stack.stack import LocalStack, StackOptions
 from kdelay.errors import InfrastructureError
-from kdelay.local import leftovers
-from kdelay.local.process import MARKER, ManagedProcess, wait_until
-from kdelay.local.stack import LocalStack, StackOptions
 
 
 def test_a_process_outliving_its_owner_is_reported(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_a_process_outliving_its_owner_is_reported(tmp_path: Path) -> None:
         f"""
         import os
         from pathlib import Path
-        from kdelay.local.process import ManagedProcess, MARKER
+        from dev.stack.process import ManagedProcess, MARKER
         argv = ["bash", "-c", "sleep 300; true", f"{{MARKER}}={{os.getpid()}}"]
         p = ManagedProcess("sleeper", argv, Path({str(tmp_path / "log")!r}), die_with_owner=False)
         p.start()
@@ -71,7 +71,7 @@ def test_a_stack_refuses_to_start_beside_leftovers_on_its_data_dir(tmp_path: Pat
         f"""
         import os
         from pathlib import Path
-        from kdelay.local.process import ManagedProcess, MARKER
+        from dev.stack.process import ManagedProcess, MARKER
         argv = ["bash", "-c", "sleep 300; true", f"{{MARKER}}={{os.getpid()}}",
                 "--data-dir", {str(data / "replica-1")!r}]
         p = ManagedProcess("old", argv, Path({str(tmp_path / "log")!r}), die_with_owner=False)

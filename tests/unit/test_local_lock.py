@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.local.lock import StackLock, StackRunningError
-from kdelay.local.stack import LocalStack, StackOptions
+from dev.stack.lock import StackLock, StackRunningError
+from dev.stack.stack import LocalStack, StackOptions
 
 
 def test_a_second_lock_on_the_same_data_dir_names_the_holder(tmp_path: Path) -> None:

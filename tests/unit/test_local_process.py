@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.children import die_with_parent
-from kdelay.local.process import (
+from dev.stack.process import (
     JVM_OPTS_ENV,
     QUICK_JIT,
     ManagedProcess,
     java_argv,
     wait_until,
 )
+from kdelay.children import die_with_parent
 
 
 def _alive(pid: int) -> bool:
@@ -55,7 +55,7 @@ def test_sigterm_to_the_owner_kills_its_children(tmp_path: Path) -> None:
         f"""
         import time
         from pathlib import Path
-        from kdelay.local.process import ManagedProcess
+        from dev.stack.process import ManagedProcess
         p = ManagedProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / "log")!r}))
         p.start()
         Path({str(pidfile)!r}).write_text(str(p.pid))
@@ -81,7 +81,7 @@ def _owner_code(tmp_path: Path, pidfile: Path) -> str:
         f"""
         import time
         from pathlib import Path
-        from kdelay.local.process import ManagedProcess
+        from dev.stack.process import ManagedProcess
         p = ManagedProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / "log")!r}))
         p.start()
         Path({str(pidfile)!r}).write_text(str(p.pid))

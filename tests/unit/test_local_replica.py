@@ -1,10 +1,10 @@
-"""One command line for a delay-service replica (kdelay/local/replica.py)."""
+"""One command line for a delay-service replica (dev/stack/replica.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kdelay.local.replica import ReplicaSpec
+from dev.stack.replica import ReplicaSpec
 
 
 def test_only_given_settings_become_flags_and_extra_args_come_last() -> None:

@@ -36,9 +36,9 @@ from delay_service.queries import (
     timeline,
 )
 from delay_service.store import Store
+from dev.stack import free_port
 from kdelay.buffer import Scheduled
 from kdelay.headers import DelayPolicy
-from kdelay.local import free_port
 from proxy.http import create_app
 from proxy.metrics import ProxyMetrics
 from proxy.topics import Topics

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.backoff import Backoff
-from kdelay.errors import InfrastructureError
-from kdelay.local.process import ManagedProcess, wait_until
-from kdelay.local.supervise import (
+from dev.stack.process import ManagedProcess, wait_until
+from dev.stack.supervise import (
     Component,
     ComponentLostError,
     Supervisor,
     describe_exit,
 )
+from kdelay.backoff import Backoff
+from kdelay.errors import InfrastructureError
 
 
 @dataclass

@@ -1,0 +1,343 @@
+"""The whole kdelay stack on one machine: ZooKeeper, Kafka, the proxy and N replicas per shard.
+
+``kdelay up`` runs it in the foreground; ``make demo`` and the end-to-end tests drive
+``kdelay up`` as a subprocess. Kafka and ZooKeeper are local unless ``bootstrap_servers`` /
+``zk_connect`` name existing ones. Components talk to each other only through their public
+interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
+:meth:`LocalStack.components` hands what it started to :mod:`dev.stack.supervise`, which
+restarts each with its own command line, so ports and the state file's addresses stay valid.
+
+Before it starts anything, :meth:`LocalStack.start` takes the stack's lock
+(:mod:`dev.stack.lock`: one stack per data directory and state file) and looks for
+leftovers (:mod:`dev.stack.leftovers`): processes of an earlier run whose owner is gone. Those
+using this data directory would fight the new stack for its files, so they stop the start with
+their pids; others are reported. The state file is removed by :meth:`LocalStack.stop` only
+when this stack holds the lock, so a second ``kdelay up`` that fails leaves the first's alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dev.stack import leftovers
+from dev.stack.kafka import KafkaSettings, LocalKafka
+from dev.stack.lock import StackLock
+from dev.stack.process import (
+    ManagedProcess,
+    free_port,
+    log_tails,
+    python_argv,
+    wait_until,
+)
+from dev.stack.replica import ReplicaSpec
+from dev.stack.supervise import Component
+from dev.stack.zookeeper import LocalZooKeeper
+from kdelay import jars
+from kdelay.errors import InfrastructureError
+
+HOST = "127.0.0.1"
+_MASTER = re.compile(r"^kdelay_replica_is_master(?:\{[^}]*\})? 1(?:\.0)?$", re.M)
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What ``kdelay up`` was asked for (CONTRACT.md flags)."""
+
+    replicas: int = 3
+    shards: int = 1
+    proxy_port: int = 0
+    proxy_workers: int = 1
+    http_port: int = 0
+    kafka_port: int = 0
+    zk_port: int = 0
+    bootstrap_servers: str | None = None
+    zk_connect: str | None = None
+    data_dir: Path = Path(".kdelay/data")
+    state_file: Path = Path(".kdelay/up.json")
+    buffer_partitions: int = 6
+    start_timeout: float = 180.0
+    #: The replicas' ZooKeeper session timeout; None: the replica's default (2 s, which bounds
+    #: a failover; the local ZooKeeper's tickTime of 500 ms lets it be that short).
+    zk_session_timeout: float | None = None
+
+
+@dataclass
+class Replica:
+    name: str
+    metrics_port: int
+    process: ManagedProcess
+    shard: int = 0
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}"
+
+
+@dataclass
+class LocalStack:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``progress`` receives one line a step."""
+
+    options: StackOptions
+    progress: Callable[[str], None] = print
+    zookeeper: LocalZooKeeper | None = None
+    kafka: LocalKafka | None = None
+    proxy: ManagedProcess | None = None
+    replicas: list[Replica] = field(default_factory=list)
+    bootstrap: str = ""
+    zk_connect: str = ""
+    proxy_port: int = 0
+    http_port: int = 0
+    lock: StackLock | None = None
+
+    def start(self) -> None:
+        opts = self.options
+        data = opts.data_dir.resolve()
+        lock = StackLock(data, opts.state_file)
+        lock.acquire()  # before anything touches the data directory or the state file
+        self.lock = lock
+        self._check_leftovers(data)
+        if not (opts.bootstrap_servers and opts.zk_connect):
+            self.progress("==> checking the pinned Kafka and ZooKeeper jars (first run: Maven)")
+            jars.jar_dir("kafka", progress=True)
+            jars.jar_dir("zookeeper", progress=True)
+        if opts.zk_connect:
+            self.zk_connect = opts.zk_connect
+        else:
+            self.progress("==> starting ZooKeeper")
+            self.zookeeper = LocalZooKeeper(data / "zookeeper", port=opts.zk_port).start()
+            self.zk_connect = self.zookeeper.connect_string
+        if opts.bootstrap_servers:
+            self.bootstrap = opts.bootstrap_servers
+        else:
+            self.progress("==> starting Kafka (KRaft)")
+            self.kafka = LocalKafka(
+                data / "kafka",
+                ports=[opts.kafka_port],
+                settings=KafkaSettings(num_partitions=4, auto_create_topics=True),
+            ).start()
+            self.bootstrap = self.kafka.bootstrap_servers
+        self._start_proxy(data)
+        self._reshard()
+        self._start_replicas(data)
+        self.progress("==> waiting for the proxy and for a master to be elected")
+        self._wait_ready()
+        self.write_state()
+
+    def _check_leftovers(self, data: Path) -> None:
+        """Fail naming the leftovers that use ``data``; report the others."""
+        found = leftovers.orphans()
+        mine = leftovers.using(data, found)
+        if mine:
+            pids = " ".join(str(m.pid) for m in mine)
+            raise InfrastructureError(
+                f"{len(mine)} process(es) of an earlier kdelay run on {data} outlived it and "
+                f"still use its files:\n{leftovers.describe(mine)}\nstop them (kill {pids}) "
+                "and run kdelay up again"
+            )
+        if found:
+            self.progress(
+                f"kdelay: warning: {len(found)} process(es) started by an earlier kdelay run "
+                f"outlived it (python -m dev.stack.leftovers lists them):\n"
+                f"{leftovers.describe(found)}"
+            )
+
+    def _start_proxy(self, data: Path) -> None:
+        self.progress("==> starting the proxy")
+        self.proxy_port = self.options.proxy_port or free_port()
+        self.http_port = self.options.http_port or free_port()
+        self.proxy = ManagedProcess(
+            "proxy",
+            python_argv(
+                "proxy",
+                "--listen",
+                f"{HOST}:{self.proxy_port}",
+                "--http-listen",
+                f"{HOST}:{self.http_port}",
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--buffer-partitions",
+                str(self.options.buffer_partitions),
+                # Where the replicas are: GET /v1/messages/{id} and /v1/pending ask them.
+                "--zk-connect",
+                self.zk_connect,
+                "--workers",
+                str(self.options.proxy_workers),
+            ),
+            data / "proxy.log",
+        )
+        self.proxy.start()
+
+    def _reshard(self) -> None:
+        """Bring the delay set to ``--shards`` before any replica starts: ``kdelay reshard``
+        (a no-op when it has that many already; refused while other replicas run on it)."""
+        self.progress(f"==> checking the shard layout ({self.options.shards} shard(s))")
+        argv = python_argv(
+            "reshard", "--zk-connect", self.zk_connect, "--shards", str(self.options.shards)
+        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise InfrastructureError(
+                f"kdelay reshard --shards {self.options.shards} failed: "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+        for line in done.stdout.splitlines():
+            self.progress(f"    {line}")
+
+    def _start_replicas(self, data: Path) -> None:
+        shards = self.options.shards
+        for shard in range(shards):
+            for i in range(1, self.options.replicas + 1):
+                name = f"replica-{i}" if shards == 1 else f"shard{shard}-replica-{i}"
+                self.progress(f"==> starting {name}")
+                port = free_port()
+                spec = ReplicaSpec(
+                    name,
+                    self.bootstrap,
+                    self.zk_connect,
+                    data / name,
+                    shards=shards if shards > 1 else None,
+                    shard=shard if shards > 1 else None,
+                    metrics_port=port,
+                    buffer_partitions=self.options.buffer_partitions,
+                    zk_session_timeout=self.options.zk_session_timeout,
+                )
+                proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
+                proc.start()
+                self.replicas.append(Replica(name, port, proc, shard))
+
+    def _wait_ready(self) -> None:
+        assert self.proxy is not None
+        timeout = self.options.start_timeout
+        wait_until(
+            lambda: _http_ok(f"http://{HOST}:{self.http_port}/readyz"),
+            timeout=timeout,
+            what="the proxy's /readyz",
+            interval=0.2,
+            proc=self.proxy,
+        )
+        for replica in self.replicas:
+            wait_until(
+                functools.partial(_http_ok, f"{replica.metrics_url}/metrics"),
+                timeout=timeout,
+                what=f"{replica.name}'s /metrics",
+                interval=0.2,
+                proc=replica.process,
+            )
+        try:
+            wait_until(
+                lambda: len(self.masters()) == self.options.shards,
+                timeout=timeout,
+                what="a delay-service master" + (" per shard" if self.options.shards > 1 else ""),
+                interval=0.2,
+            )
+        except InfrastructureError as exc:
+            tails = log_tails((r.process for r in self.replicas), lines=15)
+            raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
+
+    def master(self) -> str | None:
+        """The replica whose metrics say it is master (of shard 0), if any."""
+        return self.masters().get(0)
+
+    def masters(self) -> dict[int, str]:
+        """Per shard, the replica whose metrics say it is master (shards without one left
+        out)."""
+        found: dict[int, str] = {}
+        for replica in self.replicas:
+            if replica.shard in found:
+                continue
+            body = _http_get(f"{replica.metrics_url}/metrics")
+            if body is not None and _MASTER.search(body):
+                found[replica.shard] = replica.name
+        return found
+
+    def state(self) -> dict[str, object]:
+        """The state-file document of CONTRACT.md."""
+        return {
+            "proxy": f"{HOST}:{self.proxy_port}",
+            "http": f"http://{HOST}:{self.http_port}",
+            "kafka": self.bootstrap,
+            "zookeeper": self.zk_connect,
+            "replicas": [
+                {"name": r.name, "shard": r.shard, "pid": r.process.pid, "metrics": r.metrics_url}
+                for r in self.replicas
+            ],
+        }
+
+    def write_state(self) -> None:
+        """Write :meth:`state` to the state file atomically (readers never see half of it)."""
+        if self.lock is None or not self.lock.held:
+            raise InfrastructureError("the stack's lock is not held: not writing the state file")
+        path = self.options.state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state(), indent=2) + "\n")
+        tmp.replace(path)
+
+    def components(self) -> list[Component]:
+        """What ``kdelay up`` supervises: the local ZooKeeper and Kafka (essential: without them
+        nothing works), the proxy and the replicas. Servers it did not start are not its own."""
+        out = []
+        if self.zookeeper is not None and self.zookeeper.process is not None:
+            out.append(_component("ZooKeeper", self.zookeeper.process, essential=True))
+        if self.kafka is not None:
+            for node in self.kafka.nodes:
+                if node.process is not None:
+                    name = "Kafka" if len(self.kafka.nodes) == 1 else f"Kafka node {node.node_id}"
+                    out.append(_component(name, node.process, essential=True))
+        if self.proxy is not None:
+            out.append(_component("proxy", self.proxy))
+        out += [_component(r.name, r.process) for r in self.replicas]
+        return out
+
+    def stop(self) -> None:
+        """Stop everything this stack started, newest first; remove the state file and release
+        the lock (if this stack took it)."""
+        for replica in reversed(self.replicas):
+            self.progress(f"==> stopping {replica.name}")
+            replica.process.stop()
+        if self.proxy is not None:
+            self.progress("==> stopping the proxy")
+            self.proxy.stop()
+        if self.kafka is not None:
+            self.progress("==> stopping Kafka")
+            self.kafka.stop()
+        if self.zookeeper is not None:
+            self.progress("==> stopping ZooKeeper")
+            self.zookeeper.stop()
+        if self.lock is not None and self.lock.held:
+            # Only the stack that holds the lock owns the state file.
+            self.options.state_file.unlink(missing_ok=True)
+            self.lock.release()
+
+
+def _component(name: str, proc: ManagedProcess, *, essential: bool = False) -> Component:
+    """``proc`` as a supervised component; a restart keeps its command line, ports and log."""
+    return Component(
+        name=name,
+        alive=proc.alive,
+        returncode=proc.returncode,
+        restart=proc.restart,
+        pid=lambda: proc.pid,
+        log=str(proc.log_path),
+        essential=essential,
+    )
+
+
+def _http_get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback URLs we built
+            return resp.read().decode("utf-8", "replace") if resp.status == 200 else None
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _http_ok(url: str) -> bool:
+    return _http_get(url) is not None
