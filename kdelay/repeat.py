@@ -28,6 +28,7 @@ Pure values and functions: any thread may use them.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -93,13 +94,23 @@ class Repeat:
         if self.every_ms is not None:
             nxt: int | None = due_ms + self.every_ms
         elif self.initial_ms is not None:
-            gap = self.initial_ms * self.factor ** (occurrence - 1)
-            nxt = due_ms + int(min(gap, float(self.max_ms or gap)))
+            nxt = due_ms + self._exp_gap(occurrence)
         else:
             nxt = self._cron_after(due_ms)
         if nxt is None or (self.end_ms is not None and nxt > self.end_ms):
             return None
         return nxt
+
+    def _exp_gap(self, occurrence: int) -> int:
+        """The gap after occurrence ``occurrence`` of an exponential series:
+        ``min(max, initial * factor ** (occurrence - 1))``, compared in logarithms first so a
+        late occurrence (``factor ** n`` past a float's range) gets the cap, never an error."""
+        assert self.initial_ms is not None
+        cap = self.max_ms or self.initial_ms
+        exponent = occurrence - 1
+        if self.factor > 1.0 and exponent * math.log(self.factor) > math.log(cap / self.initial_ms):
+            return cap
+        return min(cap, int(self.initial_ms * self.factor**exponent))
 
     def _cron_after(self, after_ms: int) -> int | None:
         """The first cron match strictly after ``after_ms`` (cron has minute resolution)."""

@@ -5,9 +5,12 @@ test_sender.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delay_service.entry import decode_entry, encode_entry
 from kdelay import buffer
@@ -189,3 +192,74 @@ def test_a_series_round_trips_through_the_buffer_and_the_store() -> None:
 
 def _kafka(enc: buffer.Encoded) -> tuple[bytes, bytes | None, list[tuple[str, bytes | None]]]:
     return enc.key, enc.value, list(enc.headers)
+
+
+# ---- exponential series over their whole accepted domain (issue 35, point 6) ----------------
+# `factor ** n` overflowed a float past occurrence ~1,024 (factor 2) or ~309 (factor 10) and
+# the series ended early; the gap is now min(MAX, INITIAL * FACTOR ** (n - 1)) for every n.
+
+
+@pytest.mark.parametrize(
+    ("text", "occurrence"), [("exp:100ms,2,200ms,1100", 1025), ("exp:1s,10,1h,400", 310)]
+)
+def test_a_long_exponential_series_runs_to_its_count(text: str, occurrence: int) -> None:
+    rule = parse_repeat(text, HORIZON)
+    assert rule.max_ms is not None
+    assert rule.count is not None
+    for n in (occurrence - 1, occurrence, occurrence + 1, rule.count - 1):
+        assert rule.after(n, T) == T + rule.max_ms
+    assert rule.after(rule.count, T) is None
+
+
+@given(
+    initial=st.integers(MIN_GAP_MS, HORIZON),
+    cap=st.integers(MIN_GAP_MS, HORIZON),
+    factor=st.floats(1.0, 1000.0, allow_nan=False),
+    count=st.integers(1, 10**12),
+    occurrence=st.integers(1, 10**12),
+    due=st.integers(0, 10**13),
+)
+def test_an_exponential_series_ends_only_by_its_count(
+    *, initial: int, cap: int, factor: float, count: int, occurrence: int, due: int
+) -> None:
+    rule = parse_repeat(f"exp:{initial}ms,{factor!r},{cap}ms,{count}", HORIZON)
+    top = max(initial, cap)
+    nxt = rule.after(occurrence, due)
+    if occurrence >= count:
+        assert nxt is None
+        return
+    assert nxt is not None
+    gap = nxt - due
+    assert initial <= gap <= top
+    grows = (occurrence - 1) * math.log(factor)  # log of FACTOR ** (n - 1): never overflows
+    if grows < math.log(top / initial) - 1e-9:
+        assert gap == int(initial * factor ** (occurrence - 1))
+    elif grows > math.log(top / initial) + 1e-9:
+        assert gap == top
+    # the gaps never shrink: the series is a backoff
+    if occurrence > 1:
+        before = rule.after(occurrence - 1, due)
+        assert before is not None
+        assert before - due <= gap
+
+
+@given(
+    every=st.integers(MIN_GAP_MS, HORIZON),
+    count=st.one_of(st.none(), st.integers(1, 10**12)),
+    occurrence=st.integers(1, 10**12),
+    due=st.integers(0, 10**13),
+)
+def test_an_interval_series_ends_only_by_its_count(
+    every: int, count: int | None, occurrence: int, due: int
+) -> None:
+    seconds = f"{every // 1000}.{every % 1000:03d}" if every < 10**6 else None
+    text = f"R{'' if count is None else count}/PT{seconds}S" if seconds else None
+    if text is None:
+        text = f"R{'' if count is None else count}/PT{every // 1000}S"
+        every = every // 1000 * 1000
+    rule = parse_repeat(text, HORIZON)
+    nxt = rule.after(occurrence, due)
+    if count is not None and occurrence >= count:
+        assert nxt is None
+    else:
+        assert nxt == due + every
