@@ -20,7 +20,7 @@ from dev.stack import ManagedProcess, wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.retry import RetryingConsumer, RetryPolicy, RetryProduceError
-from kdelay.retry_plan import ERROR
+from kdelay.retry.plan import ERROR
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, create_topic, produce_all, unique_topic
 from tests.support.proxies import proxy_process, wait_accepting

@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from kdelay import headers as h
-from kdelay import retry, retry_setup
 from kdelay.errors import ConfigError
 from kdelay.retry import RetryingConsumer, RetryPolicy, RetryProduceError
-from kdelay.retry_plan import (
+from kdelay.retry import consumer as retry_consumer
+from kdelay.retry import setup as retry_setup
+from kdelay.retry.plan import (
     ERROR,
     MAX_ERROR_BYTES,
     Kind,
@@ -363,8 +364,8 @@ class Fakes:
             self.producers.append(FakeProducer(conf, self.events, self.fail))
             return self.producers[-1]
 
-        monkeypatch.setattr(retry, "Consumer", consumer)
-        monkeypatch.setattr(retry, "Producer", producer)
+        monkeypatch.setattr(retry_consumer, "Consumer", consumer)
+        monkeypatch.setattr(retry_consumer, "Producer", producer)
 
     @property
     def consumer(self) -> FakeConsumer:

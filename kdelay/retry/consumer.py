@@ -1,20 +1,9 @@
-"""The consumer retry helper: RocketMQ's RECONSUME_LATER and Pulsar's negative-ack redelivery
-delay for a confluent-kafka consumer, the delay kept by kdelay (docs/retry.md).
-
-    from kdelay.retry import RetryingConsumer, RetryPolicy
-
-    def handle(msg: Message) -> None: ...  # raise to have the message retried later
-
-    consumer = RetryingConsumer(
-        {"bootstrap.servers": KAFKA, "group.id": "billing"}, PROXY, ["orders"], handle,
-        policy=RetryPolicy(delays_ms=[1_000, 10_000, 60_000]),
-    )
-    consumer.run(stop_event)
+"""The retrying consumer of :mod:`kdelay.retry`: its loop, its commit rule and its group membership.
 
 The consumer subscribes to its topics and to its retry topic (``<group.id>.retry``). When the
 handler raises, the message is produced again through the kdelay proxy (one idempotent producer,
 acks=all) to the retry topic with the next backoff, or after the last attempt to the dead-letter
-topic (``<group.id>.dlq``); :mod:`kdelay.retry_plan` decides the record and its headers.
+topic (``<group.id>.dlq``); :mod:`kdelay.retry.plan` decides the record and its headers.
 
 Commit rule: messages are handled in order, up to ``batch_size`` per poll. The poll's retries
 and dead letters are produced and awaited (flush); only then are its offsets committed,
@@ -54,12 +43,12 @@ from confluent_kafka import (
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from kdelay import logs
-from kdelay import retry_setup as setup
 from kdelay.consuming import take_batch
 from kdelay.errors import ConfigError, KdelayError
-from kdelay.retry_plan import Header, Kind, Next, Origin, RetryPolicy, attempt_of, next_record
+from kdelay.retry import setup
+from kdelay.retry.plan import Header, Kind, Next, Origin, RetryPolicy, attempt_of, next_record
 
-__all__ = ["Handler", "Origin", "RetryPolicy", "RetryProduceError", "RetryingConsumer"]
+__all__ = ["Handler", "RetryProduceError", "RetryingConsumer"]
 
 log = logs.get(__name__)
 
@@ -173,7 +162,7 @@ class RetryingConsumer:
         return self._poll(timeout, self._batch_size)
 
     def attempt(self, msg: Message) -> int:
-        """Which delivery of its message ``msg`` is: 1 for the first (kdelay.retry_plan)."""
+        """Which delivery of its message ``msg`` is: 1 for the first (kdelay.retry.plan)."""
         if msg.topic() != self.retry_topic:
             return 1
         return attempt_of(_headers(msg), from_retry_topic=True)
