@@ -33,7 +33,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.replicas import stat_cpu_seconds
+from bench.harness.replicas import stat_cpu_seconds
 from dev import demo
 from dev.stack import wait_until
 from dev.stack.leftovers import managed

@@ -24,7 +24,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from bench.proxy_process import local_kafka, proxy_process
+from bench.harness.proxy_process import local_kafka, proxy_process
 from dev.kafka_tools import create_topic, unique_topic
 from kdelay import buffer
 from kdelay import headers as h

@@ -7,7 +7,7 @@ measures, beside a plain Kafka produce->consume baseline from the same run:
 - lateness (record timestamp - due time, and consumer receipt - due time) p50/p99/max at
   several rates, with 1 and 3 replicas (``--delivery``: their release mode), each beside the
   same schedule released by the least a releaser does on plain Kafka in the same mode (the
-  *floor*, ``bench/release_floor.py``; ``--no-floor`` leaves it out);
+  *floor*, ``bench/harness/release_floor.py``; ``--no-floor`` leaves it out);
 - ingest rate of one replica (a fresh replica reading a pre-filled buffer topic, from its
   ``kdelay_replica_ingested_total``), against a plain consumer reading the same records;
 - forward rate (a burst of messages all due at once), against the rate the bench itself
@@ -21,68 +21,31 @@ machine; the baseline shows what the same machine does without kdelay.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import shutil
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from bench.release_floor import BURST, Floor
-from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from bench.harness.lateness import (
+    Lateness,
+    Reader,
+    baseline,
+    consume_lateness,
+    delayed,
+    pct,
+    produce_buffer,
+)
+from bench.harness.release_floor import BURST, Floor
+from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from dev.kafka_tools import create_topic
 from dev.stack import LocalKafka, LocalZooKeeper, wait_until
-from kdelay.buffer import Scheduled, encode
-from kdelay.stats import percentile
-
-#: Percentiles of the kdelay-wide definition; nan (not 0) when a run delivered nothing.
-pct = functools.partial(percentile, empty=math.nan)
-
-
-def producer(bootstrap: str) -> Producer:
-    return Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
-
-
-def _produce(
-    p: Producer,
-    topic: str,
-    partition: int,
-    enc: tuple[bytes, bytes | None, list[tuple[str, bytes]]],
-) -> None:
-    key, value, headers = enc
-    while True:
-        try:
-            p.produce(topic, value, key, partition=partition, headers=list(headers))
-        except BufferError:
-            p.poll(0.05)
-        else:
-            return
-
-
-def produce_buffer(bootstrap: str, topic: str, messages: Iterable[Scheduled]) -> None:
-    p = producer(bootstrap)
-    for i, m in enumerate(messages):
-        enc = encode(m)
-        _produce(p, topic, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
-        if i % 1000 == 0:
-            p.poll(0)
-    p.flush(120)
+from kdelay.buffer import Scheduled
 
 
 def plain_consume_per_s(bootstrap: str, topic: str, count: int) -> float:
@@ -114,119 +77,11 @@ def plain_consume_per_s(bootstrap: str, topic: str, count: int) -> float:
         c.close()
 
 
-def paced(rate: int, seconds: float, make: Callable[[int], None], p: Producer) -> int:
-    """Call make(i) at ``rate`` per second for ``seconds``; returns how many were made."""
-    n = int(rate * seconds)
-    start = time.monotonic()
-    for i in range(n):
-        target = start + i / rate
-        delay = target - time.monotonic()
-        if delay > 0.002:
-            p.poll(delay)
-        make(i)
-    p.flush(60)
-    return n
-
-
-@dataclass
-class Lateness:
-    release: list[float]
-    receipt: list[float]
-
-    def row(self) -> str:
-        return (
-            f"{pct(self.release, 0.5):8.1f} {pct(self.release, 0.99):8.1f} "
-            f"{max(self.release, default=float('nan')):8.1f} | "
-            f"{pct(self.receipt, 0.5):8.1f} {pct(self.receipt, 0.99):8.1f} "
-            f"{max(self.receipt, default=float('nan')):8.1f}"
-        )
-
-
-def consume_lateness(
-    bootstrap: str, topic: str, n: int, timeout: float, ready: threading.Event | None = None
-) -> Lateness:
-    """Read ``n`` records of ``topic``; lateness in ms against kdelay-deliver-at (or sent-at).
-
-    Receipt times must not include the reader's own batching: ``consume(N, t)`` waits until N
-    records or t have passed, so one record is awaited with ``poll`` and whatever else is
-    already fetched is drained with a zero-timeout ``consume``. ``ready`` is set once the
-    partitions are assigned and a first fetch round has run, so producing starts after that.
-    """
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        }
-    )
-    c.assign([TopicPartition(topic, p, -2) for p in range(PARTITIONS)])
-    c.poll(0.5)  # connect, fetch metadata, start fetching (the topic is still empty)
-    if ready is not None:
-        ready.set()
-    release: list[float] = []
-    receipt: list[float] = []
-    deadline = time.monotonic() + timeout
-    while len(release) < n and time.monotonic() < deadline:
-        first = c.poll(0.1)
-        if first is None:
-            continue
-        for msg in [first, *c.consume(10_000, 0)]:
-            if msg.error():
-                continue
-            now = time.time() * 1000
-            hdrs = dict(msg.headers() or [])
-            due = float(hdrs.get("kdelay-deliver-at") or hdrs.get("sent-at") or 0)
-            release.append(msg.timestamp()[1] - due)
-            receipt.append(now - due)
-    c.close()
-    return Lateness(release, receipt)
-
-
-class Reader:
-    """Consumes ``n`` records of ``topic`` on a thread started *before* producing."""
-
-    def __init__(self, bootstrap: str, topic: str, n: int, timeout: float) -> None:
-        self.result: Lateness | None = None
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(bootstrap, topic, n, timeout, ready), daemon=True
-        )
-        self._thread.start()
-        if not ready.wait(60):
-            raise TimeoutError(f"the bench consumer of {topic} did not start within 60 s")
-
-    def _run(
-        self, bootstrap: str, topic: str, n: int, timeout: float, ready: threading.Event
-    ) -> None:
-        self.result = consume_lateness(bootstrap, topic, n, timeout, ready)
-
-    def wait(self) -> Lateness:
-        self._thread.join()
-        assert self.result is not None
-        return self.result
-
-
-def baseline(bootstrap: str, rate: int, seconds: float) -> Lateness:
-    topic = f"bench-base-{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, topic, PARTITIONS)
-    p = producer(bootstrap)
-    reader = Reader(bootstrap, topic, int(rate * seconds), timeout=seconds + 60)
-    paced(
-        rate, seconds,
-        lambda i: _produce(p, topic, i % PARTITIONS,
-                           (b"k", b"v", [("sent-at", str(time.time() * 1000).encode())])),
-        p,
-    )  # fmt: skip
-    return reader.wait()
-
-
 def floor(
     bootstrap: str, rate: int, n: int, delay_ms: int, mode: str, *, ordered: bool = True
 ) -> Lateness:
     """``n`` messages at ``rate`` a second released by the least a releaser does
-    (``bench/release_floor.py``; ``ordered``: see :class:`Floor`), read back as kdelay's
+    (``bench/harness/release_floor.py``; ``ordered``: see :class:`Floor`), read back as kdelay's
     releases are."""
     run = Floor(bootstrap, rate, n, delay_ms, mode, ordered=ordered)
     reader = Reader(bootstrap, run.topic, run.n, timeout=n / rate + 600)
@@ -239,22 +94,6 @@ def spread_per_s(lat: Lateness) -> float:
     """Messages a second from the first release of a burst to its last (record timestamps)."""
     spread = max(lat.release, default=0) - min(lat.release, default=0)
     return len(lat.release) / max(spread / 1000, 1e-3)
-
-
-def delayed(rs: Replicas, rate: int, seconds: float, delay_ms: int = 1000) -> Lateness:
-    topic = f"bench-target-{uuid.uuid4().hex[:8]}"
-    create_topic(rs.bootstrap, topic, PARTITIONS)
-    p = producer(rs.bootstrap)
-
-    def make(i: int) -> None:
-        m = Scheduled(uuid.uuid4().hex, topic, i % PARTITIONS, None, b"v",
-                      int(time.time() * 1000) + delay_ms)  # fmt: skip
-        enc = encode(m)
-        _produce(p, rs.buffer, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
-
-    reader = Reader(rs.bootstrap, topic, int(rate * seconds), timeout=seconds + 120)
-    paced(rate, seconds, make, p)
-    return reader.wait()
 
 
 def phase_means(
@@ -301,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="beside each lateness run, the same schedule released by the least a releaser "
-        "does on plain Kafka (bench/release_floor.py)",
+        "does on plain Kafka (bench/harness/release_floor.py)",
     )
     ap.add_argument(
         "--ordered-floor",

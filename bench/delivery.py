@@ -32,8 +32,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.delay_service import baseline, consume_lateness, delayed, pct, produce_buffer
-from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from bench.harness.lateness import baseline, consume_lateness, delayed, pct, produce_buffer
+from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from dev.kafka_tools import create_topic
 from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ingest_cpu import _PARTITIONS, batches, buffer_records
+from bench.harness.buffer_messages import PARTITIONS, batches, buffer_records
 from delay_service.config import ReplicaConfig
 from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
@@ -42,7 +42,7 @@ def run(order: str, count: int) -> float:
     """CPU µs a message of removing ``count`` released messages in ``order``."""
     flat = buffer_records(2 * count)  # schedules, then tombstones
     schedules, tombstones = flat[:count], flat[count:]
-    covering = Checkpoint(2**62, dict.fromkeys(range(_PARTITIONS), 2**62))
+    covering = Checkpoint(2**62, dict.fromkeys(range(PARTITIONS), 2**62))
     with tempfile.TemporaryDirectory(prefix="kdelay-follower-removal-") as tmp:
         store = Store(Path(tmp) / "db")
         try:

@@ -13,7 +13,7 @@ nothing, so what is measured is the replica's own work per record, not the broke
   store, decode the entry, produce the release with its headers and a delivery callback,
   produce a tombstone, delete the entry.
 
-Each is a child process (``bench/cpu_count.py``); the figure is per record of the measured
+Each is a child process (``bench/harness/cpu_count.py``); the figure is per record of the measured
 part: CPU time (median of ``--repeat`` runs), or with ``--callgrind`` instructions under
 valgrind (deterministic to a fraction of a percent, about a minute). The ratio
 ``kdelay / baseline`` is what this repository's code adds to the libraries' own cost.
@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from rocksdict import WriteBatch
 
-from bench import cpu_count
+from bench.harness import cpu_count
 from delay_service.config import ReplicaConfig
 from delay_service.entry import decode_entry
 from delay_service.exactly_once import ExactlyOnceForwarder

@@ -14,7 +14,7 @@ into a real store (RocksDB), so what is measured is the replica's own work per r
   index key, or look a tombstone's index key up and delete both; one WriteBatch a batch.
 
 The figure is per buffer record (a schedule and its tombstone are two), from
-``bench/cpu_count.py``: CPU time (median of ``--repeat`` runs) or, with ``--callgrind``,
+``bench/harness/cpu_count.py``: CPU time (median of ``--repeat`` runs) or, with ``--callgrind``,
 instructions under valgrind minus the setup's own. The ratio ``kdelay / baseline`` is what
 this repository's code adds to the libraries' own cost.
 """
@@ -23,61 +23,18 @@ from __future__ import annotations
 
 from typing import cast
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
+from confluent_kafka import Message
 from rocksdict import WriteBatch
 
-from bench import cpu_count
+from bench.harness import cpu_count
+from bench.harness.buffer_messages import messages
 from delay_service.config import ReplicaConfig
 from delay_service.entry import encode_entry, entry_key
 from delay_service.ids import id_key
-from delay_service.ingest import _BATCH, Ingest
+from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
 from delay_service.store import Store
-from kdelay.buffer import Fate, Scheduled, Tombstone, decode, encode
-
-_PARTITIONS = 4
-_NOW_MS = 1_800_000_000_000
-
-
-def _message(partition: int, offset: int, record: Scheduled | Tombstone) -> Message:
-    enc = encode(record)
-    return Message(
-        topic="buffer",
-        partition=partition,
-        offset=offset,
-        key=enc.key,
-        value=enc.value,
-        headers=list(enc.headers),
-        timestamp=(TIMESTAMP_LOG_APPEND_TIME, _NOW_MS),
-    )
-
-
-def batches(items: list[Message]) -> list[list[Message]]:
-    """``items`` in ingest's batches."""
-    return [items[i : i + _BATCH] for i in range(0, len(items), _BATCH)]
-
-
-def messages(records: int) -> list[list[Message]]:
-    """:func:`buffer_records` in ingest's batches."""
-    return batches(buffer_records(records))
-
-
-def buffer_records(records: int) -> list[Message]:
-    """``records`` buffer records: schedules (100 B values, a header, due in an hour), then one
-    tombstone for each of the first half, as a master writes it."""
-    schedules = records - records // 2
-    out: list[Message] = []
-    for i in range(schedules):
-        m = Scheduled(
-            f"id-{i}", "target", i % 6, f"k{i}".encode(), b"v" * 100, _NOW_MS + 3_600_000,
-            (("h", b"x"),), uid=f"u-{i}",
-        )  # fmt: skip
-        out.append(_message(i % _PARTITIONS, i // _PARTITIONS, m))
-    for i in range(records // 2):
-        fate = Fate("delivered", "target", i % 6, i, _NOW_MS + 3_600_001, _NOW_MS + 3_600_000)
-        t = Tombstone(f"id-{i}", i // _PARTITIONS, f"u-{i}", fate)
-        out.append(_message(i % _PARTITIONS, schedules // _PARTITIONS + 1 + i, t))
-    return out
+from kdelay.buffer import Scheduled, Tombstone, decode
 
 
 def _kdelay(store: Store, batches: list[list[Message]]) -> int:

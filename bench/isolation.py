@@ -32,8 +32,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from bench.delay_service import Lateness, Reader, _produce, paced, producer
-from bench.replicas import PARTITIONS, Replicas
+from bench.harness.lateness import Lateness, Reader, paced, produce, producer
+from bench.harness.replicas import PARTITIONS, Replicas
 from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, encode
 from kdelay.stats import percentile
@@ -85,7 +85,7 @@ def phase(
 
     def base_make(i: int) -> None:
         sent = str(time.time() * 1000).encode()
-        _produce(base_p, plain, i % PARTITIONS, (b"k", b"v", [("sent-at", sent)]))
+        produce(base_p, plain, i % PARTITIONS, (b"k", b"v", [("sent-at", sent)]))
 
     base_thread = threading.Thread(
         target=paced, args=(rate // 2, seconds, base_make, base_p), daemon=True
@@ -97,7 +97,7 @@ def phase(
         target = x if i % 2 == 0 else y
         due = int(time.time() * 1000) + delay_ms
         enc = encode(Scheduled(uuid.uuid4().hex, target, (i // 2) % PARTITIONS, None, b"v", due))
-        _produce(p, buffer, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
+        produce(p, buffer, i % PARTITIONS, (enc.key, enc.value, list(enc.headers)))
 
     paced(rate, seconds, make, p)
     base_thread.join()

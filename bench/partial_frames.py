@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from bench.proxy_process import RunningProxy, local_kafka, proxy_process
-from bench.replicas import rss_bytes
+from bench.harness.proxy_process import RunningProxy, local_kafka, proxy_process
+from bench.harness.replicas import rss_bytes
 from dev.kafka_tools import create_topic, unique_topic
 from kdelay.stats import percentile
 

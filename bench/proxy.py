@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from bench.proxy_process import local_kafka, proxy_process
-from bench.replicas import tree_cpu_seconds
+from bench.harness.proxy_process import local_kafka, proxy_process
+from bench.harness.replicas import tree_cpu_seconds
 from dev.kafka_tools import create_topic, unique_topic
 from kdelay import headers as h
 from kdelay import jars

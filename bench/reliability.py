@@ -5,13 +5,13 @@
     .venv/bin/python -m bench.reliability --json FILE --markdown  # the table only
 
 Each case starts its own ZooKeeper, Kafka (3 brokers for broker-kill), proxy and replicas r1-r3
-as real processes on loopback (bench/faults.py), then an idempotent confluent-kafka producer
+as real processes on loopback (bench/harness/faults.py), then an idempotent confluent-kafka producer
 sends --rate delayed messages a second (kdelay-delay-ms 0-5000, a unique kdelay-id each)
 through the proxy to a target topic with message.timestamp.type=LogAppendTime for --seconds
 (longer when the faults need it: until 10 s after the last one), while a consumer reads that
 topic (and the dead-letter topic) from the start. The faults come from 10 s on. After the
 stream it drains: at least the longest delay plus 5 s, then until no delivery arrived for 10 s
-(60 s while acknowledged messages are missing; at most 180 s). bench/verdict.py judges it by
+(60 s while acknowledged messages are missing; at most 180 s). bench/harness/verdict.py judges it by
 the broker's clock: lost, duplicates, early, lateness, recovery time (definitions there and in
 docs/reliability.md).
 
@@ -44,11 +44,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from bench import faults as f
-from bench.clock_skew import Skew
-from bench.faults import Cluster, Event, now_ms
-from bench.replicas import PARTITIONS
-from bench.verdict import Delivery, Ledger, judge, table, update_doc
+from bench.harness import faults as f
+from bench.harness.clock_skew import Skew
+from bench.harness.faults import Cluster, Event, now_ms
+from bench.harness.replicas import PARTITIONS
+from bench.harness.verdict import Delivery, Ledger, judge, table, update_doc
 from dev.kafka_tools import HeaderList, Record, create_topic, unique_topic
 from kdelay import headers as h
 from kdelay.buffer import DEAD_LETTER_TOPIC

@@ -29,19 +29,18 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from bench.harness.retry_consumer import PARTITIONS, conf
 from dev.kafka_tools import create_topic, unique_topic
 from dev.stack.stack import LocalStack, StackOptions
 from kdelay import logs
 from kdelay.retry import RetryingConsumer, RetryPolicy
 
-PARTITIONS = 3
 TIMEOUT_S = 600.0
 
 
@@ -72,15 +71,6 @@ def failing(every: int) -> Callable[[Message, int], None]:
             raise RuntimeError(f"message {index} fails once")
 
     return handle
-
-
-def conf(bootstrap: str) -> dict[str, str | int | bool]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "group.id": f"bench-{uuid.uuid4().hex[:10]}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    }
 
 
 def plain(bootstrap: str, topic: str, n: int, batch: int, every: int) -> float:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Message, Producer
 from prometheus_client import CollectorRegistry
 
-from bench.proxy_process import local_kafka
-from bench.retry_helper import PARTITIONS, conf
+from bench.harness.proxy_process import local_kafka
+from bench.harness.retry_consumer import PARTITIONS, conf
 from dev.kafka_tools import create_topic, unique_topic
 from kdelay.retry import RetryingConsumer
 from kdelay.stats import percentile

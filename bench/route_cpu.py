@@ -13,14 +13,14 @@ idempotent producer, 100 B values, a key and one header of the producer's own:
   least the proxy does with a record.
 
 The ratio ``kdelay / baseline`` is what a delayed record costs the proxy against one that
-passes through (``bench/cpu_count.py``: CPU time, or instructions under valgrind).
+passes through (``bench/harness/cpu_count.py``: CPU time, or instructions under valgrind).
 """
 
 from __future__ import annotations
 
 import uuid
 
-from bench import cpu_count
+from bench.harness import cpu_count
 from kdelay import headers as h
 from kdelay.headers import DelayPolicy
 from proxy.routing import Origin, route

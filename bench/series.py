@@ -29,8 +29,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench.delay_service import consume_lateness, produce_buffer
-from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from bench.harness.lateness import consume_lateness, produce_buffer
+from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.entry import encode_entry, entry_key
 from delay_service.ids import id_key
 from dev.kafka_tools import create_topic

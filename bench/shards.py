@@ -32,8 +32,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.delay_service import consume_lateness, produce_buffer
-from bench.replicas import PARTITIONS, Replicas, kafka_settings
+from bench.harness.lateness import consume_lateness, produce_buffer
+from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from dev.kafka_tools import create_topic
 from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from bench.replicas import rss_bytes
+from bench.harness.replicas import rss_bytes
 from dev.kafka_tools import create_topic, unique_topic
 from dev.stack.stack import LocalStack, StackOptions
 from kdelay import headers as h

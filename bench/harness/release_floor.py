@@ -34,7 +34,7 @@ from multiprocessing.process import BaseProcess
 
 from confluent_kafka import Producer
 
-from bench.replicas import PARTITIONS
+from bench.harness.replicas import PARTITIONS
 from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from dev.kafka_tools import create_topic
 

@@ -1,8 +1,8 @@
 """The system under test of ``bench.reliability`` and the faults it injects, one per case.
 
 :class:`Cluster` starts ZooKeeper, Kafka (1 or 3 KRaft nodes), the proxy and three replicas as
-real processes on loopback, through :mod:`dev.stack` and :class:`bench.replicas.Replicas`;
-a process may run with its wall clock off (:mod:`bench.clock_skew`).
+real processes on loopback, through :mod:`dev.stack` and :class:`bench.harness.replicas.Replicas`;
+a process may run with its wall clock off (:mod:`bench.harness.clock_skew`).
 Each :class:`Case` injects its fault from the bench's main thread while the stream runs, and
 records an :class:`Event` per fault with the bench's wall clock, which is the brokers' clock
 (same machine), so it compares directly with LogAppendTime timestamps.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
-from bench.clock_skew import Skew
-from bench.replicas import PARTITIONS, Replicas
+from bench.harness.clock_skew import Skew
+from bench.harness.replicas import PARTITIONS, Replicas
 from dev.kafka_tools import HeaderList, consume_until, produce_all
 from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, ManagedProcess, wait_until
 from dev.stack.process import free_port, python_argv
@@ -56,8 +56,9 @@ def _argv(args: list[str], skew: Skew | None) -> tuple[list[str], dict[str, str]
 
 
 class BenchReplicas(Replicas):
-    """bench.replicas' replica set on the default buffer topic (the one the proxy writes), with
-    a 6 s session, INFO logs, the internal topics' replication and, for one, a shifted clock."""
+    """The replica set of :class:`Replicas` on the default buffer topic (the one the proxy writes),
+    with a 6 s session, INFO logs, the internal topics' replication and, for one, a shifted
+    clock."""
 
     def __init__(
         self, base: Path, bootstrap: str, zk: str, replication: int, skew: Skew | None

@@ -31,7 +31,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-from bench.faults import Event
+from bench.harness.faults import Event
 from kdelay.stats import percentile
 
 HEALTHY_MS = 1_000
