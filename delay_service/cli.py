@@ -15,7 +15,7 @@ import click
 
 from delay_service.config import ReplicaConfig
 from kdelay import logs, memory
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.options import config_options
 from zk.paths import DEFAULT_ROOT
 

@@ -10,7 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.config import TopicDurability, component_config
+from kdelay.config_loader import TopicDurability, component_config
 from zk.paths import DEFAULT_ROOT, Paths
 
 EXACTLY_ONCE = "exactly-once"

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from kdelay.cli import main
+from kdelay.commands import main
 
 main()

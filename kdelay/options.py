@@ -3,8 +3,9 @@
 :func:`config_options` turns every field of a ``pydantic_settings.BaseSettings`` model into a
 ``click`` option (``buffer_topic`` -> ``--buffer-topic``) whose help is the field's
 ``description`` and whose default is shown from the model. Every option defaults to ``None``,
-which :func:`kdelay.config.load` reads as "not given", so the precedence flags > environment >
-file > defaults holds and validation stays in the model (errors name the setting).
+which :func:`kdelay.config_loader.load` reads as "not given", so the precedence flags >
+environment > file > defaults holds and validation stays in the model (errors name the
+setting).
 
 Fields whose type has no natural one-word spelling on a command line (mappings, tuples) get no
 flag; they are set through ``KDELAY_*`` variables or the config file, and the help says so.

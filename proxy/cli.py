@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from kdelay import logs, memory
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.options import config_options
 from proxy.config import ProxyConfig
 

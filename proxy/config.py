@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from kdelay.config import TopicDurability, component_config
+from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from proxy import limits as lim
 from zk.paths import DEFAULT_ROOT, Paths

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kdelay import logs, stats
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.options import config_options
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.config import component_config
+from kdelay.config_loader import component_config
 from kdelay.durations import duration_ms
 
 OUTPUT_TOPIC = "__kdelay_verifier"

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from delay_service.cli import command
 from delay_service.config import ReplicaConfig
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.errors import ConfigError
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from kdelay.config import component_config, load
+from kdelay.config_loader import component_config, load
 from kdelay.options import config_options, unflagged
 
 

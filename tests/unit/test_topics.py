@@ -16,7 +16,7 @@ import pytest
 from delay_service.config import ReplicaConfig
 from kdelay import topics
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.errors import ConfigError
 from kdelay.topics import CHECKPOINT_TOPIC, Durability, WeakTopic
 from proxy.config import ProxyConfig

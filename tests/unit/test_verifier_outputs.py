@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kdelay.config import load
+from kdelay.config_loader import load
 from kdelay.durations import duration_ms
 from kdelay.errors import ConfigError
 from verifier import chart

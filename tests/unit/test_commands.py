@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from kdelay import __version__
-from kdelay.cli import SUBCOMMANDS, cli
+from kdelay.commands import SUBCOMMANDS, cli
 
 
 def test_version_is_the_package_version() -> None:

@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "status": "delay_service.cli:status_command",
     "reshard": "delay_service.cli:reshard_command",
     "verify": "verifier.cli:command",
-    "jvm": "kdelay.cli:jvm",
+    "jvm": "kdelay.commands:jvm",
 }
 
 
