@@ -1,4 +1,4 @@
-"""Broker time, estimated so that it is never ahead: "one clock: Kafka's" (issue 11).
+"""Broker time, estimated so that it is never ahead: one clock, Kafka's.
 
 The master must release a message only once the *broker's* clock has reached its due time; its
 own wall clock may be seconds off. :class:`BrokerClock` produces empty probes to

@@ -45,10 +45,10 @@ class BatchHistogram(Collector):
     """A histogram that takes a round's values at once (:meth:`observe_all`), exported as
     prometheus_client's own (``_bucket``, ``_sum``, ``_count``; no ``_created``).
 
-    The master observes the lateness of every release: ``Histogram.observe`` (two locked
-    increments and a walk of the buckets, each time) cost 10.6k instructions a release, 5% of
-    the Python work of one (``bench.forward_cpu --callgrind``); here a round takes the lock
-    once and each value costs a binary search of the bounds.
+    The master observes the lateness of every release, from the forwarder thread: where
+    ``Histogram.observe`` makes two locked increments and walks the buckets for each value, a
+    round here takes the lock once and each value costs a binary search of the bounds.
+    Collection, on whichever thread serves ``/metrics``, takes the same lock.
     """
 
     def __init__(
@@ -181,7 +181,7 @@ class Metrics:
             registry=r,
         )
         self.store_bytes = Gauge("kdelay_replica_store_bytes", "RocksDB size on disk", registry=r)
-        # -- never stuck (issue 10): poison records, supervised threads, ingest progress --------
+        # -- never stuck: poison records, supervised threads, ingest progress ---------------------
         self.invalid_records = Counter(
             "kdelay_replica_invalid_records",
             "buffer records this replica could not decode or store (dead-lettered)",
@@ -199,7 +199,7 @@ class Metrics:
             "seconds since ingest last applied records or found itself at the end of the buffer",
             registry=r,
         )
-        # -- per-target isolation (issue 10): held targets, records in flight, dead letters ----
+        # -- per-target isolation: held targets, records in flight, dead letters -----------------
         self.targets_held = Gauge(
             "kdelay_replica_targets_held",
             "release targets (topic, partition) with records in flight or a retry backoff "
@@ -217,7 +217,7 @@ class Metrics:
             ["error"],
             registry=r,
         )
-        # -- one clock: Kafka's (issue 11): probes of the broker's clock (broker_clock.py) -----
+        # -- one clock, Kafka's: probes of the broker's clock (broker_clock.py) ------------------
         self.clock_skew = Gauge(
             "kdelay_clock_skew_seconds",
             "this process's wall clock minus the broker's clock (positive: local clock ahead)",

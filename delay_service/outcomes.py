@@ -96,10 +96,9 @@ class OutcomeLog:
         self._seen: set[bytes] = set()  # ids put in the batch being built
         # The pruning order's floor: every time key of an earlier millisecond was pruned.
         # Pruning deletes from the front, so a scan from the first key would walk the
-        # tombstones of everything pruned since the last compaction, on every write (1,000
-        # records took 7.5 ms to apply with 20,000 outcomes kept, 28 ms after 160,000 were
-        # pruned). Time keys are never written below it (a clock that stepped back writes
-        # the floor's millisecond).
+        # tombstones of everything pruned since the last compaction, on every write, each
+        # write slower than the last (bench.outcome_pruning). Time keys are never written
+        # below it (a clock that stepped back writes the floor's millisecond).
         self._floor_ms = 0
         self._next_floor_ms: int | None = None  # the floor once the batch is written
         self._batch_ms: int | None = None  # the earliest time key the batch writes

@@ -1,21 +1,18 @@
 """Keeping a long-running process's heap from creeping (glibc's allocator), and its garbage
-collector from pausing on what start-up built.
+collector from pausing on what start-up built. Why, and what it was measured to save:
+docs/decisions/0006-memory-arenas-and-gc-freeze.md.
 
-glibc gives each thread that allocates concurrently its own arena, up to eight per core, and
-returns freed memory at the top of an arena only. A replica runs librdkafka's, RocksDB's and
-its own Python threads, so its resident set grew for half an hour in anonymous arenas that
-held little live data (``bench/soak.py``). Two arenas and a periodic ``malloc_trim`` keep it
-flat. Elsewhere than glibc (musl, macOS) both calls do nothing.
+- :func:`limit_arenas`: cap glibc's malloc arenas. A replica calls it first thing, before any
+  thread (librdkafka's, RocksDB's, its own) starts; :func:`trim` returns free heap memory to
+  the system, which a replica's control thread does every :data:`TRIM_INTERVAL_S`. Elsewhere
+  than glibc (musl, macOS) both do nothing and return False.
+- :func:`freeze_startup_objects`: once serving, the proxy and a replica move what start-up
+  built (modules, classes, configuration) out of the cyclic collector's full walks.
+- :func:`collect_young_less_often`: a replica collects its young generation every
+  :data:`YOUNG_THRESHOLD` allocations instead of 700, since a release round's many short-lived
+  objects are not cycles.
 
-Python's cyclic collector walks every tracked object in a full collection, and a process
-that allocates per record runs one every second or so. The proxy's walked the modules,
-classes and configuration of its start-up each time: 49-56 ms with every request stopped
-(``bench.proxy``); a replica's, 28-68 ms with ingest and release stopped (a burst's forward
-rate rose by a fifth without them, ``bench.delay_service``). :func:`freeze_startup_objects`
-moves them out of its reach once started. A replica also collects its young generation less
-often (:func:`collect_young_less_often`): a release round builds tens of thousands of short-
-lived objects, none of them in a cycle, and each collection of 700 walked what the round still
-held (5.5% of a released record's instructions, ``bench.forward_cpu``).
+The other three are called once, from the process's main thread, at start-up.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 default, computed by librdkafka.
 
 The buffer partition of every id the proxy routes (``kdelay.buffer.partition_for``) is this hash
-of the id. kafka-python's murmur2 is pure Python: 6.6 µs for a 32-character id, 41% of the
-proxy's routing of a delayed record with a ``kdelay-id`` (``bench.route_cpu``). librdkafka, which
-confluent-kafka loads anyway, exports the same partitioner as public API
+of the id, on the proxy's hot path (docs/decisions/0009-hot-paths-native-where-a-library-is.md).
+librdkafka, which confluent-kafka loads anyway, exports the same partitioner as public API
 (``rd_kafka_msg_partitioner_murmur2``, rdkafka.h: it uses neither the topic nor the opaques),
-so it is called in place through ctypes: about 1 µs, the same numbers (a unit test compares
-them with kafka-python's on random keys). ``NATIVE`` says whether it was found; without it
+so it is called in place through ctypes rather than kafka-python's pure-Python murmur2; the
+numbers are the same (a unit test compares them with kafka-python's on random keys and with the
+Java client's test vectors). ``NATIVE`` says whether it was found; without it
 (a librdkafka this module cannot locate) kafka-python's pure-Python hash serves, with the
 same results.
 

@@ -1,7 +1,7 @@
 """Topics no client writes through the proxy: kdelay's own (``__kdelay*``) and Kafka's.
 
-A record produced to ``__kdelay_buffer`` was once taken in: its target topic became the buffer
-topic, the master later released it *into* the buffer, and every replica logged it as invalid.
+A record produced to ``__kdelay_buffer`` and taken in would have the buffer topic as its target:
+the master would later release it *into* the buffer, and every replica would log it as invalid.
 So internal topics are refused on every path, for immediate and delayed records alike:
 ``routing.route`` (which serves the Kafka listener and the HTTP API) raises
 :class:`RefusedTopicError`, which the Kafka listener answers with ``TOPIC_AUTHORIZATION_FAILED``

@@ -7,7 +7,7 @@ within a bound (proxy/decompress.py says why the parsers' own decompression is n
 error code for its partition, and nothing of it is written.
 
 Parsing records in pure Python (kafka-python's ``DefaultRecordBatch``: varints, one object per
-record) was about 45 % of the proxy's CPU on the immediate path. aiokafka ships the same record
+record) would be most of the proxy's CPU on the immediate path. aiokafka ships the same record
 classes compiled with Cython (``aiokafka.record._crecords``; aiokafka's record module derives
 from kafka-python's), and those parse the records here. ``C_PARSER`` says whether they loaded:
 aiokafka silently falls back to its pure-Python classes when the extension is missing or

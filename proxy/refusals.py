@@ -1,20 +1,18 @@
 """The clients the proxy does not serve, consumers and transactional producers, and what it
 tells them.
 
-The proxy serves producers only. It used to close a connection that sent Fetch, which each
-client reported as something else and retried for ever: kcat blamed SASL, kafkajs failed to
-find a group coordinator, a Java consumer after ``assign`` + ``seek(0)`` received nothing and
-reconnected (157 times in 20 s), and a transactional librdkafka producer said
-``The node does not support FIND_COORDINATOR``. So the proxy answers the APIs a consumer starts
-with, and FindCoordinator, with an *authorization* error, which every client family treats as
-permanent and reports to the application instead of retrying:
+The proxy serves producers only. Rather than close the connection of a client that asks for
+anything else (which clients report as something unrelated and retry for ever), it answers the
+APIs a consumer starts with, and FindCoordinator, with an *authorization* error, which most
+clients treat as permanent and report to the application. What each client shows of it is in the
+README, "Consumers and transactional producers": the messages below reach librdkafka-based
+clients; others show their generic text for the error code.
 
 - Fetch: ``TOPIC_AUTHORIZATION_FAILED`` for every partition asked for. The response's top-level
   error stays 0 on purpose: it is meant for fetch sessions, and a client that sees one drops
-  the response's partitions and fetches again. Tried here, kafka-python then polled nothing
-  and sent about a hundred Fetch requests a second (the Java client's fetch-session handler
-  does the same); librdkafka reports the partitions' errors either way. Fetch carries no error
-  message.
+  the response's partitions and fetches again at once (kafka-python and the Java client's
+  fetch-session handler would loop); librdkafka reports the partitions' errors either way.
+  Fetch carries no error message.
 - ListOffsets: ``TOPIC_AUTHORIZATION_FAILED`` for every partition (no message field either).
 - FindCoordinator: ``GROUP_AUTHORIZATION_FAILED`` for a consumer or share group,
   ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED`` for a transactional id, with an error message
