@@ -46,8 +46,8 @@ from confluent_kafka import Consumer, Producer
 from dev.kafka_tools import create_topic, unique_topic
 from dev.stack import wait_until
 from dev.stack.process import python_argv
+from dev.stack.restarts import Supervisor
 from dev.stack.stack import LocalStack, StackOptions
-from dev.stack.supervise import Supervisor
 from kdelay import headers as h
 from zk import Paths, Session, cluster_status, current_leader
 

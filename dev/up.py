@@ -1,7 +1,7 @@
 """``kdelay up``: the embedded stack in the foreground until SIGINT or SIGTERM (CONTRACT.md).
 
 Like the orchestrator it stands in for, it restarts a replica or the proxy that exits (see
-:mod:`dev.stack.supervise`) and stops on its own only when the local Kafka or ZooKeeper
+:mod:`dev.stack.restarts`) and stops on its own only when the local Kafka or ZooKeeper
 cannot be kept running.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
+from dev.stack.restarts import ComponentLostError, Supervisor
 from dev.stack.stack import LocalStack, StackOptions
-from dev.stack.supervise import ComponentLostError, Supervisor
 
 
 def _echo(line: str) -> None:

@@ -3,7 +3,7 @@
 ``Proxy`` is used by ``kdelay proxy`` (foreground, until a signal) and ``running_proxy`` runs
 one on a background thread with its own loop (tests, benchmarks, embedding).
 
-Supervision (proxy/supervision.py): the HTTP server and the Kafka listener are watched by tasks
+Supervision (proxy/restarts.py): the HTTP server and the Kafka listener are watched by tasks
 on the loop and restarted after a failure; the upstream poll thread supervises itself. When the
 supervisor gives up on a component, ``gave_up`` is set and ``kdelay proxy`` exits with status 70.
 """
@@ -29,8 +29,8 @@ from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
 from proxy.metrics import ProxyMetrics
+from proxy.restarts import ComponentStoppedError, Supervisor
 from proxy.server import KafkaServer, Limits, reuse_port_socket
-from proxy.supervision import ComponentStoppedError, Supervisor
 from proxy.topics import Advertised, Topics
 from proxy.upstream import Upstream
 from zk.replica_api import ReplicaApi

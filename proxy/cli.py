@@ -46,7 +46,7 @@ async def _serve(cfg: ProxyConfig) -> int:
     """Serve until a signal (0), or until a component cannot be kept running (EXIT_GAVE_UP:
     the orchestrator restarts the process)."""
     from proxy.app import Proxy
-    from proxy.supervision import EXIT_GAVE_UP
+    from proxy.restarts import EXIT_GAVE_UP
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

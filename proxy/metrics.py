@@ -20,7 +20,7 @@ from proxy.limits import LIMIT_SETTINGS
 #: header or a plain record for the buffer topic; a batch refused before its records are read
 #: (framing, CRC, codec, unknown partition, transactional); a sequence or epoch refused.
 REJECT_REASONS = ("invalid_record", "invalid_batch", "producer_state", "buffer_unavailable")
-#: The supervised components (proxy/supervision.py).
+#: The supervised components (proxy/restarts.py).
 COMPONENTS = ("upstream_poll", "http", "kafka_listener")
 
 #: Produce latency: sub-millisecond (in-memory paths) to seconds (upstream trouble).

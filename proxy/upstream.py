@@ -45,8 +45,8 @@ from kdelay import logs
 from proxy.availability import UpstreamAvailability
 from proxy.delivery import OUTAGE_CODES, Batch, UpstreamError
 from proxy.metrics import ProxyMetrics
+from proxy.restarts import Supervisor
 from proxy.routing import Kind, Outgoing
-from proxy.supervision import Supervisor
 from proxy.topics import TopicInfo
 
 __all__ = ["POLL_COMPONENT", "Upstream", "UpstreamError"]
@@ -159,7 +159,7 @@ class Upstream:
         ).start()
 
     def _poll(self) -> None:
-        """The poll thread, supervised (proxy/supervision.py): ``poll`` raises what a callback
+        """The poll thread, supervised (proxy/restarts.py): ``poll`` raises what a callback
         raised; the loop logs and counts it and polls again after the backoff, so delivery
         reports never silently stop being served."""
         failed = False

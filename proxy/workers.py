@@ -51,8 +51,8 @@ from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
 from proxy.cli import READY
 from proxy.config import ProxyConfig
+from proxy.restarts import MAX_BACKOFF_S
 from proxy.server import reuse_port_socket
-from proxy.supervision import MAX_BACKOFF_S
 
 log = logs.get(__name__)
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from dev.containers.progress import say
-from dev.k8s import cluster, infra, supervisor
+from dev.k8s import cluster, daemon, infra
 from dev.k8s.settings import layout
 from kdelay.errors import KdelayError
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"export KUBECONFIG={lay.kubeconfig}")
             say(f"export PATH={lay.bin('kubectl').parent}:{lay.helm.parent}:$PATH")
         else:
-            return supervisor.main()
+            return daemon.main()
     except KdelayError as exc:
         print(f"dev.k8s: error: {exc}", file=sys.stderr)  # noqa: T201 - the CLI's error line
         return 1

@@ -4,7 +4,7 @@
 ``kdelay up`` as a subprocess. Kafka and ZooKeeper are local unless ``bootstrap_servers`` /
 ``zk_connect`` name existing ones. Components talk to each other only through their public
 interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
-:meth:`LocalStack.components` hands what it started to :mod:`dev.stack.supervise`, which
+:meth:`LocalStack.components` hands what it started to :mod:`dev.stack.restarts`, which
 restarts each with its own command line, so ports and the state file's addresses stay valid.
 
 Before it starts anything, :meth:`LocalStack.start` takes the stack's lock
@@ -38,7 +38,7 @@ from dev.stack.process import (
     wait_until,
 )
 from dev.stack.replica import ReplicaSpec
-from dev.stack.supervise import Component
+from dev.stack.restarts import Component
 from dev.stack.zookeeper import LocalZooKeeper
 from kdelay import jars
 from kdelay.errors import InfrastructureError

@@ -1,4 +1,4 @@
-"""Supervision of the proxy's long-running parts (proxy/supervision.py): a failure is logged
+"""Supervision of the proxy's long-running parts (proxy/restarts.py): a failure is logged
 with its traceback, counted, shown by readiness and restarted with backoff, or the supervisor
 gives up so that the process exits."""
 
@@ -14,9 +14,9 @@ from structlog.testing import capture_logs
 
 from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
+from proxy.restarts import MAX_BACKOFF_S, Supervisor
 from proxy.routing import Outgoing
 from proxy.server import KafkaServer
-from proxy.supervision import MAX_BACKOFF_S, Supervisor
 from proxy.topics import Advertised, TopicInfo, Topics
 from proxy.upstream import POLL_COMPONENT, Upstream
 

@@ -1,4 +1,4 @@
-"""The cluster's supervisor: one detached process that owns every component process.
+"""The cluster's daemon: one detached process that starts, watches and restarts its components.
 
 ``make k8s-up`` starts it (``python -m dev.k8s supervise``) in its own session and returns
 once the node is Ready; it outlives that command and stops only on SIGTERM (``make k8s-down``).

@@ -1,4 +1,4 @@
-"""Supervision of the proxy's long-running parts: never a live process doing nothing.
+"""Restarts of the proxy's long-running parts, with backoff: never a live process doing nothing.
 
 The supervised components and who runs them:
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dev.stack.process import ManagedProcess, wait_until
-from dev.stack.supervise import (
+from dev.stack.restarts import (
     Component,
     ComponentLostError,
     Supervisor,
