@@ -10,8 +10,8 @@ atomic:
 3. *wait* at most ``txn_ack_wait_ms`` for every record's acknowledgement. If one failed or did
    not answer, the transaction is *aborted* — read_committed consumers never see any of it —
    and only the targets that failed are held (backoff, and dead letters after
-   ``dead_letter_after`` permanent failures, as in ``retry.py``); the others go again in the
-   next round's transaction, at once. Otherwise the tombstones of everything the round
+   ``dead_letter_after`` permanent failures, as in ``release_backoff.py``); the others go again
+   in the next round's transaction, at once. Otherwise the tombstones of everything the round
    retires (with where each was written, for its status) and those queued by cancels join
    the transaction;
 4. *commit* with the checkpoint ``(T, offsets)`` that covers the round in the same
@@ -39,12 +39,12 @@ from confluent_kafka import KafkaError
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import EXACTLY_ONCE, ReplicaConfig
+from delay_service.delivery_reports import attempt_failed, fate_of, retired
 from delay_service.entry import Entry
 from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
 from delay_service.metrics import Metrics
 from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
-from delay_service.settle import attempt_failed, fate_of, retired
 from delay_service.store import Store
 from delay_service.tombstones import Retired
 from delay_service.txn_sender import TxnSender, load_checkpoint

@@ -12,8 +12,8 @@ One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
    while it has records in flight, so its records leave in key order;
 3. *settle*: wait at most ``round_ack_wait_ms`` for this round's acknowledgements, then delete
    what was delivered and queue its tombstones; a failed entry backs off, holding its target; a
-   permanent error on the ``dead_letter_after``-th attempt dead-letters it (``settle.py``,
-   ``retry.py``). Records still unacknowledged stay in flight: a later round settles them;
+   permanent error on the ``dead_letter_after``-th attempt dead-letters it (``delivery_reports.py``,
+   ``release_backoff.py``). Records still unacknowledged stay in flight: a later round settles them;
 4. *checkpoint*: claim (T, O) with T below the due time of every entry still pending (in flight,
    held, failed, or beyond a cut scan), never moving backwards; write it at most every
    ``checkpoint_interval_ms``, apply it to the store, then produce the queued tombstones
@@ -42,11 +42,11 @@ from typing import Protocol
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
+from delay_service.delivery_reports import Settler
 from delay_service.metrics import Metrics
-from delay_service.retry import RetryPolicy
+from delay_service.release_backoff import ReleaseBackoff
 from delay_service.round import RoundResult, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
-from delay_service.settle import Settler
 from delay_service.store import Store
 from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
@@ -108,7 +108,7 @@ class Forwarder:
         self._wake_at_ms: int | None = None
         self._tombstones = TombstoneQueue()  # thread-safe on its own
         # Forwarder-thread state.
-        self._retries = RetryPolicy.for_replica(cfg, clock)
+        self._retries = ReleaseBackoff.for_replica(cfg, clock)
         self._settler = Settler(store, metrics, self._retries, sender, self._tombstones)
         self._epoch = -1
         self._claim = NOTHING

@@ -38,7 +38,7 @@ from delay_service.config import ReplicaConfig
 from delay_service.errors import StoreError
 from delay_service.ingest import Ingest
 from delay_service.queries import Answers, QueryError
-from delay_service.supervisor import Supervisor
+from delay_service.threads import Supervisor
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -20,7 +20,7 @@ message. Dead-lettering from ingest instead would have every replica write it, o
 the master changes.
 
 A record whose *write* to RocksDB fails is not poison: that is an infrastructure failure, and
-ingest's supervisor restarts it or ends the process (supervisor.py).
+ingest's supervisor restarts it or ends the process (threads.py).
 
 Pure functions; any thread may use them.
 """

@@ -3,8 +3,8 @@
 Start-up order: internal topics exist -> store opens -> ingest starts -> first catch-up with
 the end of the buffer topic -> only then the replica joins the election, as a follower; the
 winner claims an epoch and the forwarder takes over (see forwarder.py). A follower applies each
-checkpoint it sees once it has settled (settling.py), so its store holds only what is not yet
-known to be delivered.
+checkpoint it sees once it has settled (follower_checkpoints.py), so its store holds only what
+is not yet known to be delivered.
 
 Threads and who calls what:
 - main thread: :meth:`Replica.run` (start-up, then the *control loop*), :meth:`request_stop`
@@ -44,13 +44,13 @@ from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
 from delay_service.errors import ComponentFailedError
 from delay_service.exactly_once import make_forwarder
+from delay_service.follower_checkpoints import FollowerCheckpoints
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
 from delay_service.queries import Answers
-from delay_service.settling import SettlingCheckpoints
 from delay_service.store import Store
-from delay_service.supervisor import RestartPolicy, Supervisor
+from delay_service.threads import RestartPolicy, Supervisor
 from kdelay import logs, memory
 from kdelay.backoff import Backoff
 from kdelay.buffer import BUFFER_TOPIC
@@ -92,7 +92,7 @@ class Replica:
         self._wakeup = threading.Event()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._last_cp: CheckpointRecord | None = None
-        self._settling = SettlingCheckpoints()  # a follower's, applied once settled
+        self._follower_checkpoints = FollowerCheckpoints()  # a follower's, applied once settled
         self._joined = False
         self._due_next = 0.0  # monotonic: when the due-window gauges are next recounted
         self.supervisor = Supervisor(
@@ -382,17 +382,18 @@ class Replica:
                     log.warning("replica.checkpoint_unreadable", error=str(exc))
                     continue
                 self._last_cp = cp
-                self._settling.seen(version, cp.checkpoint)
+                self._follower_checkpoints.seen(version, cp.checkpoint)
 
     def _apply_settled(self, store: Store, forwarder: Forwarder) -> None:
-        """A follower applies each checkpoint once it has settled (settling.py says why). From
-        the moment this thread activates the forwarder (``engaged``), the forwarder applies
-        the newest checkpoint itself, and an older one applied after it would make the store
-        store again, and release again, what the newer one covers: none is applied here."""
+        """A follower applies each checkpoint once it has settled (follower_checkpoints.py
+        says why). From the moment this thread activates the forwarder (``engaged``), the
+        forwarder applies the newest checkpoint itself, and an older one applied after it would
+        make the store store again, and release again, what the newer one covers: none is
+        applied here."""
         if forwarder.engaged:
-            self._settling.clear()
+            self._follower_checkpoints.clear()
             return
-        for version, checkpoint in self._settling.settled():
+        for version, checkpoint in self._follower_checkpoints.settled():
             dropped = store.apply_checkpoint(checkpoint)
             if dropped:
                 log.debug("replica.covered_entries_dropped", count=dropped, version=version)

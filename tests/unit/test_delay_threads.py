@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from delay_service import health
 from delay_service.config import ReplicaConfig
 from delay_service.metrics import Metrics
-from delay_service.supervisor import RestartPolicy, Supervisor
+from delay_service.threads import RestartPolicy, Supervisor
 from kdelay.backoff import Backoff
 
 FAST = RestartPolicy(Backoff(0.001, 0.002), max_failures=3)

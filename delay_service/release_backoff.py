@@ -1,15 +1,16 @@
-"""The forwarder's retry and dead-letter policy: pure bookkeeping, time from an injected clock.
+"""The master's release backoff and dead-letter policy, per entry and per target: pure
+bookkeeping, time from an injected clock.
 
 An entry whose forward failed waits out an exponential backoff (``backoff_ms * 2**(n-1)`` after
 the n-th failed attempt, at most ``backoff_max_ms``); meanwhile the forwarder holds its target
-(:meth:`RetryPolicy.held_targets`): that entry and every other one for the same target wait,
+(:meth:`ReleaseBackoff.held_targets`): that entry and every other one for the same target wait,
 so per-target order is kept, while other targets flow. A *permanent* error on the
 ``dead_letter_after``-th attempt (or later) sends the entry to the dead-letter topic instead;
 transient errors are retried for ever. Attempts are counted per entry key. A dead-letter write
-that fails backs off too (:meth:`RetryPolicy.dead_letter_failed`, the same doubling), so a
+that fails backs off too (:meth:`ReleaseBackoff.dead_letter_failed`, the same doubling), so a
 failing dead-letter topic is not written to every round.
 
-Threads: a RetryPolicy belongs to the forwarder thread; it is not thread-safe.
+Threads: a ReleaseBackoff belongs to the forwarder thread; it is not thread-safe.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class _Retry:
     dead_letter_failures: int = 0
 
 
-class RetryPolicy:
+class ReleaseBackoff:
     """Failed attempts and backoff deadlines of the entries that failed."""
 
     def __init__(
@@ -51,7 +52,7 @@ class RetryPolicy:
         self._retries: dict[bytes, _Retry] = {}
 
     @classmethod
-    def for_replica(cls, cfg: ReplicaConfig, clock: Clock) -> RetryPolicy:
+    def for_replica(cls, cfg: ReplicaConfig, clock: Clock) -> ReleaseBackoff:
         """The policy ``cfg``'s retry and dead-letter settings ask for."""
         return cls(
             backoff_ms=cfg.retry_backoff_ms,

@@ -1,7 +1,7 @@
 """Settling the records that completed: what the forwarder does with each delivery report.
 
 - a release acknowledged: the entry was delivered; it leaves the store, its id gets a tombstone;
-- a release failed: the retry policy decides (``retry.py``): back off, holding the entry's
+- a release failed: the retry policy decides (``release_backoff.py``): back off, holding the entry's
   target, or — a permanent error on the ``dead_letter_after``-th attempt — dead-letter it;
 - a dead letter acknowledged: the entry leaves the store like a delivered one;
 - a dead letter failed: the entry and its target back off too, and the dead letter is written
@@ -11,7 +11,7 @@ Logs: one ``forwarder.target_held`` event per target and round whose releases fa
 partition, error, failed records, attempt, backoff), and one ``forwarder.forward_failed`` per
 entry whose error is permanent (it heads for the dead-letter topic).
 
-Threads: a Settler belongs to the forwarder thread, like the sender and retry policy it uses.
+Threads: a Settler belongs to the forwarder thread, like the sender and release backoff it uses.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError
 from delay_service.entry import Entry
 from delay_service.metrics import Metrics
 from delay_service.outcomes import DEAD_LETTERED, DELIVERED
-from delay_service.retry import RetryPolicy, Verdict
+from delay_service.release_backoff import ReleaseBackoff, Verdict
 from delay_service.round import Target, target_of
 from delay_service.sender import Completion, Sender, error_name, is_permanent
 from delay_service.store import Store
@@ -65,7 +65,7 @@ class _Failed:
 
 
 def attempt_failed(
-    entry: Entry, err: KafkaError, retries: RetryPolicy, metrics: Metrics
+    entry: Entry, err: KafkaError, retries: ReleaseBackoff, metrics: Metrics
 ) -> Verdict:
     """Count one failed release of ``entry`` (both delivery modes): the error metric, the retry
     policy's verdict, and a ``forwarder.forward_failed`` log when a permanent error is to be
@@ -93,7 +93,7 @@ class Settler:
         self,
         store: Store,
         metrics: Metrics,
-        retries: RetryPolicy,
+        retries: ReleaseBackoff,
         sender: Sender,
         tombstones: TombstoneQueue,
     ) -> None:

@@ -31,7 +31,7 @@ from kdelay.checkpoint import Checkpoint
 SETTLE_S = 1.0
 
 
-class SettlingCheckpoints:
+class FollowerCheckpoints:
     """Checkpoints in the order seen; :meth:`settled` hands out those old enough, once."""
 
     def __init__(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from delay_service.entry import Entry, entry_key
-from delay_service.retry import RetryPolicy, Verdict
+from delay_service.release_backoff import ReleaseBackoff, Verdict
 from delay_service.round import claim_ms, plan_round
 from kdelay.buffer import Scheduled
 
@@ -23,8 +23,8 @@ class Monotonic:
         return self.mono
 
 
-def policy(clock: Monotonic, dead_letter_after: int = 3) -> RetryPolicy:
-    return RetryPolicy(
+def policy(clock: Monotonic, dead_letter_after: int = 3) -> ReleaseBackoff:
+    return ReleaseBackoff(
         backoff_ms=125, backoff_max_ms=500, dead_letter_after=dead_letter_after, clock=clock
     )
 

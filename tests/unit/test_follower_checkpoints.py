@@ -6,9 +6,9 @@ import functools
 from typing import cast
 
 from delay_service.config import ReplicaConfig
+from delay_service.follower_checkpoints import FollowerCheckpoints
 from delay_service.forwarder import Forwarder
 from delay_service.replica import Replica
-from delay_service.settling import SettlingCheckpoints
 from delay_service.store import Store
 from kdelay.checkpoint import Checkpoint
 
@@ -27,7 +27,7 @@ def cp(time_ms: int) -> Checkpoint:
 
 def test_a_checkpoint_is_handed_out_once_it_has_settled_and_only_once() -> None:
     clock = FakeClock()
-    s = SettlingCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock)
     s.seen(1, cp(10))
     assert s.settled() == []
     clock.now += 0.5
@@ -43,7 +43,7 @@ def test_a_checkpoint_is_handed_out_once_it_has_settled_and_only_once() -> None:
 
 def test_all_settled_checkpoints_come_out_oldest_first() -> None:
     clock = FakeClock()
-    s = SettlingCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock)
     for version in range(1, 6):
         s.seen(version, cp(version))
         clock.now += 0.1
@@ -53,7 +53,7 @@ def test_all_settled_checkpoints_come_out_oldest_first() -> None:
 
 def test_a_version_seen_before_or_older_is_ignored() -> None:
     clock = FakeClock()
-    s = SettlingCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock)
     s.seen(3, cp(30))
     s.seen(3, cp(30))  # a watch can fire twice for one version
     s.seen(2, cp(20))
@@ -66,7 +66,7 @@ def test_a_version_seen_before_or_older_is_ignored() -> None:
 
 def test_clear_forgets_what_has_not_settled() -> None:
     clock = FakeClock()
-    s = SettlingCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock)
     s.seen(1, cp(10))
     s.clear()  # this replica became master
     clock.now += 2.0
@@ -96,12 +96,12 @@ def test_a_replica_applies_settled_checkpoints_only_while_not_engaged_as_master(
     and what had not settled by then is forgotten."""
     replica = Replica(ReplicaConfig(name="settling-test"))
     clock = FakeClock()
-    replica._settling = SettlingCheckpoints(1.0, clock)
+    replica._follower_checkpoints = FollowerCheckpoints(1.0, clock)
     store, forwarder = FakeStore(), FakeForwarder()
     apply = functools.partial(replica._apply_settled, cast("Store", store))
-    replica._settling.seen(1, cp(10))
+    replica._follower_checkpoints.seen(1, cp(10))
     clock.now += 1.0
-    replica._settling.seen(2, cp(20))
+    replica._follower_checkpoints.seen(2, cp(20))
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10)]  # settled; the second not yet
     forwarder.engaged = True  # won the election: activated, not forwarding yet
@@ -109,7 +109,7 @@ def test_a_replica_applies_settled_checkpoints_only_while_not_engaged_as_master(
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10)]
     forwarder.engaged = False  # stepped down: a follower again
-    replica._settling.seen(3, cp(30))
+    replica._follower_checkpoints.seen(3, cp(30))
     clock.now += 1.0
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10), cp(30)]  # the one from before the takeover is gone
