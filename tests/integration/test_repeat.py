@@ -166,12 +166,19 @@ def test_a_series_survives_a_restart_of_every_replica(
         finally:
             proxy.stop()
         one = read_until(bs, topic, lambda r: all(len(of(r, s)) >= 1 for s in gaps))
-        time.sleep(1)  # occurrence 1's retirement checkpointed (every 100 ms); 2 is 3 s away
+        first_due = max(int(of(one, s)[0].header("kdelay-deliver-at") or b"0") for s in gaps)
+
+        def first_checkpointed() -> bool:
+            checkpoint = rs.checkpoint()
+            return checkpoint is not None and checkpoint.time_ms >= first_due
+
+        # Occurrence 1's retirement checkpointed (every 100 ms; 2 is 3 s away): a restart must
+        # not release it again.
+        wait_until(first_checkpointed, timeout=30, what="a checkpoint covering occurrence 1")
         for name in rs.replicas:
             rs.kill(name)
         assert not any(r.alive() for r in rs.replicas.values())
-        second_due = max(int(of(one, s)[0].header("kdelay-deliver-at") or b"0") for s in gaps)
-        second_due += 3000
+        second_due = first_due + 3000
         wait_until(
             lambda: time.time() * 1000 > second_due + 1000,
             timeout=30,
