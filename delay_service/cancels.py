@@ -3,7 +3,7 @@
 A client that sends a message and its cancel in one request (or one ``flush``) cannot know in
 which order they reach the buffer topic: the proxy appends a request's partitions in the order
 the request lists them, so the cancel is often appended *before* its message, in the same
-buffer partition (both go to the partition of the id, ``kdelay/buffer.py``). So a cancel does
+buffer partition (both go to the partition of the id, ``kdelay/buffer/``). So a cancel does
 not only remove what is pending when it is read; it is *remembered*, and cancels a schedule
 that arrives after it but was sent with it.
 
@@ -73,8 +73,8 @@ from delay_service.tombstones import Retired
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled
 
-#: The rule's two times (``kdelay/buffer.py``: the verifier applies the same rule). Config
-#: settings to come: ``cancel_window_ms``, ``cancel_accept_slack_ms``.
+#: The rule's two times (``kdelay/buffer/cancel_rule.py``: the verifier applies the same rule).
+#: Config settings to come: ``cancel_window_ms``, ``cancel_accept_slack_ms``.
 WINDOW_MS = buffer.CANCEL_WINDOW_MS
 ACCEPT_SLACK_MS = buffer.CANCEL_ACCEPT_SLACK_MS
 #: Open cancels per buffer partition at most: the oldest closes when a newer one opens beyond

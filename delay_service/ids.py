@@ -6,7 +6,7 @@ The ``ids`` column family maps ``len(id) (2) | id | buffer key`` (UTF-8) to the 
   producer's retry through another proxy, or the buffer topic read again): the first stays;
 - a schedule that *reuses* an id with a new buffer key is a new message, pending beside any
   earlier one with that id (ids are safe to reuse; the buffer-record contract in
-  ``kdelay/buffer.py`` keeps them in one partition, in order), unless it was sent with a
+  ``kdelay/buffer/`` keeps them in one partition, in order), unless it was sent with a
   cancel of that id that reached the buffer before it: an open cancel (``cancels.py``) then
   cancels it on arrival. Sent means accepted by a proxy; a reuse sent once the cancel was
   acknowledged (and ``cancels.ACCEPT_SLACK_MS`` more) is new;

@@ -39,7 +39,7 @@ MIN_INSYNC = "min.insync.replicas"
 BUFFER_TOPIC_CONFIG = {
     # Delivered and cancelled ids get tombstones: compaction keeps about the pending set.
     "cleanup.policy": "compact",
-    # The broker's clock stamps each record: a delay counts from it (kdelay/buffer.py).
+    # The broker's clock stamps each record: a delay counts from it (kdelay/buffer/).
     "message.timestamp.type": "LogAppendTime",
     # Pending messages must never age out, however long their delay.
     "retention.ms": "-1",

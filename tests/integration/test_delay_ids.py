@@ -2,7 +2,7 @@
 each deliver the newer message exactly once, through a live failover and through a replica
 rebuilt from a buffer topic that compaction has really cleaned.
 
-Each scheduled message has a buffer key of its own (``kdelay/buffer.py``); before, the key was
+Each scheduled message has a buffer key of its own (``kdelay/buffer/``); before, the key was
 the id, so a tombstone written after a reschedule compacted the new message away, and followers
 dropped a reused id as a duplicate of the delivered message they still held.
 """

@@ -1,4 +1,4 @@
-"""The buffer-record contract (kdelay/buffer.py): round trips, properties and bad inputs."""
+"""The buffer-record contract (kdelay/buffer/): round trips, properties and bad inputs."""
 
 from __future__ import annotations
 

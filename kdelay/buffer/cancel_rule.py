@@ -1,0 +1,52 @@
+"""The cancel rule the replicas and the verifier share: which schedules a cancel cancels
+(README "Cancelling a message"), from the records' buffer offsets, append times and the
+proxy's acceptance order.
+
+Functions of their arguments; safe from any thread.
+"""
+
+from __future__ import annotations
+
+#: How long after its own append time a cancel still cancels a schedule appended after it (5
+#: minutes of the records' append time; covers a proxy's upstream delivery timeout, 30 s by
+#: default, with room to spare).
+CANCEL_WINDOW_MS = 300_000
+#: A schedule accepted by a proxy up to this long after the cancel's append time counts as sent
+#: with it (the proxy's clock against the broker's): the cancel wins.
+CANCEL_ACCEPT_SLACK_MS = 1_000
+#: The order field ``s`` a proxy writes: its wall-clock millisecond of acceptance << this | a
+#: counter (proxy/routing.py ``AcceptanceOrder``).
+ORDER_SHIFT = 20
+
+
+def accepted_ms(seq: int) -> int | None:
+    """When a proxy accepted a schedule with order field ``seq`` (its millisecond), None if
+    unknown (format 1, or not written by a proxy's router)."""
+    ms = seq >> ORDER_SHIFT
+    return ms if ms > 0 else None
+
+
+def cancels(
+    cancel_offset: int,
+    cancel_ms: int | None,
+    offset: int,
+    time_ms: int | None,
+    accepted: int | None,
+) -> bool:
+    """Whether a cancel of an id, at ``cancel_offset`` of a buffer partition and appended at
+    ``cancel_ms``, cancels a schedule of that id in the same partition at ``offset``, appended
+    at ``time_ms`` and accepted by a proxy at ``accepted`` (README "Cancelling a message"):
+    the schedule comes before the cancel (then only a delivery first escapes it), or after it
+    but was accepted no later than :data:`CANCEL_ACCEPT_SLACK_MS` after the cancel's append and
+    appended within :data:`CANCEL_WINDOW_MS` of it (sent with it: the cancel wins).
+
+    The replicas also close a cancel once 50,000 newer ones of its partition are open
+    (``delay_service/cancels.py``); this rule of one cancel and one schedule does not count.
+    """
+    if offset < cancel_offset:
+        return True
+    if offset == cancel_offset or cancel_ms is None or accepted is None:
+        return False
+    if accepted > cancel_ms + CANCEL_ACCEPT_SLACK_MS:
+        return False
+    return time_ms is None or time_ms - cancel_ms <= CANCEL_WINDOW_MS

@@ -1,0 +1,253 @@
+"""The buffer records' wire format (version 2 written, 1 and 2 read): the topic names, the
+``kdelay-route`` header and its fields, :func:`encode` and :func:`decode` (the contract is
+:mod:`kdelay.buffer`'s docstring).
+
+Functions of their arguments; safe from any thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from kdelay.buffer.records import BufferRecord, Cancel, Fate, Scheduled, Tombstone
+from kdelay.errors import BufferFormatError
+from kdelay.immutable import immutable
+from kdelay.json_bytes import dumps
+
+BUFFER_TOPIC = "__kdelay_buffer"
+DEAD_LETTER_TOPIC = "__kdelay_dead_letter"
+ROUTE_HEADER = "kdelay-route"
+FORMAT_VERSION = 2
+#: The versions :func:`decode` reads.
+READ_VERSIONS = (1, 2)
+#: The ``op`` of each kind of record in ``kdelay-route``.
+OP_SCHEDULE = "schedule"
+OP_CANCEL = "cancel"
+OP_DONE = "done"
+#: Every ``kdelay-route`` field (format versions 1 and 2), its type in Spark SQL DDL, for readers
+#: that parse the header without :func:`decode` (the verifier's Spark job).
+ROUTE_FIELDS: dict[str, str] = {
+    "v": "INT",
+    "op": "STRING",
+    "t": "STRING",
+    "p": "INT",
+    "k": "STRING",
+    "d": "BIGINT",
+    "n": "BOOLEAN",
+    "o": "BIGINT",
+    "i": "STRING",
+    "r": "BIGINT",
+    "s": "BIGINT",
+    "rp": "STRING",
+    "oc": "INT",
+    "x": "STRING",
+    "tp": "INT",
+    "to": "BIGINT",
+    "ts": "BIGINT",
+}
+
+
+def route_schema(*fields: str) -> str:
+    """Spark SQL DDL (``"v INT, op STRING, ..."``) of the named route fields; all when none."""
+    unknown = [f for f in fields if f not in ROUTE_FIELDS]
+    if unknown:
+        raise ValueError(f"not {ROUTE_HEADER} fields: {unknown}; known: {list(ROUTE_FIELDS)}")
+    return ", ".join(f"{name} {ROUTE_FIELDS[name]}" for name in fields or ROUTE_FIELDS)
+
+
+@immutable
+class Encoded:
+    """A buffer record as Kafka sees it."""
+
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
+    return ROUTE_HEADER, dumps({"v": FORMAT_VERSION, **obj})
+
+
+def encode(record: BufferRecord) -> Encoded:
+    """The Kafka key, value and headers for a buffer record (format version 2)."""
+    key = record.buffer_key.encode()
+    if isinstance(record, Scheduled):
+        value, headers = encode_schedule(
+            record.id,
+            topic=record.topic,
+            partition=record.partition,
+            key=record.key,
+            value=record.value,
+            headers=record.headers,
+            deliver_at_ms=record.deliver_at_ms,
+            delay_ms=record.delay_ms,
+            seq=record.seq,
+            repeat=record.repeat,
+            occurrence=record.occurrence,
+        )
+        return Encoded(key, value, headers)
+    if isinstance(record, Cancel):
+        return Encoded(key, b"", [_route({"op": OP_CANCEL, "i": record.id})])
+    return Encoded(key, None, [tombstone_route(record.id, record.offset, record.fate)])
+
+
+def tombstone_route(msg_id: str, offset: int, fate: Fate | None) -> tuple[str, bytes]:
+    """The routing header of a tombstone (its key is the retired record's buffer key, its value
+    null): what :func:`encode` writes for a :class:`Tombstone`, for the master's hot path,
+    which writes one per released message."""
+    done: dict[str, Any] = {"v": FORMAT_VERSION, "op": OP_DONE, "i": msg_id, "o": offset}
+    if fate is not None:
+        done["x"] = fate.state
+        if fate.topic is not None:
+            done["t"] = fate.topic
+        if fate.partition is not None:
+            done["tp"] = fate.partition
+        if fate.offset is not None:
+            done["to"] = fate.offset
+        if fate.released_ms is not None:
+            done["ts"] = fate.released_ms
+        if fate.deliver_at_ms is not None:
+            done["d"] = fate.deliver_at_ms
+        if fate.occurrence is not None:
+            done["oc"] = fate.occurrence
+    return ROUTE_HEADER, dumps(done)
+
+
+def encode_schedule(
+    msg_id: str,
+    *,
+    topic: str,
+    partition: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes]],
+    deliver_at_ms: int,
+    delay_ms: int | None,
+    seq: int,
+    repeat: str | None = None,
+    occurrence: int = 1,
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The value and headers of a schedule's buffer record (its key is its buffer key): what
+    :func:`encode` writes for a :class:`Scheduled`, for the proxy's hot path, which has the
+    fields at hand and no use for the object."""
+    relative = delay_ms is not None
+    fields: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "op": OP_SCHEDULE,
+        "i": msg_id,
+        "t": topic,
+        "p": partition,
+        "k": None if key is None else base64.b64encode(key).decode(),
+        "n": value is None,
+        "d": None if relative else deliver_at_ms,
+        "r": delay_ms,
+        "s": seq,
+    }
+    if repeat is not None:
+        fields["rp"] = repeat
+        fields["oc"] = occurrence
+    return (b"" if value is None else value), [*headers, (ROUTE_HEADER, dumps(fields))]
+
+
+def decode(
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]] | None,
+    timestamp_ms: int | None = None,
+) -> BufferRecord:
+    """Parse a buffer-topic record; raises BufferFormatError with the reason.
+
+    ``timestamp_ms`` is the record's timestamp (its append time on the buffer topic): a
+    relative delay counts from it, so a schedule with ``"r"`` cannot be decoded without it.
+    """
+    if not key:
+        raise BufferFormatError("buffer record has no key (the message id)")
+    try:
+        msg_id = key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BufferFormatError("buffer record key is not UTF-8") from None
+    hdrs = list(headers or [])
+    if not hdrs or hdrs[-1][0] != ROUTE_HEADER or hdrs[-1][1] is None:
+        raise BufferFormatError(f"buffer record {msg_id!r} lacks a trailing {ROUTE_HEADER} header")
+    try:
+        route = orjson.loads(hdrs[-1][1])
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc}") from None
+    if not isinstance(route, dict):
+        raise BufferFormatError(f"buffer record {msg_id!r}: {ROUTE_HEADER} is not an object")
+    version = route.get("v")
+    if version not in READ_VERSIONS:
+        raise BufferFormatError(
+            f"buffer record {msg_id!r} has format version {version!r}; "
+            f"this kdelay reads versions {list(READ_VERSIONS)}"
+        )
+    try:
+        if version == 1:
+            return _decode_route(msg_id, "", value, hdrs[:-1], route, None)
+        return _decode_route(str(route["i"]), msg_id, value, hdrs[:-1], route, timestamp_ms)
+    except (KeyError, TypeError, ValueError, OverflowError, binascii.Error) as exc:
+        raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc!r}") from None
+
+
+def _fate(route: dict[str, Any]) -> Fate | None:
+    state = route.get("x")
+    if state is None:
+        return None
+    get = route.get
+    topic, tp, to, ts, d, oc = get("t"), get("tp"), get("to"), get("ts"), get("d"), get("oc")
+    return Fate(
+        str(state),
+        None if topic is None else str(topic),
+        None if tp is None else int(tp),
+        None if to is None else int(to),
+        None if ts is None else int(ts),
+        None if d is None else int(d),
+        None if oc is None else int(oc),
+    )
+
+
+def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private call
+    msg_id: str,
+    uid: str,
+    value: bytes | None,
+    own: list[tuple[str, bytes | None]],
+    route: dict[str, Any],
+    timestamp_ms: int | None,
+) -> BufferRecord:
+    op = route["op"]
+    if op == OP_SCHEDULE:
+        key_b64 = route["k"]
+        delay = route.get("r")
+        if delay is None:
+            due, delay_ms = int(route["d"]), None
+        elif timestamp_ms is None or timestamp_ms < 0:
+            raise ValueError("a relative delay needs the record's timestamp")
+        else:
+            delay_ms = int(delay)
+            if delay_ms < 0:
+                raise ValueError(f"negative delay {delay_ms}")
+            due = timestamp_ms + delay_ms
+        return Scheduled(
+            id=msg_id,
+            topic=str(route["t"]),
+            partition=int(route["p"]),
+            key=None if key_b64 is None else base64.b64decode(key_b64, validate=True),
+            value=None if route["n"] else (value or b""),
+            deliver_at_ms=due,
+            headers=tuple((n, v if v is not None else b"") for n, v in own),
+            uid=uid,
+            seq=int(route.get("s") or 0),
+            delay_ms=delay_ms,
+            repeat=None if route.get("rp") is None else str(route["rp"]),
+            occurrence=int(route.get("oc") or 1),
+        )
+    if op == OP_CANCEL:
+        return Cancel(msg_id, uid)
+    if op == OP_DONE:
+        return Tombstone(msg_id, int(route["o"]), uid, _fate(route))
+    raise ValueError(f"unknown op {op!r}")

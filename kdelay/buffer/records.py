@@ -1,0 +1,110 @@
+"""The buffer records as values: a scheduled message, a cancel, a tombstone and the fate it
+carries (the contract is :mod:`kdelay.buffer`'s docstring; :mod:`kdelay.buffer.codec` turns
+them into Kafka records and back).
+
+Immutable values (``@immutable``); safe from any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field, replace
+
+from kdelay import headers as h
+from kdelay.immutable import immutable
+
+
+@immutable
+class Scheduled:
+    """A message waiting in the buffer topic for its due time."""
+
+    id: str
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    deliver_at_ms: int
+    headers: tuple[tuple[str, bytes], ...] = field(default=())
+    uid: str = ""  # the buffer key; "" for a version-1 record, whose key is the id
+    seq: int = 0  # order among messages due at the same millisecond
+    delay_ms: int | None = None  # set: written as "r", due = append time + delay_ms
+    repeat: str | None = None  # a recurring message's canonical kdelay-repeat value
+    occurrence: int = 1  # which occurrence of its series this record is
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic."""
+        return self.uid or self.id
+
+    def delivered_headers(self) -> list[tuple[str, bytes]]:
+        """Headers of the released record: the producer's own, plus the id and the due time
+        (and a recurring message's occurrence number)."""
+        out = [
+            *self.headers,
+            (h.ID, self.id.encode()),
+            (h.DELIVER_AT, str(self.deliver_at_ms).encode()),
+        ]
+        if self.repeat is not None:
+            out.append((h.OCCURRENCE, str(self.occurrence).encode()))
+        return out
+
+    def next_occurrence(self, deliver_at_ms: int, seq: int) -> Scheduled:
+        """Occurrence n+1 of this recurring message, due at ``deliver_at_ms``: same id, order
+        ``seq`` (occurrence 1's: its acceptance time, so a cancel of the series also cancels an
+        occurrence written just after it, ``cancels.py`` rule 2) and content, buffer key ``<key
+        of occurrence 1>#<n+1>`` (so a copy written twice, by two masters around a failover,
+        is kept once)."""
+        root = self.buffer_key.partition("#")[0]
+        return replace(
+            self,
+            deliver_at_ms=deliver_at_ms,
+            uid=f"{root}#{self.occurrence + 1}",
+            delay_ms=None,
+            seq=seq,
+            occurrence=self.occurrence + 1,
+        )
+
+
+@immutable
+class Cancel:
+    """Cancels the pending messages ``id`` produced before it; a no-op for delivered ones."""
+
+    id: str
+    uid: str = ""  # the buffer key; "" for a version-1 record
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic."""
+        return self.uid or self.id
+
+
+@immutable
+class Fate:
+    """What became of a message, as its tombstone tells: ``state`` is ``delivered``,
+    ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written."""
+
+    state: str
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    released_ms: int | None = None
+    deliver_at_ms: int | None = None
+    occurrence: int | None = None
+
+
+@immutable
+class Tombstone:
+    """Retires the record at ``offset`` (message ``id``, buffer key ``uid``): delivered or
+    cancelled."""
+
+    id: str
+    offset: int
+    uid: str = ""  # the retired record's buffer key; "" for version 1 (the id)
+    fate: Fate | None = None  # what became of it, when the master knows
+
+    @property
+    def buffer_key(self) -> str:
+        """The Kafka key of this record in the buffer topic: the retired record's."""
+        return self.uid or self.id
+
+
+BufferRecord = Scheduled | Cancel | Tombstone
