@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from delay_service import store as store_module
+from delay_service import store_writes
 from delay_service.outcomes import _FIELDS, Outcome, _body
 from delay_service.store import Store
 from kdelay.buffer import Fate, Scheduled
@@ -24,7 +24,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(store_module, "_wall_ms", c)
+    monkeypatch.setattr(store_writes, "_wall_ms", c)
     return c
 
 

@@ -541,7 +541,7 @@ def test_the_masters_own_tombstone_is_skipped_a_foreign_one_applied(
 def test_the_memory_of_own_releases_is_bounded(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("delay_service.store.RELEASED_MEMORY", 2)
+    monkeypatch.setattr("delay_service.store_writes.RELEASED_MEMORY", 2)
     store.apply([(0, i, sched(f"m{i}", i + 1)) for i in range(4)], {0: 4})
     due = store.due(10, 10)
     store.remove(due, {e.key: _delivered(e.message.deliver_at_ms) for e in due})

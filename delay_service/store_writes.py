@@ -1,0 +1,245 @@
+"""The store's writes: consumed records, the master's removals, checkpoints; one WriteBatch each.
+
+- :meth:`StoreWrites.apply` (the ingest thread): consumed buffer records and the offsets they
+  advance, with the index (``ids.py``), the open cancels (``cancels.py``) and the outcomes
+  they decide;
+- :meth:`StoreWrites.remove` (the forwarder): the entries the master delivered or
+  dead-lettered, and what became of each; :meth:`StoreWrites.own_tombstone` then lets ingest
+  skip the tombstones of those releases when they come back;
+- :meth:`StoreWrites.apply_checkpoint` (either): drop every entry a checkpoint covers.
+
+Each is one WriteBatch with the entry count and the outcomes' pruning (:meth:`_write`), so
+after any crash the store is exactly "the first K records of each buffer partition, applied".
+Outcomes are stamped with this module's wall clock (``_wall_ms``, replaced in tests).
+
+Concurrency: see the top of ``store.py``; every method holds the store's lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rocksdict import WriteBatch
+
+from delay_service import rocks
+from delay_service.cancels import At, CancelBatch
+from delay_service.entry import Entry, decode_entry, due_bound, entry_key, split_key
+from delay_service.ids import IndexedBatch, id_key
+from delay_service.store_state import META_CHECKPOINT, META_OFFSET, META_PENDING, U64, StoreState
+from delay_service.tombstones import Retired
+from kdelay.buffer import BufferRecord, Cancel, Fate, Scheduled
+from kdelay.checkpoint import Checkpoint
+
+#: Releases this replica removed as master whose tombstone it has not read back yet, at most.
+RELEASED_MEMORY = 200_000
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one :meth:`StoreWrites.apply` did; counts feed the metrics."""
+
+    scheduled: int = 0
+    duplicates: int = 0
+    covered: int = 0
+    cancelled: int = 0  # entries a cancel removed, and schedules cancelled on arrival
+    cancelled_on_arrival: int = 0  # schedules an earlier cancel cancelled (cancels.py rule 2)
+    retired: list[Retired] = field(default_factory=list)  # records owed a tombstone
+    tombstoned: int = 0
+    invalid: int = 0
+    earliest_new_ms: int | None = None
+
+
+#: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
+#: optionally, its timestamp (the buffer's LogAppendTime; None or absent: unknown).
+Incoming = tuple[int, int, BufferRecord | None] | tuple[int, int, BufferRecord | None, int | None]
+
+
+class StoreWrites(StoreState):
+    """Changes to the pending set, each atomic with the offsets, count and outcomes."""
+
+    def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
+        """Apply consumed buffer records and advance the consumed offsets, atomically.
+
+        Schedule of a record already pending (same id and buffer key): a duplicate, the first
+        one stays; a schedule reusing a pending id with a new buffer key is a new message,
+        unless an open cancel cancels it on arrival (``cancels.py``). Cancel: removes every
+        entry with its id (retired with them), and stays open; when it matched nothing, its
+        tombstone is owed when it closes.
+        Tombstone: removes the entry of exactly that record (id, buffer key and offset). A
+        schedule the last checkpoint covers was delivered already and is skipped.
+        """
+        result = ApplyResult()
+        with self._lock:
+            self._check_open()
+            txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
+            cancels = self._cancels.begin(txn.batch)
+            for item in records:
+                record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
+                result.retired += cancels.advance(at[0], at[2])
+                if record is None:
+                    result.invalid += 1
+                elif isinstance(record, Scheduled):
+                    self._apply_schedule(txn, cancels, result, at, record)
+                elif isinstance(record, Cancel):
+                    removed, owed = cancels.cancel(txn, at, record)
+                    result.cancelled += len(removed)
+                    result.retired += [*removed, *owed]
+                    if removed:
+                        self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
+                else:
+                    released = self._released.pop((at[0], record.buffer_key.encode()), None)
+                    if released == record.offset:
+                        continue  # our own release (see StoreState.__init__)
+                    index_key = id_key(record.id, record.uid)
+                    retiring = txn.lookup(index_key)
+                    if retiring is not None and split_key(retiring)[2] == record.offset:
+                        txn.delete(index_key, retiring)
+                        self._done.add_key(index_key, record.uid, time.monotonic())
+                        result.tombstoned += 1
+                    if record.fate is not None:
+                        self._outcomes.learn(
+                            txn.batch, record.id, record.fate, "tombstone", _wall_ms()
+                        )
+            new_offsets = dict(self._offsets)
+            for partition, next_offset in offsets.items():
+                if next_offset > new_offsets.get(partition, -1):
+                    new_offsets[partition] = next_offset
+                    txn.batch.put(
+                        META_OFFSET + str(partition).encode(),
+                        U64.pack(next_offset),
+                        self._meta_cf,
+                    )
+            txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
+            cancels.finish()
+            self._write(txn.batch)
+            cancels.commit()
+            self._pending += txn.delta
+            self._offsets = new_offsets
+            self._floor = txn.floor
+        return result
+
+    def _apply_schedule(
+        self,
+        txn: IndexedBatch,
+        cancels: CancelBatch,
+        result: ApplyResult,
+        at: At,
+        record: Scheduled,
+    ) -> None:
+        partition, offset, _ = at
+        if self._checkpoint.covers(partition, offset, record.deliver_at_ms):
+            result.covered += 1
+        elif (index_key := id_key(record.id, record.uid)) in self._done or txn.lookup(
+            index_key
+        ) is not None:
+            result.duplicates += 1
+        elif (retired := cancels.on_arrival(at, record)) is not None:
+            result.retired.append(retired)
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
+            result.cancelled += 1
+            result.cancelled_on_arrival += 1
+        else:
+            key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
+            txn.put(record, key, index_key)
+            result.scheduled += 1
+            if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
+                result.earliest_new_ms = record.deliver_at_ms
+
+    def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
+        """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.
+        ``fates``, by entry key: what became of them (the master's outcome of each)."""
+        entries = list(entries)
+        index_keys = [id_key(e.message.id, e.message.uid) for e in entries]
+        removed = 0
+        released: list[tuple[tuple[int, bytes], int]] = []
+        with self._lock:
+            self._check_open()
+            if not entries:
+                return 0
+            batch = WriteBatch(raw_mode=True)
+            current = rocks.multi_get(self._ids, index_keys)
+            now_ms, now = _wall_ms(), time.monotonic()
+            learnt: list[tuple[str, Fate]] = []
+            for entry, index_key, key in zip(entries, index_keys, current, strict=True):
+                if key != entry.key:
+                    continue
+                batch.delete(entry.key)
+                batch.delete(index_key, self._ids_cf)
+                self._done.add_key(index_key, entry.message.uid, now)
+                removed += 1
+                if fates is not None and (fate := fates.get(entry.key)) is not None:
+                    learnt.append((entry.message.id, fate))
+                    buffer_key = entry.message.buffer_key.encode()
+                    released.append(((entry.partition, buffer_key), entry.offset))
+            self._outcomes.learn_all(batch, learnt, "master", now_ms)
+            if removed:
+                batch.put(META_PENDING, U64.pack(self._pending - removed), self._meta_cf)
+                self._write(batch)
+                self._pending -= removed
+            self._released.update(released)
+            while len(self._released) > RELEASED_MEMORY:
+                self._released.popitem(last=False)
+        return removed
+
+    def own_tombstone(self, partition: int, key: bytes) -> bool:
+        """Whether the buffer record with Kafka key ``key`` in ``partition`` is a tombstone of a
+        record this replica released as master, not read back yet (then it is forgotten: ingest
+        skips the record without decoding it). The caller checked that the record has a null
+        value, as only a tombstone has. Keyed by the buffer key, not the offset the tombstone
+        names (that needs decoding): any tombstone with that key retires a record this store
+        no longer holds (the release removed it, a cancel removes before its tombstone, and a
+        record released by another master after a failover is covered by the checkpoint its
+        tombstone follows), so at worst a richer outcome is not learnt. A malformed record with
+        a null value and such a key is skipped instead of dead-lettered."""
+        with self._lock:
+            return self._released.pop((partition, key), None) is not None
+
+    def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
+
+        Later schedules it covers (a replica still catching up) are skipped by :meth:`apply`.
+        """
+        dropped = 0
+        cp = Checkpoint(checkpoint.time_ms, dict(checkpoint.offsets))  # a copy nobody mutates
+        with self._lock:
+            self._check_open()
+            batch = WriteBatch(raw_mode=True)
+            first_kept: bytes | None = None
+            for key, value in self._iter_from_floor(due_bound(cp.time_ms + 1)):
+                deliver_at, partition, offset = split_key(key)
+                if cp.covers(partition, offset, deliver_at):
+                    batch.delete(key)
+                    message = decode_entry(value)
+                    index_key = id_key(message.id, message.uid)
+                    batch.delete(index_key, self._ids_cf)
+                    self._done.add_key(index_key, message.uid, time.monotonic())
+                    dropped += 1
+                    self._outcomes.covered(batch, message, _wall_ms())
+                elif first_kept is None:
+                    first_kept = key
+            batch.put(META_CHECKPOINT, cp.to_bytes(), self._meta_cf)
+            batch.put(META_PENDING, U64.pack(self._pending - dropped), self._meta_cf)
+            self._write(batch)
+            self._pending -= dropped
+            self._checkpoint = cp
+            # Never below the floor it started from: a claim behind the last scan (a round
+            # cut short among entries due in the same millisecond) would send every later scan
+            # back over all the deletions since, a cost that grows with each round of a burst.
+            self._floor = first_kept or max(self._floor, due_bound(cp.time_ms + 1))
+        return dropped
+
+    def _write(self, batch: WriteBatch) -> None:
+        """Write ``batch`` with the outcomes' pruning and count (under the lock)."""
+        self._outcomes.finish(batch, _wall_ms())
+        try:
+            self._db.write(batch)
+        except BaseException:
+            self._outcomes.abort()
+            raise
+        self._outcomes.commit()
