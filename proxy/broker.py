@@ -36,6 +36,7 @@ from kdelay.headers import DelayPolicy
 from proxy import internal_topics
 from proxy import protocol as p
 from proxy import records as rec
+from proxy.buffer_keys import Origin
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
@@ -50,7 +51,6 @@ from proxy.routing import (
     DEFAULT_LIMITS,
     BufferUnavailableError,
     Kind,
-    Origin,
     Outgoing,
     RejectedRecordError,
     route,

@@ -7,23 +7,18 @@ first held to the proxy's limits (proxy/limits.py), here and nowhere else, so bo
 enforce them alike; so is the rule that internal topics are written by no client
 (proxy/internal_topics.py, RefusedTopicError).
 
-Buffer records (CONTRACT.md, ``kdelay/buffer.py``): each delayed record and cancel gets a
-buffer key of its own and goes to the buffer partition of its *id*. For a batch of an
-idempotent producer the keys (and the ids of records without ``kdelay-id``) are derived from
-(producer id, epoch, topic, partition, sequence), so a batch retried through a restarted proxy
-or another proxy replica writes the same keys again and the replicas keep one copy. Records of
-other producers and of the HTTP API get random keys. Each delayed record also carries its
-acceptance order (:class:`AcceptanceOrder`), which orders messages due at the same millisecond.
+Buffer records (CONTRACT.md, ``kdelay/buffer/``): each delayed record and cancel goes to the
+buffer partition of its *id*, under a buffer key of its own (proxy/buffer_keys.py: derived from
+an idempotent producer's identity, so a retried batch writes the same keys; random for other
+producers and the HTTP API). Each delayed record also carries its acceptance order
+(proxy/buffer_keys.py), which orders messages due at the same millisecond.
 
-Functions of their arguments; :class:`AcceptanceOrder` is thread-safe; safe from any thread.
+Functions of their arguments; safe from any thread.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,6 +37,7 @@ from kdelay.headers import (
     strip_control,
 )
 from proxy import internal_topics
+from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BatchKeys, Origin, ReservedOrder
 from proxy.limits import LimitExceededError, RecordLimits, Violation
 from proxy.records import Record
 
@@ -101,94 +97,6 @@ class RejectedRecordError(KdelayError):
 
 #: The limits of a proxy whose configuration does not say otherwise.
 DEFAULT_LIMITS = RecordLimits()
-
-
-#: Namespace of the buffer keys derived from an idempotent producer's identity.
-_DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
-_DERIVED_BYTES = _DERIVED.bytes
-_SEQUENCES = 2**31  # Kafka's sequence numbers wrap at int32
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """The idempotent producer of a batch: its records' buffer keys derive from it."""
-
-    producer_id: int
-    epoch: int
-    base_sequence: int
-
-
-def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) -> str:
-    """The buffer key of record ``index`` of a batch: derived from the producer's identity and
-    the record's sequence number when the producer is idempotent, random otherwise."""
-    return _BatchKeys(origin, topic, partition).key(index)
-
-
-class _BatchKeys:
-    """:func:`buffer_key` for every record of one batch: the name's part shared by the batch
-    (``producer id/epoch/topic/partition/``) encoded once, not once a record."""
-
-    __slots__ = ("_base", "_prefix")
-
-    def __init__(self, origin: Origin | None, topic: str, partition: int) -> None:
-        if origin is None or origin.base_sequence < 0:
-            self._prefix: bytes | None = None
-            self._base = 0
-        else:
-            name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/"
-            self._prefix = _DERIVED_BYTES + name.encode()
-            self._base = origin.base_sequence
-
-    def key(self, index: int) -> str:
-        """The buffer key of record ``index``: ``uuid.uuid5(_DERIVED, name).hex`` of the name
-        ``prefix`` + its sequence number, without building UUID objects (SHA-1 of namespace and
-        name, version 5 and the RFC 4122 variant set), or a random one."""
-        if self._prefix is None:
-            return uuid.uuid4().hex
-        seq = (self._base + index) % _SEQUENCES
-        digest = bytearray(hashlib.sha1(self._prefix + b"%d" % seq, usedforsecurity=False).digest())
-        digest[6] = (digest[6] & 0x0F) | 0x50
-        digest[8] = (digest[8] & 0x3F) | 0x80
-        return digest[:16].hex()
-
-
-class AcceptanceOrder:
-    """Increasing numbers in the order records were accepted: ``wall ms << 20 | counter``, so
-    numbers keep rising across a restart and numbers of different proxies interleave by time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = 0
-
-    def next(self, count: int = 1) -> int:
-        """The first of ``count`` consecutive numbers, reserved for the caller."""
-        with self._lock:
-            first = max(self._last + 1, (time.time_ns() // 1_000_000) << 20)
-            self._last = first + count - 1
-            return first
-
-
-class _Reserved:
-    """Acceptance-order numbers for one batch's delayed records: reserved in one block, for
-    the rest of the batch, at its first delayed record (one lock and clock read a batch)."""
-
-    __slots__ = ("_end", "_next", "_order")
-
-    def __init__(self, order: AcceptanceOrder) -> None:
-        self._order = order
-        self._next = self._end = 0
-
-    def take(self, remaining: int) -> int:
-        """The next number; ``remaining``: records left in the batch, this one included."""
-        if self._next >= self._end:
-            self._next = self._order.next(remaining)
-            self._end = self._next + remaining
-        self._next += 1
-        return self._next - 1
-
-
-#: The order of every record this process accepts (Kafka listener and HTTP API alike).
-ACCEPTANCE_ORDER = AcceptanceOrder()
 
 
 class BufferUnavailableError(KdelayError):
@@ -372,8 +280,8 @@ def route(
     # A name of at most this many characters is within the limit in UTF-8 bytes too.
     name_chars = limits.max_header_name_bytes // 4
     max_header_value = limits.max_header_value_bytes
-    seqs = _Reserved(order)
-    keys = _BatchKeys(origin, topic, partition)
+    seqs = ReservedOrder(order)
+    keys = BatchKeys(origin, topic, partition)
     for i, r in enumerate(records):
         headers = r.headers
         key = r.key

@@ -15,7 +15,7 @@ CANCEL_WINDOW_MS = 300_000
 #: with it (the proxy's clock against the broker's): the cancel wins.
 CANCEL_ACCEPT_SLACK_MS = 1_000
 #: The order field ``s`` a proxy writes: its wall-clock millisecond of acceptance << this | a
-#: counter (proxy/routing.py ``AcceptanceOrder``).
+#: counter (proxy/buffer_keys.py ``AcceptanceOrder``).
 ORDER_SHIFT = 20
 
 

@@ -23,7 +23,7 @@ T0 = 1_700_000_000_000  # the cancel's append time in most tests
 
 
 def order(accepted: int, counter: int = 0) -> int:
-    """The order field a proxy gives a record it accepted at ``accepted`` (routing.py)."""
+    """The order field a proxy gives a record it accepted at ``accepted`` (proxy/buffer_keys.py)."""
     return accepted << 20 | counter
 
 

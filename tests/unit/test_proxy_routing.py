@@ -12,15 +12,14 @@ from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from proxy import internal_topics
+from proxy.buffer_keys import Origin, buffer_key
 from proxy.internal_topics import RefusedTopicError
 from proxy.routing import (
     BufferUnavailableError,
     Incoming,
     Kind,
-    Origin,
     Outgoing,
     RejectedRecordError,
-    buffer_key,
     route,
 )
 

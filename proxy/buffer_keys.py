@@ -1,0 +1,111 @@
+"""What identifies a buffer record the proxy writes: its buffer key and its acceptance order.
+
+Buffer keys (CONTRACT.md, ``kdelay/buffer/``): each delayed record and cancel gets a buffer key
+of its own. For a batch of an idempotent producer (:class:`Origin`) the keys are derived from
+(producer id, epoch, topic, partition, sequence), so a batch retried through a restarted proxy
+or another proxy replica writes the same keys again and the replicas keep one copy; records of
+other producers get random keys. The ids of records sent without ``kdelay-id`` derive from
+these keys (``kdelay.buffer.pinned_id``).
+
+Acceptance order (:class:`AcceptanceOrder`): each delayed record carries the order in which
+this process accepted it, which orders messages due at the same millisecond
+(``kdelay.buffer.ORDER_SHIFT``).
+
+Functions of their arguments; :class:`AcceptanceOrder` is thread-safe; a :class:`BatchKeys`
+and a :class:`ReservedOrder` serve one batch on one thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+#: Namespace of the buffer keys derived from an idempotent producer's identity.
+_DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
+_DERIVED_BYTES = _DERIVED.bytes
+_SEQUENCES = 2**31  # Kafka's sequence numbers wrap at int32
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The idempotent producer of a batch: its records' buffer keys derive from it."""
+
+    producer_id: int
+    epoch: int
+    base_sequence: int
+
+
+def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) -> str:
+    """The buffer key of record ``index`` of a batch: derived from the producer's identity and
+    the record's sequence number when the producer is idempotent, random otherwise."""
+    return BatchKeys(origin, topic, partition).key(index)
+
+
+class BatchKeys:
+    """The :func:`buffer_key` of every record of one batch: the name's part shared by the batch
+    (``producer id/epoch/topic/partition/``) encoded once, not once a record."""
+
+    __slots__ = ("_base", "_prefix")
+
+    def __init__(self, origin: Origin | None, topic: str, partition: int) -> None:
+        if origin is None or origin.base_sequence < 0:
+            self._prefix: bytes | None = None
+            self._base = 0
+        else:
+            name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/"
+            self._prefix = _DERIVED_BYTES + name.encode()
+            self._base = origin.base_sequence
+
+    def key(self, index: int) -> str:
+        """The buffer key of record ``index``: ``uuid.uuid5(_DERIVED, name).hex`` of the name
+        ``prefix`` + its sequence number, without building UUID objects (SHA-1 of namespace and
+        name, version 5 and the RFC 4122 variant set), or a random one."""
+        if self._prefix is None:
+            return uuid.uuid4().hex
+        seq = (self._base + index) % _SEQUENCES
+        digest = bytearray(hashlib.sha1(self._prefix + b"%d" % seq, usedforsecurity=False).digest())
+        digest[6] = (digest[6] & 0x0F) | 0x50
+        digest[8] = (digest[8] & 0x3F) | 0x80
+        return digest[:16].hex()
+
+
+class AcceptanceOrder:
+    """Increasing numbers in the order records were accepted: ``wall ms << 20 | counter``, so
+    numbers keep rising across a restart and numbers of different proxies interleave by time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self, count: int = 1) -> int:
+        """The first of ``count`` consecutive numbers, reserved for the caller."""
+        with self._lock:
+            first = max(self._last + 1, (time.time_ns() // 1_000_000) << 20)
+            self._last = first + count - 1
+            return first
+
+
+class ReservedOrder:
+    """Acceptance-order numbers for one batch's delayed records: reserved in one block, for
+    the rest of the batch, at its first delayed record (one lock and clock read a batch)."""
+
+    __slots__ = ("_end", "_next", "_order")
+
+    def __init__(self, order: AcceptanceOrder) -> None:
+        self._order = order
+        self._next = self._end = 0
+
+    def take(self, remaining: int) -> int:
+        """The next number; ``remaining``: records left in the batch, this one included."""
+        if self._next >= self._end:
+            self._next = self._order.next(remaining)
+            self._end = self._next + remaining
+        self._next += 1
+        return self._next - 1
+
+
+#: The order of every record this process accepts (Kafka listener and HTTP API alike).
+ACCEPTANCE_ORDER = AcceptanceOrder()
