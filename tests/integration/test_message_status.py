@@ -27,7 +27,7 @@ from delay_service.cli import status_command
 from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
 from proxy import running_proxy
-from proxy.http import MessageStatus, PendingTimeline
+from proxy.http_queries import MessageStatus, PendingTimeline
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.proxies import loopback_config

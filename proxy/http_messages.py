@@ -1,0 +1,321 @@
+"""The HTTP API's message routes (CONTRACT.md): ``POST /v1/messages`` schedules a message,
+``DELETE /v1/messages/{id}`` cancels one.
+
+A posted message is routed like a produced record (proxy/routing.py), so both reject the same
+values with the same reason, and its topic is looked up in the Kafka listener's topic cache
+(proxy/topics.py). Errors have the statuses of proxy/http_errors.py: 400 for a field's bad
+value, 403 for an internal topic, 413 for a size over a limit (the proxy's, proxy/limits.py, or
+upstream's), 503 only while upstream Kafka is unavailable. A record is acknowledged (202) only
+once upstream Kafka has it.
+
+A posted message with an ``id`` gets a buffer key derived from its content (README "HTTP API"):
+the same POST sent again (a client retrying after a timeout) writes the same buffer record again,
+which the replicas keep once, while a different message with the same id is a new message.
+
+Runs on the proxy's asyncio loop; the functions are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from confluent_kafka import KafkaException
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from kdelay import buffer
+from kdelay import headers as h
+from kdelay.errors import InvalidHeaderError
+from kdelay.headers import DelayPolicy
+from proxy import internal_topics
+from proxy.availability import UpstreamAvailability
+from proxy.buffer_keys import Origin
+from proxy.http_errors import (
+    BadRequestError,
+    ForbiddenTopicError,
+    OverLimitError,
+    Problem,
+    UnavailableError,
+    upstream_refusal,
+)
+from proxy.internal_topics import RefusedTopicError
+from proxy.limits import RecordLimits
+from proxy.metrics import ProxyMetrics
+from proxy.routing import (
+    DEFAULT_LIMITS,
+    Incoming,
+    Kind,
+    Outgoing,
+    RejectedRecordError,
+    cancel,
+    route,
+)
+from proxy.topics import Topics
+from proxy.upstream import Upstream, UpstreamError
+
+_FIELD_OF_HEADER = {
+    h.DELAY_MS: "delay_ms",
+    h.DELIVER_AT: "deliver_at",
+    h.DELAY_LEVEL: "delay_level",
+    h.ID: "id",
+    h.REPEAT: "repeat",
+    h.CANCEL: "id",
+}
+TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+
+
+class MessageIn(BaseModel):
+    """A message to deliver later. Exactly one of delay_ms, deliver_at, delay_level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: Annotated[str, Field(pattern=TOPIC_PATTERN, description="target topic")]
+    partition: Annotated[
+        int | None, Field(ge=0, le=2**31 - 1, description="target partition; absent: by key")
+    ] = None
+    key: str | None = Field(default=None, description="UTF-8 key; absent: null key")
+    value: str | None = Field(default=None, description="UTF-8 value")
+    value_b64: str | None = Field(default=None, description="base64 value (binary)")
+    headers: dict[str, str] | None = Field(default=None, description="record headers")
+    delay_ms: Annotated[int | None, Field(ge=0)] = None
+    deliver_at: int | str | None = Field(
+        default=None, description="epoch milliseconds or an RFC 3339 timestamp"
+    )
+    delay_level: Annotated[int | None, Field(ge=1)] = None
+    id: str | None = Field(default=None, description="message id, 1-255 bytes")
+    repeat: str | None = Field(
+        default=None,
+        description=(
+            "a recurring message (the kdelay-repeat header): R5/PT1S, R/PT1H/<end>, "
+            "exp:1s,2,1m,8 or cron:CRON_TZ=Europe/Berlin 0 9 * * 1-5; the timing field is "
+            "then the first occurrence's (optional: at once)"
+        ),
+    )
+
+
+class Accepted(BaseModel):
+    """The message is durable in the buffer topic."""
+
+    id: str
+    deliver_at: int
+
+
+class CancelAccepted(BaseModel):
+    """The cancel is durable in the buffer topic."""
+
+    id: str
+
+
+def utf8(field: str, text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequestError(f"{field}: not valid UTF-8 text") from None
+
+
+def _value(msg: MessageIn) -> bytes | None:
+    if msg.value is not None and msg.value_b64 is not None:
+        raise BadRequestError("value_b64: give value or value_b64, not both")
+    if msg.value_b64 is not None:
+        try:
+            return base64.b64decode(msg.value_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequestError("value_b64: not valid base64") from None
+    return utf8("value", msg.value)
+
+
+def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
+    timing: list[tuple[str, bytes | None]] = []
+    if msg.delay_ms is not None:
+        timing.append((h.DELAY_MS, str(msg.delay_ms).encode()))
+    if msg.deliver_at is not None:
+        at = msg.deliver_at
+        timing.append((h.DELIVER_AT, utf8("deliver_at", str(at))))
+    if msg.delay_level is not None:
+        timing.append((h.DELAY_LEVEL, str(msg.delay_level).encode()))
+    if len(timing) > 1 or (not timing and msg.repeat is None):
+        raise BadRequestError(
+            f"delay_ms: give exactly one of delay_ms, deliver_at, delay_level ({len(timing)} given)"
+        )
+    if msg.repeat is not None:
+        timing.append((h.REPEAT, utf8("repeat", msg.repeat)))
+    if msg.id is not None:
+        timing.append((h.ID, utf8("id", msg.id)))
+    return timing
+
+
+#: No Kafka producer has a negative epoch: buffer keys derived from a posted message's content
+#: (:func:`_content_origin`) never equal those derived from an idempotent producer's batch.
+_CONTENT_EPOCH = -1
+
+
+def _content_origin(
+    msg: MessageIn, key: bytes | None, value: bytes | None, own: list[tuple[str, bytes | None]]
+) -> Origin:
+    """Where the buffer key of a posted message with an id derives from: its content (the id,
+    the target, key, value, headers and timing fields as posted), so the same POST sent twice
+    writes the same buffer key (the replicas keep one record per id and buffer key), and any
+    other message with that id gets a key of its own. ``buffer_keys.buffer_key`` hashes
+    the origin's fields (uuid5); the digest stands in for an idempotent producer's id."""
+    digest = hashlib.sha256()
+    scalars = [msg.id, msg.topic, msg.partition, msg.delay_ms, msg.deliver_at, msg.delay_level]
+    parts: list[bytes | None] = [json.dumps(scalars).encode(), key, value]
+    for name, header_value in own:
+        parts += [name.encode("utf-8", "surrogatepass"), header_value]
+    for part in parts:
+        # Length-prefixed, None apart from b"": no two contents hash the same input.
+        digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big"))
+        digest.update(part or b"")
+    return Origin(int.from_bytes(digest.digest(), "big"), _CONTENT_EPOCH, 0)
+
+
+def _route_message(
+    msg: MessageIn,
+    now_ms: int,
+    policy: DelayPolicy,
+    limits: RecordLimits = DEFAULT_LIMITS,
+    buffer_partitions: int = 1,
+) -> Outgoing:
+    """The buffer record for a posted message; BadRequestError names the bad field,
+    OverLimitError the limit it is over, ForbiddenTopicError refuses an internal topic."""
+    value = _value(msg)
+    key = utf8("key", msg.key)
+    own = [(k, utf8(f"headers.{k}", v)) for k, v in (msg.headers or {}).items()]
+    for name, _ in own:
+        if name in h.CONTROL_HEADERS:
+            raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
+    control = _control_headers(msg)
+    origin = None if msg.id is None else _content_origin(msg, key, value, own)
+    try:
+        (routed,), _ = route(
+            msg.topic,
+            -1 if msg.partition is None else msg.partition,
+            [Incoming(key, value, [*own, *control])],
+            now_ms,
+            policy,
+            limits=limits,
+            buffer_partitions=buffer_partitions,
+            origin=origin,
+        )
+    except RejectedRecordError as exc:
+        if exc.limit is not None:
+            raise OverLimitError(exc.limit) from None
+        bad = exc.header_error
+        # A posted message always carries a timing header: only a header can be at fault.
+        assert bad is not None
+        if isinstance(bad, h.UnknownHeaderError):  # a look-alike in "headers"
+            raise BadRequestError(f"headers.{bad.header}: {bad.problem}") from None
+        field = _FIELD_OF_HEADER.get(bad.header, bad.header)
+        raise BadRequestError(f"{field}: {bad.problem}") from None
+    except RefusedTopicError as exc:
+        # The rule alone: a posted message is never the cancel the buffer topic may carry.
+        rule = internal_topics.refusal(exc.topic) or exc.rule
+        raise ForbiddenTopicError(f"topic: {rule}", field="topic") from None
+    return routed
+
+
+async def _buffer_partitions(topics: Topics) -> int:
+    """The buffer topic's partition count (cached), or UnavailableError (503)."""
+    try:
+        info = await topics.info(buffer.BUFFER_TOPIC)
+    except KafkaException as exc:
+        raise UnavailableError(f"upstream Kafka unreachable: {exc}") from None
+    if info.error_code != 0 or info.partitions <= 0:
+        raise UnavailableError(f"{buffer.BUFFER_TOPIC} is not available upstream")
+    return info.partitions
+
+
+def path_id(message_id: str) -> str:
+    """The message id of a request path, checked as a ``kdelay-id`` header's value is."""
+    try:
+        return h.validate_id("id", utf8("id", message_id))
+    except InvalidHeaderError as exc:
+        raise BadRequestError(f"id: {exc.problem}") from None
+
+
+#: The error answers an operation documents (proxy/http_errors.py).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem} for code in (400, 403, 413, 422, 502, 503)
+}
+
+
+async def _write(
+    upstream: Upstream, availability: UpstreamAvailability | None, records: list[Any]
+) -> None:
+    """Write ``records`` upstream; an error answer says why upstream did not take them. While
+    upstream is known to be down, answer 503 at once rather than after the upstream timeout."""
+    down = None if availability is None else availability.problem()
+    if down is not None:
+        raise UnavailableError(down)
+    try:
+        await upstream.send(records)
+    except UpstreamError as exc:
+        raise upstream_refusal(exc.code, str(exc)) from None
+
+
+def install_message_routes(
+    app: FastAPI,
+    topics: Topics,
+    upstream: Upstream,
+    metrics: ProxyMetrics,
+    policy: DelayPolicy,
+    *,
+    now_ms: Callable[[], int],
+    limits: RecordLimits,
+    availability: UpstreamAvailability | None,
+) -> None:
+    """``POST /v1/messages`` and ``DELETE /v1/messages/{id}`` on ``app`` (module docstring)."""
+
+    async def check_target(topic: str, partition: int | None) -> None:
+        # Internal topics never get here: route() refused them (ForbiddenTopicError, 403).
+        try:
+            info = await topics.info(topic)
+        except KafkaException as exc:
+            raise UnavailableError(f"upstream Kafka unreachable: {exc}") from None
+        if info.error_code or info.partitions == 0:
+            raise BadRequestError(f"topic: {topic!r} does not exist upstream")
+        if partition is not None and partition >= info.partitions:
+            raise BadRequestError(
+                f"partition: {topic!r} has {info.partitions} partitions, no {partition}"
+            )
+
+    async def write(records: list[Any]) -> None:
+        await _write(upstream, availability, records)
+
+    errors = _ERRORS
+
+    @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
+    async def post_message(msg: MessageIn) -> Accepted:
+        """Schedule one message for delivery at a later time. ``deliver_at`` in the answer is
+        exact for ``deliver_at``; for a delay it is the proxy's estimate (the due time counts
+        from the buffer record's append time; the delivered ``kdelay-deliver-at`` is exact)."""
+        routed = _route_message(msg, now_ms(), policy, limits, await _buffer_partitions(topics))
+        assert routed.kind is Kind.DELAYED
+        assert routed.id is not None
+        assert routed.deliver_at_ms is not None
+        await check_target(msg.topic, msg.partition)
+        await write([routed])
+        metrics.records.labels(Kind.DELAYED.value).inc()
+        return Accepted(id=routed.id, deliver_at=routed.deliver_at_ms)
+
+    @app.delete(
+        "/v1/messages/{message_id}",
+        status_code=202,
+        response_model=CancelAccepted,
+        responses=errors,
+    )
+    async def delete_message(message_id: str) -> CancelAccepted:
+        """Cancel a pending message; answered once the cancel is durable."""
+        msg_id = path_id(message_id)
+        await write(
+            [cancel(msg_id, uid=h.new_id(), buffer_partitions=await _buffer_partitions(topics))]
+        )
+        metrics.records.labels(Kind.CANCEL.value).inc()
+        return CancelAccepted(id=msg_id)

@@ -1,0 +1,173 @@
+"""The HTTP API's query routes, answered by a delay-service replica (docs/status.md):
+``GET /v1/messages/{id}`` (a message's status) and ``GET /v1/pending`` (the pending timeline).
+
+The proxy keeps no message state: a replica, found through ZooKeeper and asked over HTTP by
+``zk/replica_api.py`` on a worker thread (at most :data:`REPLICA_QUESTIONS` at once), answers,
+and its document, freshness included, is passed on as it is. 404: no replica knows the id; 503
+with ``Retry-After``: no replica answered in ``replica_timeout_ms`` / ``pending_timeout_ms``;
+503 without it: ``zk_connect`` is not set, so the proxy cannot find them.
+
+Runs on the proxy's asyncio loop; the questions themselves on worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from kdelay.durations import duration_ms
+from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
+from proxy.http_messages import path_id
+from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
+
+#: Replica questions (status, timeline) in flight at once; more wait their turn.
+REPLICA_QUESTIONS = 8
+DURATION = "a duration: 500ms, 30s, 1m, 2h, 1d (a bare number is milliseconds)"
+#: kdelay/durations.py's grammar.
+DURATION_PATTERN = r"^\s*[0-9]+\s*([mM][sS]|[sSmMhHdD])?\s*$"
+
+
+class Freshness(BaseModel):
+    """How current a replica's answer is (docs/status.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    answered_by: str = Field(description="the replica that answered")
+    role: str = Field(description="its role: master, follower, catching-up or starting")
+    as_of_ms: int = Field(description="its clock (the broker's, estimated) when it answered")
+    ingest_lag: int | None = Field(
+        description="buffer records not yet in its store (measured every second); null: unknown"
+    )
+    ingested_offsets: dict[str, int] = Field(
+        description="per buffer partition, the offset below which every record is in the answer"
+    )
+
+
+class MessageStatus(Freshness):
+    """A message's status, from a delay-service replica's store (docs/status.md)."""
+
+    id: str
+    state: Literal["pending", "delivered", "cancelled", "dead_lettered"]
+    deliver_at: int | None = Field(description="due time, epoch milliseconds")
+    topic: str | None = Field(description="target topic")
+    partition: int | None = Field(description="target partition; null: chosen by key at release")
+    offset: int | None = Field(
+        default=None, description="delivered: its offset in the target partition (if known)"
+    )
+    released_at: int | None = Field(
+        default=None, description="delivered or dead_lettered: when, epoch milliseconds"
+    )
+    cancelled_at: int | None = Field(default=None, description="cancelled: when")
+    source: str | None = Field(
+        default=None, description="how the replica knows of the outcome (master, tombstone, ...)"
+    )
+    repeat: str | None = Field(default=None, description="a recurring message's kdelay-repeat")
+    occurrence: int | None = Field(default=None, description="which occurrence of a series")
+    buffer: dict[str, Any] | None = Field(
+        default=None, description="pending: its buffer record (partition, offset, key)"
+    )
+    last_outcome: dict[str, Any] | None = Field(
+        default=None,
+        description="pending: what became of an earlier message or occurrence with this id",
+    )
+
+
+class PendingBucket(BaseModel):
+    """Pending messages due in ``[start, start + bucket_ms)``."""
+
+    start: int
+    count: int
+    topics: dict[str, int]
+
+
+class PendingTimeline(Freshness):
+    """Pending messages per due-time bucket and per target topic (docs/status.md)."""
+
+    now_ms: int
+    until_ms: int = Field(description="counted: entries due before this (now + horizon)")
+    bucket_ms: int
+    horizon_ms: int
+    buckets: list[PendingBucket] = Field(description="the non-empty buckets, earliest first")
+    topics: dict[str, int] = Field(description="counted entries per target topic")
+    counted: int
+    overdue: int = Field(description="counted entries already due (awaiting release)")
+    pending: int = Field(description="every pending entry of the replica, due whenever")
+    truncated: bool = Field(description="the scan stopped at scan_limit entries")
+    scan_limit: int
+    scanned_until: int | None = Field(description="the counts are exact for due times before it")
+
+
+class MessageNotFoundError(ApiError):
+    """No replica knows the id (404)."""
+
+    status = 404
+
+
+class ReplicasNotConfiguredError(ApiError):
+    """The proxy was not told where the replicas are (503, no Retry-After: retrying is futile
+    until ``zk_connect`` is set)."""
+
+    status = 503
+
+
+def install_replica_queries(
+    app: FastAPI, replicas: ReplicaApi | None, pending_timeout_s: float
+) -> None:
+    """``GET /v1/messages/{id}`` and ``GET /v1/pending`` on ``app`` (module docstring)."""
+    questions = asyncio.Semaphore(REPLICA_QUESTIONS)
+
+    async def ask(question: Callable[[ReplicaApi], ReplicaAnswer]) -> ReplicaAnswer:
+        if replicas is None:
+            raise ReplicasNotConfiguredError(
+                "zk_connect: this proxy does not know where the delay-service replicas are; "
+                "set zk_connect (--zk-connect, KDELAY_PROXY_ZK_CONNECT) and zk_root to theirs"
+            )
+        async with questions:
+            try:
+                answer = await asyncio.to_thread(question, replicas)
+            except NoReplicaError as exc:
+                raise UnavailableError(str(exc)) from None
+        if answer.status == 400:
+            raise BadRequestError(str(answer.body.get("error", "bad request")))
+        return answer
+
+    lookups: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 404, 503)}
+    timelines: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 503)}
+
+    @app.get("/v1/messages/{message_id}", response_model=MessageStatus, responses=lookups)
+    async def get_message(message_id: str) -> Response:
+        """The status of a message: pending (due time, target), delivered (offset, release
+        time), cancelled or dead_lettered, as a delay-service replica knows it (the master
+        when it answers), with the answer's freshness. 404: no replica knows the id."""
+        msg_id = path_id(message_id)
+        answer = await ask(lambda api: api.message(msg_id))
+        if answer.status == 404:
+            error = answer.body.get("error") or f"id: no message {msg_id!r} is known"
+            raise MessageNotFoundError(str(error), field="id")
+        return JSONResponse(answer.body)
+
+    @app.get("/v1/pending", response_model=PendingTimeline, responses=timelines)
+    async def get_pending(
+        bucket: Annotated[
+            str, Query(description=f"bucket width, {DURATION}", pattern=DURATION_PATTERN)
+        ] = "1m",
+        horizon: Annotated[
+            str, Query(description=f"how far ahead, {DURATION}", pattern=DURATION_PATTERN)
+        ] = "24h",
+    ) -> Response:
+        """Pending messages per due-time bucket (aligned to multiples of ``bucket``) and per
+        target topic, due before now + ``horizon`` (overdue ones included), from a
+        delay-service replica's store, with the answer's freshness."""
+        for name, text in (("bucket", bucket), ("horizon", horizon)):
+            try:
+                if duration_ms(text) <= 0:
+                    raise BadRequestError(f"{name}: must be more than 0")
+            except ValueError as exc:
+                raise BadRequestError(f"{name}: {exc}") from None
+        answer = await ask(lambda api: api.pending(bucket, horizon, pending_timeout_s))
+        return JSONResponse(answer.body)
