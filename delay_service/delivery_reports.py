@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError
 
 from delay_service.entry import Entry
+from delay_service.in_flight import Completion
 from delay_service.metrics import Metrics
 from delay_service.outcomes import DEAD_LETTERED, DELIVERED
+from delay_service.producer import error_name, is_permanent
 from delay_service.release_backoff import ReleaseBackoff, Verdict
 from delay_service.round import Target, target_of
-from delay_service.sender import Completion, Sender, error_name, is_permanent
+from delay_service.sender import Sender
 from delay_service.store import Store
 from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs

@@ -42,9 +42,11 @@ from delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from delay_service.delivery_reports import attempt_failed, fate_of, retired
 from delay_service.entry import Entry
 from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
+from delay_service.in_flight import Completion
 from delay_service.metrics import Metrics
+from delay_service.producer import error_name, is_permanent
 from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
-from delay_service.sender import Completion, Sender, error_name, is_permanent
+from delay_service.sender import Sender
 from delay_service.store import Store
 from delay_service.tombstones import Retired
 from delay_service.txn_sender import TxnSender, load_checkpoint

@@ -37,7 +37,8 @@ from confluent_kafka import (
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
-from delay_service.sender import ProducerLike, Sender
+from delay_service.producer import ProducerLike
+from delay_service.sender import Sender
 from kdelay import logs
 from kdelay.errors import InfrastructureError
 from kdelay.topics import CHECKPOINT_TOPIC
