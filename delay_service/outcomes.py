@@ -70,7 +70,7 @@ class Outcome:
 #: Outcome sources, richest first (a poorer one never replaces a richer one of one message).
 SOURCES = ("master", "tombstone", "cancel", "checkpoint")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
-#: What is stored of an Outcome (its id is the key); dataclasses.asdict was a profile's top cost.
+#: What is stored of an Outcome (its id is the key); not dataclasses.asdict, as it runs per release.
 _FIELDS = tuple(f.name for f in fields(Outcome) if f.name != "id")
 _U64 = struct.Struct(">Q")
 _META_COUNT = b"outcomes"

@@ -5,8 +5,8 @@ filter blocks of every family, so neither the write rate nor the number of SST f
 replica's memory grow (``bench/soak.py`` samples it).
 
 Every level is compressed with zstd (RocksDB's default is Snappy): a pending entry takes about
-half the disk (27 against 56 bytes per message of 100 B in ``bench.delay_service``'s pending
-set), for a few microseconds of CPU per block, which ingest and release rates do not show.
+half the disk (docs/benchmarks.md, "Delay service"), for a few microseconds of CPU per block,
+which ingest and release rates do not show.
 """
 
 from __future__ import annotations
