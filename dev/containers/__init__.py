@@ -3,8 +3,12 @@
 Development tooling (``make containers``, ``make containers-down``, ``make test-containers``,
 ``make demo-compose``; docs/containers.md); no runtime component imports it.
 
-- :mod:`~dev.containers.engine`: Debian's podman with the project's own configuration and
-  Docker API socket (or a real Docker Engine where one answers);
+- :mod:`~dev.containers.engine`: which engine (a real Docker Engine where one answers, else
+  podman), its CLI, and the removal of what the tests left behind;
+- :mod:`~dev.containers.podman_setup`: Debian's podman packages and the project's own
+  configuration files for it;
+- :mod:`~dev.containers.docker_api`: podman's Docker API socket (the service ``make
+  containers`` leaves running, or one per test session);
 - :mod:`~dev.containers.rootfs`: the Debian base image, by debootstrap;
 - :mod:`~dev.containers.images`: every image and its local build, rebuilt only when its
   inputs change;
@@ -16,7 +20,8 @@ Development tooling (``make containers``, ``make containers-down``, ``make test-
 
 from __future__ import annotations
 
-from dev.containers.engine import LABEL, Engine, api, detect, remove_orphans
+from dev.containers.docker_api import api
+from dev.containers.engine import LABEL, Engine, detect, remove_orphans
 from dev.containers.images import Image, catalogue, names
 
 __all__ = ["LABEL", "Engine", "Image", "api", "catalogue", "detect", "names", "remove_orphans"]

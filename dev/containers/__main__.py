@@ -14,7 +14,7 @@ import shlex
 import shutil
 import sys
 
-from dev.containers import compose, engine, images, rootfs
+from dev.containers import compose, docker_api, engine, images, podman_setup, rootfs
 from dev.containers.progress import Steps, say
 from kdelay.errors import KdelayError
 
@@ -24,15 +24,15 @@ def _prepare_engine(steps: Steps, *, service: bool) -> engine.Engine:
     if eng.kind == "docker":
         say(f"==> using the Docker Engine at {eng.docker_host}")
         return eng
-    with steps.step(f"engine packages ({', '.join(engine.PACKAGES)})") as step:
-        missing = engine.missing_packages()
-        engine.install_packages(missing)
+    with steps.step(f"engine packages ({', '.join(podman_setup.PACKAGES)})") as step:
+        missing = podman_setup.missing_packages()
+        podman_setup.install_packages(missing)
         step.outcome = f"apt-get installed {' '.join(missing)}" if missing else "installed already"
     with steps.step("podman configuration (.dev/containers)"):
-        engine.write_config()
+        podman_setup.write_config()
     if service:
         with steps.step("Docker API socket (podman system service)") as step:
-            step.outcome = engine.start_service()
+            step.outcome = docker_api.start_service()
     return eng
 
 
@@ -87,10 +87,10 @@ def down(_args: argparse.Namespace) -> int:
     eng = engine.detect()
     if eng.kind == "podman" and shutil.which("podman") is None:
         say("podman is not installed: no containers to remove")
-        say(engine.stop_service())
+        say(docker_api.stop_service())
         return 0
     if eng.kind == "podman":
-        engine.write_config()
+        podman_setup.write_config()
     removed = compose.remove_project(eng)
     if removed:
         say(f"removed the Compose project's {len(removed)} container(s)/network/volume(s)")
@@ -98,8 +98,8 @@ def down(_args: argparse.Namespace) -> int:
     if removed:
         say(f"removed {len(removed)} container(s)/network(s) the tests left")
     if eng.kind == "podman":
-        say(engine.stop_service())
-        for sock in engine.remove_stale_sockets():
+        say(docker_api.stop_service())
+        for sock in docker_api.remove_stale_sockets():
             say(f"removed {sock.name}, the socket of a test run that was killed")
     return 0
 
@@ -108,9 +108,9 @@ def status(_args: argparse.Namespace) -> int:
     eng = engine.detect()
     say(f"engine: {eng.kind}, Docker API {eng.docker_host}")
     if eng.kind == "podman":
-        missing = engine.missing_packages()
+        missing = podman_setup.missing_packages()
         say(f"packages: {'missing ' + ' '.join(missing) if missing else 'installed'}")
-        answers = engine.api_answers(engine.service_socket())
+        answers = docker_api.api_answers(engine.service_socket())
         say(f"socket: {'answers' if answers else 'not running'} ({engine.service_socket()})")
         if missing:
             return 1

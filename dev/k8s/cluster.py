@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dev.containers.engine import install_packages
+from dev.containers.podman_setup import install_packages
 from dev.containers.progress import Steps, say
 from dev.k8s import build, images, kube, node, pki
 from dev.k8s.components import write_configs

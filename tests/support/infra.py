@@ -82,11 +82,11 @@ class ZooKeeperInfra:
 def engine_problem() -> str | None:
     """Why no container engine can serve the tests here, or None when one can."""
     try:
-        from dev.containers import engine
+        from dev.containers import engine, podman_setup
 
         found = engine.detect()
         if found.kind == "podman":
-            engine.check_podman()
+            podman_setup.check_podman()
     except InfrastructureError as exc:
         return str(exc)
     return None
