@@ -1,5 +1,5 @@
 """The Docker API of podman (for the docker CLI and testcontainers): ``podman system service``
-on a unix socket under ``.dev/containers/``.
+on a unix socket under ``.kdelay/containers/``.
 
 - :func:`start_service` / :func:`stop_service`: the one ``make containers`` leaves running for
   the user (pid file beside it) and ``make containers-down`` stops;

@@ -7,7 +7,7 @@ no runtime component imports it.
 a real Docker Engine answers (``DOCKER_HOST`` or /var/run/docker.sock, and it is not podman), it
 is used and nothing else is needed. Otherwise podman, configured by files of the project's own
 (dev/containers/podman_setup.py: its Debian packages, containers.conf and storage.conf under
-``.dev/containers/``, :func:`podman_env` pointing it at them), with its Docker API served on a
+``.kdelay/containers/``, :func:`podman_env` pointing it at them), with its Docker API served on a
 unix socket (dev/containers/docker_api.py).
 
 Containers and networks the tests start carry the label ``kdelay.managed=<owner pid>``
@@ -37,7 +37,7 @@ _SOCKET_MAX = 100  # sun_path holds 108 bytes
 
 
 def state_dir() -> Path:
-    """``.dev/containers``: configuration, sockets, pid file, logs, podman's run root."""
+    """``.kdelay/containers``: configuration, sockets, pid file, logs, podman's run root."""
     return ROOT / ".kdelay" / "containers"
 
 

@@ -2,7 +2,7 @@
 
 podman is configured by files of the project's own, never by anything under /etc:
 ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF`` (dev/containers/engine.py ``podman_env``)
-point it at ``.dev/containers/`` (containers.conf, storage.conf, the run root, events,
+point it at ``.kdelay/containers/`` (containers.conf, storage.conf, the run root, events,
 networks) and the image storage lives in ``.cache/containers/storage``. What this machine needs
 of the configuration: no default ulimits (podman's defaults exceed the hard limits here:
 ``setrlimit RLIMIT_NOFILE: Operation not permitted``), runc (crun refuses the hybrid cgroup

@@ -8,7 +8,7 @@ CrashLoopBackOff. A component that exits three times before it ever became healt
 start: everything is stopped and the status file names it with the end of its log.
 
 Children are :class:`dev.stack.process.ManagedProcess` (``kdelay.managed=<supervisor pid>``,
-killed with the supervisor). The status (``.dev/k8s/status.json``) is rewritten atomically
+killed with the supervisor). The status (``.kdelay/k8s/status.json``) is rewritten atomically
 after every change; ``up`` and ``status`` read it. Single-threaded: the main loop does all.
 """
 
