@@ -41,7 +41,8 @@ from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from delay_service.delivery_reports import attempt_failed, fate_of, retired
 from delay_service.entry import Entry
-from delay_service.forwarder import CheckpointWriter, Forwarder, IngestLike
+from delay_service.forwarder import Forwarder, IngestLike
+from delay_service.forwarder_control import CheckpointWriter
 from delay_service.in_flight import Completion
 from delay_service.metrics import Metrics
 from delay_service.producer import error_name, is_permanent

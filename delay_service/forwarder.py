@@ -29,26 +29,27 @@ for the next master (a duplicate at worst).
 ``exactly_once.py`` makes each round one Kafka transaction (``--delivery exactly-once``).
 
 Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
-retry policy and the checkpoint store. The control thread calls :meth:`activate`,
+release backoff and the checkpoint store. The control thread calls :meth:`activate`,
 :meth:`deactivate`, :meth:`pause`, :meth:`resume`, :meth:`shutdown`; the ingest thread
-:meth:`notify_new` and :meth:`add_tombstones`: they only flip state under one Condition.
+:meth:`notify_new` and :meth:`add_tombstones`: they only flip state under one Condition
+(``forwarder_control.py``, the base of :class:`Forwarder`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.delivery_reports import Settler
+from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
 from delay_service.metrics import Metrics
 from delay_service.release_backoff import ReleaseBackoff
 from delay_service.round import RoundResult, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
 from delay_service.store import Store
-from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from zk.errors import CoordinationError, FencedError
@@ -59,23 +60,13 @@ log = logs.get(__name__)
 IN_FLIGHT_POLL_S = 0.005
 
 
-class CheckpointWriter(Protocol):
-    """The part of zk.CheckpointStore the forwarder uses (tests pass a fake)."""
-
-    def claim_epoch(self) -> int: ...
-
-    def load(self) -> bytes | None: ...
-
-    def write(self, data: bytes) -> object: ...
-
-
 class IngestLike(Protocol):
     def wait_ingested(
         self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
     ) -> bool: ...
 
 
-class Forwarder:
+class Forwarder(ForwarderControl):
     """Releases due entries while this replica is the active master."""
 
     def __init__(
@@ -90,23 +81,14 @@ class Forwarder:
         clock: Clock = SYSTEM_CLOCK,
         hold: Callable[[], str | None] = lambda: None,
     ) -> None:
+        super().__init__(metrics)
         self._cfg = cfg
         self._store = store
         self._ingest = ingest
-        self._metrics = metrics
         self._sender = sender
         self._on_fenced = on_fenced
         self._clock = clock
         self._hold = hold  # a reason to release nothing this round (clock skew), or None
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        # State flipped by other threads, guarded by _cond.
-        self._checkpoints: CheckpointWriter | None = None
-        self._generation = 0  # bumped by every activate/deactivate
-        self._paused = False
-        self._fenced = False
-        self._wake_at_ms: int | None = None
-        self._tombstones = TombstoneQueue()  # thread-safe on its own
         # Forwarder-thread state.
         self._retries = ReleaseBackoff.for_replica(cfg, clock)
         self._settler = Settler(store, metrics, self._retries, sender, self._tombstones)
@@ -119,90 +101,8 @@ class Forwarder:
         self._planned_ms: int | None = None
         self._known: dict[bytes, tuple[str, int]] = {}  # targets of held entries, by key
         self.last_checkpoint_ms = 0
-        self.active = threading.Event()  # set while forwarding as master
-
-    # -- control API (any thread, never blocks) --------------------------------------------
-
-    @property
-    def engaged(self) -> bool:
-        """Activated (becoming or being master), or fenced and not yet cleared by the owner."""
-        with self._cond:
-            return self._checkpoints is not None or self._fenced
-
-    def clear_fenced(self) -> None:
-        """The owner has left and rejoined the election after a fence: may activate again."""
-        with self._cond:
-            self._fenced = False
-
-    def activate(self, checkpoints: CheckpointWriter) -> int:
-        """Become master: claim an epoch, load the checkpoint, catch up, then forward.
-
-        Returns the generation the forwarder thread serves from now on (see forward_once).
-        """
-        with self._cond:
-            self._checkpoints = checkpoints
-            self._generation += 1
-            self._paused = False
-            self._cond.notify_all()
-            return self._generation
-
-    def deactivate(self, reason: str) -> None:
-        """Stop forwarding at once (step-down, lost session, fenced)."""
-        with self._cond:
-            if self._checkpoints is not None:
-                log.info("forwarder.stopped", reason=reason)
-            self._checkpoints = None
-            self._generation += 1
-            self.active.clear()
-            self._cond.notify_all()
-        self._metrics.is_master.set(0)
-
-    def pause(self) -> None:
-        """Hold forwarding (ZooKeeper SUSPENDED): leadership is uncertain."""
-        with self._cond:
-            if not self._paused and self._checkpoints is not None:
-                log.info("forwarder.paused")
-            self._paused = True
-            self._cond.notify_all()
-
-    def resume(self) -> None:
-        """Forward again after :meth:`pause` (ZooKeeper CONNECTED)."""
-        with self._cond:
-            if self._paused and self._checkpoints is not None:
-                log.info("forwarder.resumed")
-            self._paused = False
-            self._cond.notify_all()
-
-    def shutdown(self) -> None:
-        """Make :meth:`run` return after the current round and a last checkpoint."""
-        with self._cond:
-            self._stop.set()
-            self._cond.notify_all()
-
-    def notify_new(self, deliver_at_ms: int) -> None:
-        """Ingest stored an entry due at ``deliver_at_ms``: wake up if it is earlier."""
-        with self._cond:
-            if self._wake_at_ms is None or deliver_at_ms < self._wake_at_ms:
-                self._wake_at_ms = deliver_at_ms
-                self._cond.notify_all()
-
-    def add_tombstones(self, retired: Iterable[Retired]) -> None:
-        """Cancelled records whose tombstones the master writes."""
-        with self._cond:
-            if self._checkpoints is not None and self._tombstones.add(retired):
-                self._wake_at_ms = 0  # full: the next round writes the checkpoint and them
-                self._cond.notify_all()
 
     # -- the forwarder thread --------------------------------------------------------------
-
-    def _may_forward(self, generation: int) -> bool:
-        with self._cond:
-            return (
-                generation == self._generation
-                and self._checkpoints is not None
-                and not self._paused
-                and not self._stop.is_set()
-            )
 
     def run(self) -> None:
         """The forwarder thread: idle until activated, then loop until deactivated."""
