@@ -20,14 +20,8 @@ from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
 from kdelay.topics import CHECKPOINT_TOPIC
-from tests.unit.test_forwarder import (
-    FakeCheckpoints,
-    FakeClock,
-    FakeIngest,
-    FakeProducer,
-    Sent,
-    msg,
-)
+from tests.support.fakes import FakeClock, FakeProducer, Sent
+from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest, msg
 from zk.errors import FencedError
 
 
@@ -116,7 +110,7 @@ def make(store: Store, producer: FakeTxnProducer, **settings: object) -> Rig:
         txn_ack_wait_ms=10,
         **settings,  # type: ignore[arg-type]
     )
-    clock = FakeClock()
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
     producer.clock = clock
     metrics = Metrics()
     sender = TxnSender(
@@ -189,14 +183,14 @@ def test_a_failing_target_aborts_the_round_and_only_it_is_held(store: Store) -> 
     # Its backoff over, "bad" is first asked for by metadata: still leaderless, so it joins
     # no transaction (none is aborted) and waits another backoff.
     producer.leaderless.add("bad")
-    rig.clock.advance(2)
+    rig.clock.advance_ms(2)
     store.apply([(0, 2, msg(3, 101, topic="good"))], {0: 3})
     third = rig.fwd.forward_once(cps, gen)
     assert (third.delivered, producer.probes) == (1, ["bad"])
     assert (producer.commits, producer.aborts) == (2, 1)
     producer.leaderless.clear()
     failing.clear()
-    rig.clock.advance(2)
+    rig.clock.advance_ms(2)
     rig.fwd.forward_once(cps, gen)
     assert ids(producer.visible("bad")) == [b"m1"]
     assert store.pending == 0
@@ -215,7 +209,7 @@ def test_a_permanent_error_dead_letters_in_the_transaction_of_its_checkpoint(
     gen = start(rig, cps)
     for _ in range(3):
         rig.fwd.forward_once(cps, gen)
-        rig.clock.advance(2)
+        rig.clock.advance_ms(2)
     [dead] = producer.visible("__kdelay_dead_letter")
     error = dict(dead.headers)["kdelay-error"]
     assert isinstance(error, bytes)
@@ -246,7 +240,7 @@ def test_an_entry_already_due_when_it_arrives_is_never_covered_while_pending(
     store.apply([(0, 0, msg(1, now - 10, topic="good"))], {0: 1})
     rig.fwd.forward_once(cps, gen)
     assert ids(producer.visible("good")) == [b"m1"]  # claim (now, {0: 1}) committed
-    rig.clock.advance(5)
+    rig.clock.advance_ms(5)
     if arrival == "failing target":
         late = [(0, 1, msg(2, now - 5, topic="gone"))]
     else:  # an earlier entry of its target fails first and holds it
@@ -255,7 +249,7 @@ def test_an_entry_already_due_when_it_arrives_is_never_covered_while_pending(
     dead_ids: list[bytes | str | None] = []
     for _ in range(12):
         rig.fwd.forward_once(cps, gen)
-        rig.clock.advance(2)
+        rig.clock.advance_ms(2)
         dead_ids = ids(producer.visible("__kdelay_dead_letter"))
         for cp in producer.visible(CHECKPOINT_TOPIC):
             record = CheckpointRecord.decode(cp.value or b"")
@@ -352,7 +346,7 @@ def test_the_forwarder_thread_runs_a_term_and_stops(store: Store) -> None:
     for _ in range(100):
         if producer.visible("t"):
             break
-        rig.clock.advance(1)
+        rig.clock.advance_ms(1)
         threading.Event().wait(0.01)
     rig.fwd.shutdown()
     thread.join(10)
@@ -375,7 +369,7 @@ def test_a_broker_slow_for_everyone_still_gets_rounds_committed(store: Store) ->
     delivered = 0
     for _ in range(6):
         delivered += rig.fwd.forward_once(cps, gen).delivered
-        rig.clock.advance(2)
+        rig.clock.advance_ms(2)
         if delivered == 4:
             break
     assert delivered == 4

@@ -4,12 +4,12 @@ checkpoint. Time moves only when a test advances the clock."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError
 
 from delay_service.config import ReplicaConfig
 from delay_service.forwarder import Forwarder
@@ -19,89 +19,8 @@ from delay_service.store import Store
 from delay_service.tombstones import Retired
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled, decode
 from kdelay.checkpoint import CheckpointRecord
+from tests.support.fakes import FakeClock, FakeProducer, Sent
 from zk.errors import FencedError
-
-Callback = Callable[[KafkaError | None, Message], None]
-
-
-@dataclass
-class FakeClock:
-    """Wall and monotonic time that move only with :meth:`advance`."""
-
-    now_ms: int = 1_000_000
-    mono: float = 50.0
-
-    def wall_ms(self) -> int:
-        return self.now_ms
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
-        self.mono += ms / 1000
-
-
-@dataclass
-class Sent:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    partition: int
-    timestamp: int
-    headers: list[tuple[str, str | bytes | None]]
-
-
-@dataclass
-class FakeProducer:
-    """Acknowledges at poll(); ``fail`` decides an error per record (None: success), ``hold``
-    which records get no report yet. poll(timeout) moves the clock, as a real poll waits."""
-
-    fail: Callable[[Sent], KafkaError | None] = lambda _s: None
-    sync_fail: Callable[[Sent], KafkaError | None] = lambda _s: None
-    hold: Callable[[Sent], bool] = lambda _s: False
-    sent: list[Sent] = field(default_factory=list)
-    queued: list[tuple[Sent, Callback | None]] = field(default_factory=list)
-    clock: FakeClock | None = None
-
-    def produce(  # noqa: PLR0917 - mirrors confluent_kafka.Producer.produce
-        self,
-        topic: str,
-        value: str | bytes | None = None,
-        key: str | bytes | None = None,
-        partition: int = -1,
-        callback: Callback | None = None,
-        on_delivery: Callback | None = None,
-        timestamp: int = 0,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        assert not isinstance(value, str)
-        assert not isinstance(key, str)
-        sent = Sent(topic, key, value, partition, timestamp, list(headers or []))
-        err = self.sync_fail(sent)
-        if err is not None:
-            raise KafkaException(err)
-        self.queued.append((sent, on_delivery))
-
-    def poll(self, timeout: float = -1) -> int:
-        if self.clock is not None and timeout > 0:
-            self.clock.advance(max(1, int(timeout * 1000)))
-        done = [(s, cb) for s, cb in self.queued if not self.hold(s)]
-        self.queued = [(s, cb) for s, cb in self.queued if self.hold(s)]
-        for sent, cb in done:
-            err = self.fail(sent)
-            if err is None:
-                self.sent.append(sent)
-            if cb is not None:
-                cb(err, None)  # type: ignore[arg-type]
-        return len(done)
-
-    def flush(self, timeout: float = -1) -> int:
-        self.poll(0)
-        return 0
-
-    def to(self, topic: str) -> list[Sent]:
-        return [s for s in self.sent if s.topic == topic]
 
 
 @dataclass
@@ -166,7 +85,7 @@ def make(store: Store, producer: FakeProducer, **settings: object) -> Rig:
         retry_backoff_max_ms=1,
         **settings,  # type: ignore[arg-type]
     )
-    clock = FakeClock()
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
     producer.clock = clock
     metrics = Metrics()
     fenced: list[str] = []
@@ -252,7 +171,7 @@ def test_transient_failure_holds_later_entries_of_the_same_target(store: Store) 
     assert (result.delivered, result.held) == (1, 2)
     assert store.get("m5") is not None
     assert store.get("m6") is None
-    rig.clock.advance(1)  # the backoff (1 ms) is over
+    rig.clock.advance_ms(1)  # the backoff (1 ms) is over
     rig.fwd.forward_once(cps, gen)
     ids = [dict(s.headers)["kdelay-id"] for s in producer.to("t")]
     assert ids[-3:] == [b"m6", b"m0", b"m5"]
@@ -271,7 +190,7 @@ def test_permanent_failure_goes_to_dead_letter_after_n_attempts(store: Store) ->
     gen = rig.fwd.activate(cps)
     for _ in range(2):
         rig.fwd.forward_once(cps, gen)
-        rig.clock.advance(1_000)  # past the backoff
+        rig.clock.advance_ms(1_000)  # past the backoff
         assert store.get("m0") is not None
     assert [s.value for s in producer.to("ok")] == [b"v1"]  # the good target kept flowing
     assert producer.to(DEAD_LETTER_TOPIC) == []
@@ -315,7 +234,7 @@ def test_an_unacknowledged_dead_letter_is_tried_again(store: Store) -> None:
     assert (result.dead_lettered, result.held) == (0, 1)
     assert len(producer.to(DEAD_LETTER_TOPIC)) == written
     assert rig.value("kdelay_replica_dead_letter_errors_total", error="_MSG_TIMED_OUT") == 1
-    rig.clock.advance(1)  # the backoff (1 ms) is over
+    rig.clock.advance_ms(1)  # the backoff (1 ms) is over
     result = rig.fwd.forward_once(cps, gen)
     assert (result.dead_lettered, result.held) == (1, 0)
     assert store.pending == 0
@@ -329,7 +248,7 @@ def test_transient_errors_are_never_dead_lettered(store: Store) -> None:
     gen = rig.fwd.activate(cps)
     for _ in range(4):
         rig.fwd.forward_once(cps, gen)
-        rig.clock.advance(1_000)  # past the backoff
+        rig.clock.advance_ms(1_000)  # past the backoff
     assert producer.to(DEAD_LETTER_TOPIC) == []
     assert rig.value("kdelay_replica_forward_errors_total", error="_TRANSPORT") == 4
     assert store.get("m0") is not None
@@ -345,7 +264,7 @@ def test_claim_never_moves_backwards(store: Store) -> None:
     assert first == rig.clock.now_ms
     store.apply([(0, 0, msg(0, 5, topic="gone"))], {0: 1})  # a failing late arrival
     producer.sync_fail = lambda _s: KafkaError(KafkaError._TRANSPORT)
-    rig.clock.advance(1_000)
+    rig.clock.advance_ms(1_000)
     result = rig.fwd.forward_once(cps, gen)
     assert result.claim_ms == 4  # this round alone could claim only below the late arrival
     assert len(cps.writes) == 2
@@ -409,7 +328,7 @@ def test_a_held_target_filling_the_scan_does_not_starve_the_others(store: Store)
     rig = make(store, producer, scan_batch=5)
     cps = FakeCheckpoints()
     gen = rig.fwd.activate(cps)
-    rig.clock.advance(1_000)  # everything is due
+    rig.clock.advance_ms(1_000)  # everything is due
     first = rig.fwd.forward_once(cps, gen)  # x0..x4 fill the scan and stay in flight
     assert first.delivered == 0
     second = rig.fwd.forward_once(cps, gen)  # x is held: its 12 entries are passed over
@@ -474,13 +393,13 @@ def test_a_timed_out_target_is_retried_in_key_order_after_its_backoff(store: Sto
     gen = rig.fwd.activate(cps)
     rig.fwd.forward_once(cps, gen)
     assert len(producer.queued) == 3
-    rig.clock.advance(32_000)  # message.timeout.ms + the margin: declared timed out
+    rig.clock.advance_ms(32_000)  # message.timeout.ms + the margin: declared timed out
     result = rig.fwd.forward_once(cps, gen)  # settled; x backs off, nothing is resent yet
     assert (result.delivered, result.held) == (0, 3)
     assert rig.value("kdelay_replica_forward_errors_total", error="_MSG_TIMED_OUT") == 3
     producer.queued.clear()  # the timed-out producer was dropped with its queue
     down = False
-    rig.clock.advance(1)  # past the backoff
+    rig.clock.advance_ms(1)  # past the backoff
     rig.fwd.forward_once(cps, gen)
     assert ids_to(producer, "x") == ["m0", "m1", "m2"]
     assert store.pending == 0
@@ -494,7 +413,7 @@ def test_tombstones_are_written_early_when_many_are_queued(
     rig = make(store, producer, checkpoint_interval_ms=60_000)
     cps = FakeCheckpoints()
     gen = rig.fwd.activate(cps)
-    rig.clock.advance(60_000)
+    rig.clock.advance_ms(60_000)
     rig.fwd.forward_once(cps, gen)  # the interval has passed: a checkpoint; it starts again
     assert len(cps.writes) == 1
     store.apply([(0, i, msg(i, 100 + i)) for i in range(3)], {0: 3})
@@ -546,7 +465,7 @@ def test_an_entry_that_falls_due_during_a_round_is_owed_at_once(store: Store) ->
     poll = producer.poll
 
     def slow_poll(timeout: float = -1) -> int:
-        rig.clock.advance(20)
+        rig.clock.advance_ms(20)
         return poll(timeout)
 
     producer.poll = slow_poll  # type: ignore[method-assign]

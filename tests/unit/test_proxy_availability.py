@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from proxy.availability import UpstreamAvailability
 from proxy.metrics import ProxyMetrics
 from proxy.upstream import Upstream
+from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0
 
@@ -55,24 +56,6 @@ def test_transitions_are_logged_once_with_the_duration() -> None:
     assert logs[1]["down_s"] == 42.0
     assert av.problem() is None
     assert _gauge(metrics) == "kdelay_proxy_upstream_available 1.0"
-
-
-class FakeProducer:
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self.error_cb: Callable[[KafkaError], None] = conf["error_cb"]
-
-    def poll(self, timeout: float) -> int:
-        time.sleep(timeout)
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def purge(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class FakeMeta:
@@ -129,13 +112,13 @@ def test_an_outage_report_confirmed_by_the_probe_is_down_until_upstream_answers(
     producer, lookup = made
     down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
     # A report while metadata still answers (a broker closing an idle connection): not down.
-    producer.error_cb(down)
+    producer.conf["error_cb"](down)
     _wait(lambda: lookup.requests >= 1, "the probe")
     assert upstream.availability.available
     # A real outage: the report is confirmed, and the probe keeps asking.
     lookup.up.clear()
     with capture_logs() as logs:
-        producer.error_cb(down)
+        producer.conf["error_cb"](down)
         _wait(lambda: not upstream.availability.available, "upstream to be down")
         problem = upstream.availability.problem()
         assert problem is not None

@@ -25,8 +25,8 @@ from proxy import protocol as p
 from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
 from proxy.topics import Advertised, Topics
+from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
-from tests.unit.test_proxy_fuzz import FakeUpstream
 
 ENCODERS = {
     d.GZIP: codec.gzip_encode,

@@ -20,9 +20,9 @@ from kafka.protocol.producer import ProduceResponse
 from proxy import protocol as p
 from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
 from proxy.server import KafkaServer, Limits
-from proxy.topics import Advertised, TopicInfo, Topics
+from proxy.topics import Advertised, Topics
+from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import (
     init_producer_id_request,
     metadata_request,
@@ -31,27 +31,6 @@ from tests.support.raw_client import (
 )
 
 DEADLINE_S = 5.0
-
-
-class FakeUpstream:
-    """Accepts everything at once; every topic has 3 partitions."""
-
-    cluster_id: str | None = "fake"
-
-    def __init__(self) -> None:
-        self.written: list[Outgoing] = []
-
-    async def submit(self, records: list[Outgoing]) -> asyncio.Future[int]:
-        self.written.extend(records)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        future.set_result(0)
-        return future
-
-    def topic(self, name: str, *, create: bool) -> TopicInfo:
-        return TopicInfo(0, 3)
-
-    def all_topics(self) -> dict[str, TopicInfo]:
-        return {"t": TopicInfo(0, 3)}
 
 
 def _frames() -> list[bytes]:

@@ -15,51 +15,18 @@ from fastapi import FastAPI
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from proxy.availability import UpstreamAvailability
 from proxy.http import create_app
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
-from proxy.topics import TopicInfo, Topics
+from proxy.topics import Topics
 from proxy.upstream import Upstream, UpstreamError
+from tests.support.fakes import FakeUpstream
 
 TOPIC = "orders"
 MAX_BODY = 64 * 1024
 
 
-class FakeUpstream:
-    """Topics ``orders`` (2 partitions) and the buffer topic; ``send`` records or fails."""
-
-    cluster_id: str | None = "fake"
-    bootstrap = "fake:9092"
-
-    def __init__(self) -> None:
-        self.metrics = ProxyMetrics()
-        self.availability = UpstreamAvailability(self.bootstrap, self.metrics)
-        self.sent: list[Outgoing] = []
-        self.fail: BaseException | None = None
-
-    def topic(self, name: str, *, create: bool) -> TopicInfo:
-        if name in (TOPIC, buffer.BUFFER_TOPIC):
-            return TopicInfo(0, 2)
-        return TopicInfo(int(kerr.UnknownTopicOrPartitionError.errno), 0)
-
-    def all_topics(self) -> dict[str, TopicInfo]:
-        return {TOPIC: TopicInfo(0, 2)}
-
-    async def send(self, records: list[Outgoing]) -> int:
-        await asyncio.sleep(0)
-        if self.fail is not None:
-            raise self.fail
-        self.sent.extend(records)
-        return -1
-
-    def reachable(self, timeout: float = 3.0) -> bool:
-        return self.availability.available
-
-
 @pytest.fixture
 def upstream() -> FakeUpstream:
-    return FakeUpstream()
+    return FakeUpstream(topics={TOPIC: 2, buffer.BUFFER_TOPIC: 2}, listed=[TOPIC])
 
 
 class Client:
@@ -227,14 +194,14 @@ def test_readyz_and_writes_name_upstream_while_it_is_down(
     cancel = http.delete("/v1/messages/m1")
     assert _problem(cancel, 503)["error"] == problem["error"]
     assert cancel.headers["retry-after"] == "1"
-    assert upstream.sent == []
+    assert upstream.written == []
     upstream.availability.up("test")
     assert http.get("/readyz").status_code == 200
     assert http.delete("/v1/messages/m1").status_code == 202
 
 
 def _buffer_key(upstream: FakeUpstream) -> bytes | None:
-    return upstream.sent[-1].key
+    return upstream.written[-1].key
 
 
 def test_the_same_post_twice_writes_the_same_buffer_key(

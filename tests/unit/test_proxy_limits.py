@@ -18,8 +18,9 @@ from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
-from proxy.routing import Incoming, Kind, Outgoing, RejectedRecordError, route
-from proxy.topics import Advertised, TopicInfo, Topics
+from proxy.routing import Incoming, Kind, RejectedRecordError, route
+from proxy.topics import Advertised, Topics
+from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
 
 NOW = 1_700_000_000_000
@@ -53,34 +54,6 @@ AT_LIMIT: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 def _ids(case: tuple[Any, ...]) -> str:
     return str(case[0])
-
-
-class FakeUpstream:
-    """Takes every batch at once; every topic has 3 partitions."""
-
-    cluster_id: str | None = "fake"
-    bootstrap = "fake:9092"
-
-    def __init__(self) -> None:
-        self.written: list[Outgoing] = []
-
-    async def submit(self, records: list[Outgoing]) -> asyncio.Future[int]:
-        self.written.extend(records)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        future.set_result(0)
-        return future
-
-    async def send(self, records: list[Outgoing]) -> int:
-        return await (await self.submit(records))
-
-    def topic(self, name: str, *, create: bool) -> TopicInfo:
-        return TopicInfo(0, 3)
-
-    def all_topics(self) -> dict[str, TopicInfo]:
-        return {"t": TopicInfo(0, 3)}
-
-    def reachable(self, timeout: float = 3.0) -> bool:
-        return True
 
 
 # -- routing: the one place ------------------------------------------------------------------

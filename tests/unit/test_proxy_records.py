@@ -27,8 +27,8 @@ from proxy.broker import Broker
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Kind, Outgoing
 from proxy.topics import Advertised, Topics
+from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request
-from tests.unit.test_proxy_fuzz import FakeUpstream
 
 CODECS = [0, 1, 2, 3, 4]  # none, gzip, snappy, lz4, zstd
 Headers = list[tuple[str, bytes | None]]

@@ -27,8 +27,9 @@ from proxy.broker import Broker
 from proxy.http import create_app
 from proxy.metrics import ProxyMetrics
 from proxy.refusals import ConsumerRefusals
-from proxy.routing import Kind, Outgoing
-from proxy.topics import Advertised, TopicInfo, Topics
+from proxy.routing import Kind
+from proxy.topics import Advertised, Topics
+from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import (
     init_producer_id_request,
     metadata_request,
@@ -39,42 +40,12 @@ from tests.support.raw_client import (
 NOW = 1_700_000_000_000
 BOOTSTRAP = "kafka-0.kafka:9092,kafka-1.kafka:9092"
 TOPIC_DENIED = kerr.TopicAuthorizationFailedError.errno
-
-
-class FakeUpstream:
-    """Takes every batch at once; every topic exists with 3 partitions; lookups are recorded."""
-
-    cluster_id: str | None = "fake"
-    bootstrap = "fake:9092"
-
-    def __init__(self) -> None:
-        self.written: list[Outgoing] = []
-        self.looked_up: list[str] = []
-
-    async def submit(self, records: list[Outgoing]) -> asyncio.Future[int]:
-        self.written.extend(records)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        future.set_result(0)
-        return future
-
-    async def send(self, records: list[Outgoing]) -> int:
-        return await (await self.submit(records))
-
-    def topic(self, name: str, *, create: bool) -> TopicInfo:
-        self.looked_up.append(name)
-        return TopicInfo(0, 3)
-
-    def all_topics(self) -> dict[str, TopicInfo]:
-        names = ["orders", buffer.BUFFER_TOPIC, "__kdelay_dead_letter", "__consumer_offsets"]
-        return dict.fromkeys(names, TopicInfo(0, 3))
-
-    def reachable(self, timeout: float = 3.0) -> bool:
-        return True
+LISTED = ["orders", buffer.BUFFER_TOPIC, "__kdelay_dead_letter", "__consumer_offsets"]
 
 
 def _ask(request: Any, upstream: FakeUpstream | None = None) -> tuple[Any, FakeUpstream, Any]:
     """The decoded response of a fresh broker to ``request``, its upstream and its metrics."""
-    upstream = upstream or FakeUpstream()
+    upstream = upstream or FakeUpstream(listed=LISTED)
     metrics = ProxyMetrics()
 
     async def run() -> Any:
@@ -307,7 +278,7 @@ def test_a_refused_consumer_is_logged_once_a_minute_per_client_and_api() -> None
 
 
 def _post(body: dict[str, Any]) -> tuple[httpx.Response, FakeUpstream]:
-    upstream = FakeUpstream()
+    upstream = FakeUpstream(listed=LISTED)
     app: FastAPI = create_app(
         Topics(upstream), cast(Any, upstream), ProxyMetrics(), h.DelayPolicy(), now_ms=lambda: NOW
     )

@@ -9,79 +9,19 @@ every produce() with a fatal KafkaException.
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import kafka.errors as kerr
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Kind, Outgoing
 from proxy.upstream import Upstream, UpstreamError
+from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0
-
-
-class FakeMessage:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def offset(self) -> int:
-        return self._offset
-
-
-class FakeProducer:
-    """Queues produced records; the test decides when they are acknowledged."""
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self.error_cb: Callable[[KafkaError], None] = conf["error_cb"]
-        self.pending: list[Callable[[KafkaError | None, Any], None]] = []
-        self.actions: queue.Queue[Callable[[], None]] = queue.Queue()
-        self.fatal = False
-        self.closed = threading.Event()
-        self.purged = False
-        self.offset = 0
-
-    def produce(self, topic: str, **kwargs: Any) -> None:
-        if self.fatal:
-            raise KafkaException(KafkaError(KafkaError._FATAL, "fatal state", fatal=True))
-        self.pending.append(kwargs["on_delivery"])
-
-    def poll(self, timeout: float) -> int:
-        try:
-            action = self.actions.get(timeout=timeout)
-        except queue.Empty:
-            return 0
-        action()
-        return 1
-
-    def ack_all(self) -> None:
-        def run() -> None:
-            for cb in self.pending:
-                cb(None, FakeMessage(self.offset))
-                self.offset += 1
-            self.pending.clear()
-
-        self.actions.put(run)
-
-    def go_fatal(self) -> None:
-        """librdkafka's fatal idempotence error, reported through error_cb on the poll thread."""
-        self.fatal = True
-        err = KafkaError(KafkaError._FATAL, "Fatal error: sequence desync", fatal=True)
-        self.actions.put(lambda: self.error_cb(err))
-
-    def purge(self) -> None:
-        self.purged = True
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def close(self) -> bool:
-        self.closed.set()
-        return True
 
 
 class FakeLookup:
@@ -100,7 +40,7 @@ def made() -> list[FakeProducer]:
 @pytest.fixture
 def upstream(made: list[FakeProducer]) -> Iterator[Upstream]:
     def factory(conf: dict[str, Any]) -> FakeProducer:
-        made.append(FakeProducer(conf))
+        made.append(FakeProducer(conf=conf, hold=lambda _s: True))  # acked by ack_all()
         return made[-1]
 
     up = Upstream("fake:9092", ProxyMetrics(), producer_factory=factory, lookup_factory=FakeLookup)
@@ -181,7 +121,7 @@ def test_fatal_refusal_on_produce_also_replaces_the_producer(
         assert kerr.for_code(failed.value.code).retriable
         assert len(made) == 2
         # A late error_cb of the same fatal error does not replace the producer again.
-        made[0].error_cb(KafkaError(KafkaError._FATAL, "late report", fatal=True))
+        made[0].conf["error_cb"](KafkaError(KafkaError._FATAL, "late report", fatal=True))
         assert len(made) == 2
         ok = await upstream.submit(_records(1))
         made[1].ack_all()

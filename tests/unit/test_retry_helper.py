@@ -30,6 +30,7 @@ from kdelay.retry.plan import (
     next_record,
     retry_id,
 )
+from tests.support.fakes import FakeConsumer, FakeProducer, Sent
 
 NOW = 1_700_000_000_000
 GROUP = "billing"
@@ -51,7 +52,7 @@ def plan(headers: Headers, here: Origin = HERE, policy: RetryPolicy | None = Non
     )
 
 
-def get(headers: Headers, name: str) -> bytes | None:
+def get(headers: Sequence[tuple[str, str | bytes | None]], name: str) -> str | bytes | None:
     values = [v for n, v in headers if n == name]
     assert len(values) <= 1, f"{name} appears {len(values)} times"
     return values[0] if values else None
@@ -248,107 +249,6 @@ def test_metrics_are_registered_once_per_registry() -> None:
 # -- the commit rule, with fakes --------------------------------------------------------------
 
 
-class FakeConsumer:
-    """librdkafka's consumer as the helper uses it; ``events`` records the order of calls."""
-
-    def __init__(self, conf: dict[str, Any], events: list[str]) -> None:
-        self.conf = conf
-        self.events = events
-        self.batches: list[list[Message]] = []
-        self.commits: list[list[tuple[str, int, int]]] = []
-        self.seeks: list[tuple[str, int, int]] = []
-        self.assigned: list[TopicPartition] | None = None
-        self.subscribed: list[str] = []
-        self.on_assign: Callable[[Any, list[TopicPartition]], None] | None = None
-        self.committed_offsets: dict[tuple[str, int], int] = {}
-        self.waited_s = 0.0
-
-    def subscribe(self, topics: list[str], on_assign: Any = None) -> None:
-        self.subscribed, self.on_assign = topics, on_assign
-
-    def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        """Up to ``num_messages`` of what is queued (``batches``: what arrived, in order); short
-        of them, librdkafka waits out the timeout first (``waited_s``)."""
-        if sum(map(len, self.batches)) < num_messages:
-            self.waited_s += timeout
-        out: list[Message] = []
-        while self.batches and len(out) < num_messages:
-            batch = self.batches[0]
-            taken = batch[: num_messages - len(out)]
-            out += taken
-            del batch[: len(taken)]
-            if not batch:
-                self.batches.pop(0)
-        return out
-
-    def poll(self, timeout: float) -> Message | None:
-        got = self.consume(1, 0)
-        if not got:
-            self.waited_s += timeout
-        return got[0] if got else None
-
-    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
-        assert asynchronous is False
-        self.events.append("commit")
-        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
-        return offsets
-
-    def seek(self, tp: TopicPartition) -> None:
-        self.seeks.append((tp.topic, tp.partition, tp.offset))
-
-    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        return [
-            TopicPartition(
-                t.topic, t.partition, self.committed_offsets.get((t.topic, t.partition), -1001)
-            )
-            for t in tps
-        ]
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self.assigned = tps
-
-    def close(self) -> None:
-        self.events.append("close")
-
-
-class FakeProducer:
-    """Produces into a list; ``flush`` acknowledges, except the values in ``fail``."""
-
-    def __init__(self, conf: dict[str, Any], events: list[str], fail: set[bytes]) -> None:
-        self.conf = conf
-        self.events = events
-        self.fail = fail
-        self.sent: list[tuple[str, bytes | None, bytes | None, Headers]] = []
-        self._pending: list[tuple[Callable[[KafkaError | None, Message], None], bytes | None]] = []
-
-    def produce(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        *,
-        headers: Headers,
-        on_delivery: Any,
-    ) -> None:
-        self.events.append(f"produce {topic}")
-        self.sent.append((topic, key, value, headers))
-        self._pending.append((on_delivery, value))
-
-    def flush(self, timeout: float) -> int:
-        self.events.append("flush")
-        for report, value in self._pending:
-            err = KafkaError(KafkaError._MSG_TIMED_OUT) if value in self.fail else None
-            report(err, Message())
-        self._pending.clear()
-        return 0
-
-    def poll(self, timeout: float) -> int:
-        return 0
-
-    def purge(self) -> None:
-        self._pending.clear()
-
-
 class Fakes:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.events: list[str] = []
@@ -357,15 +257,19 @@ class Fakes:
         self.producers: list[FakeProducer] = []
 
         def consumer(conf: dict[str, Any]) -> FakeConsumer:
-            self.consumers.append(FakeConsumer(conf, self.events))
+            self.consumers.append(FakeConsumer(conf=conf, events=self.events))
             return self.consumers[-1]
 
         def producer(conf: dict[str, Any]) -> FakeProducer:
-            self.producers.append(FakeProducer(conf, self.events, self.fail))
+            # Acknowledged at flush, except the values in ``fail``.
+            self.producers.append(FakeProducer(conf=conf, events=self.events, fail=self.fails))
             return self.producers[-1]
 
         monkeypatch.setattr(retry_consumer, "Consumer", consumer)
         monkeypatch.setattr(retry_consumer, "Producer", producer)
+
+    def fails(self, sent: Sent) -> KafkaError | None:
+        return KafkaError(KafkaError._MSG_TIMED_OUT) if sent.value in self.fail else None
 
     @property
     def consumer(self) -> FakeConsumer:
@@ -420,7 +324,7 @@ def test_subscribes_to_the_retry_topic_and_turns_auto_commit_off(fakes: Fakes) -
 def test_commits_only_after_the_retries_are_acknowledged(fakes: Fakes) -> None:
     registry = CollectorRegistry()
     rc = helper(fail_on({b"b"}), registry)
-    fakes.consumer.batches.append(
+    fakes.consumer.queued.extend(
         [
             message("orders", 0, 5, b"a"),
             message("orders", 0, 6, b"b"),
@@ -430,7 +334,8 @@ def test_commits_only_after_the_retries_are_acknowledged(fakes: Fakes) -> None:
     assert rc.poll_once(0) == 3
     assert fakes.events == [f"produce {RETRY}", "flush", "commit"]
     assert fakes.consumer.commits == [[("orders", 0, 7), ("orders", 1, 10)]]
-    (topic, key, value, hs) = fakes.producers[0].sent[0]
+    sent = fakes.producers[0].produced[0]
+    (topic, key, value, hs) = (sent.topic, sent.key, sent.value, sent.headers)
     assert (topic, key, value, get(hs, h.ATTEMPT)) == (RETRY, b"k", b"b", b"2")
     sample = registry.get_sample_value
     assert sample("kdelay_retry_handled_total", {"group": GROUP, "outcome": "ok"}) == 2
@@ -448,11 +353,12 @@ def test_the_last_attempt_goes_to_the_dead_letter_topic(fakes: Fakes) -> None:
         raise ValueError("cannot handle it")
 
     rc = helper(handle, registry)
-    fakes.consumer.batches.append([message(RETRY, 0, 3, b"x", [(h.ATTEMPT, b"2")])])
+    fakes.consumer.queued.extend([message(RETRY, 0, 3, b"x", [(h.ATTEMPT, b"2")])])
     with capture_logs() as logs:
         rc.poll_once(0)
     assert seen == [2]
-    (topic, _, _, hs) = fakes.producers[0].sent[0]
+    sent = fakes.producers[0].produced[0]
+    (topic, hs) = (sent.topic, sent.headers)
     assert (topic, get(hs, h.ATTEMPT), get(hs, ERROR)) == (
         DLQ,
         b"2",
@@ -468,7 +374,7 @@ def test_a_failed_produce_leaves_the_offset_uncommitted_and_rewinds(fakes: Fakes
     registry = CollectorRegistry()
     rc = helper(fail_on({b"b", b"c"}), registry)
     fakes.fail.add(b"b")  # the proxy never acknowledges b's retry
-    fakes.consumer.batches.append(
+    fakes.consumer.queued.extend(
         [
             message("orders", 0, 5, b"a"),
             message("orders", 0, 6, b"b"),
@@ -485,9 +391,9 @@ def test_a_failed_produce_leaves_the_offset_uncommitted_and_rewinds(fakes: Fakes
     assert registry.get_sample_value("kdelay_retry_produce_errors_total", {"group": GROUP}) == 1
     # Polled again, the message is handled again and its retry produced by the new producer.
     fakes.fail.clear()
-    fakes.consumer.batches.append([message("orders", 0, 6, b"b"), message("orders", 0, 7, b"c")])
+    fakes.consumer.queued.extend([message("orders", 0, 6, b"b"), message("orders", 0, 7, b"c")])
     assert rc.poll_once(0) == 2
-    assert [v for _, _, v, _ in fakes.producers[1].sent] == [b"b", b"c"]
+    assert [s.value for s in fakes.producers[1].produced] == [b"b", b"c"]
     assert fakes.consumer.commits[-1] == [("orders", 0, 8)]
     rc.close()
 
@@ -499,15 +405,15 @@ def test_a_never_committed_retry_partition_starts_at_its_beginning(fakes: Fakes)
     parts = [TopicPartition("orders", 0), TopicPartition(RETRY, 0), TopicPartition(RETRY, 1)]
     assert c.on_assign is not None
     c.on_assign(c, parts)
-    assert c.assigned is not None
-    assert [(p.topic, p.partition, p.offset) for p in c.assigned] == [
+    assert c.assignment is not None
+    assert [(p.topic, p.partition, p.offset) for p in c.assignment] == [
         ("orders", 0, -1001),  # the user's auto.offset.reset decides for their own topics
         (RETRY, 0, OFFSET_BEGINNING),
         (RETRY, 1, -1001),  # committed: resumes there
     ]
-    c.assigned = None
+    c.assignment = None
     c.on_assign(c, [TopicPartition("orders", 1)])
-    assert c.assigned is None  # nothing to change: librdkafka assigns it
+    assert c.assignment is None  # nothing to change: librdkafka assigns it
     rc.close()
 
 
@@ -515,7 +421,7 @@ def test_a_poll_handles_what_is_queued_without_waiting_for_a_full_batch(fakes: F
     """librdkafka's ``consume(n, timeout)`` waits out the timeout unless ``n`` records are
     there (kdelay/consuming.py): the helper handled a lone message up to its poll timeout late."""
     rc = helper(fail_on(set()), CollectorRegistry())
-    fakes.consumer.batches.append([message("orders", 0, 1, b"a")])
+    fakes.consumer.queued.extend([message("orders", 0, 1, b"a")])
     assert rc.poll_once(1.0) == 1
     assert fakes.consumer.waited_s == 0
     assert rc.poll_once(1.0) == 0  # nothing queued: one wait of the timeout
@@ -525,8 +431,8 @@ def test_a_poll_handles_what_is_queued_without_waiting_for_a_full_batch(fakes: F
 
 def test_run_stops_after_max_messages(fakes: Fakes) -> None:
     rc = helper(fail_on(set()), CollectorRegistry(), batch_size=2)
-    fakes.consumer.batches.append([message("orders", 0, i, b"a") for i in range(5)])
+    fakes.consumer.queued.extend([message("orders", 0, i, b"a") for i in range(5)])
     assert rc.run(max_messages=3, poll_timeout=0) == 3
     assert fakes.consumer.commits == [[("orders", 0, 2)], [("orders", 0, 3)]]
-    assert len(fakes.consumer.batches[0]) == 2  # still queued for the next poll
+    assert len(fakes.consumer.queued) == 2  # still queued for the next poll
     rc.close()
