@@ -1,7 +1,7 @@
 """A replica's answers about messages (delay_service/queries.py) over a real store in a tmp dir:
 the pending timeline's buckets, topics, horizon, chunking and truncation; a message's status
 document; the replica's HTTP port serving them (health.py); and the client that asks replicas
-in order (zk/replica_api.py) behind the proxy's endpoints (proxy/http.py), without
+in order (zk/replica_api.py) behind the proxy's endpoints (proxy/http_queries.py), without
 ZooKeeper: the replica list is given."""
 
 from __future__ import annotations
