@@ -91,7 +91,7 @@ clean:
 
 # ---- Containers (docs/containers.md); none of it is part of `make test` -------------------------
 # Debian's podman and runc (apt-get, as faketime), its configuration and image storage under
-# .dev/containers and .cache/containers, a Docker API socket, and every image built here
+# .kdelay/containers and .cache/containers, a Docker API socket, and every image built here
 # (debootstrap, the pinned jars; no registry). A Docker Engine that answers is used instead.
 containers: $(STAMP) jvm
 	$(BIN)/python -m dev.containers up
@@ -120,7 +120,7 @@ demo-compose: $(STAMP) jvm
 # ---- Kubernetes (docs/kubernetes.md); not part of `make test` ------------------------------------
 # A real single-node cluster: etcd, the control plane, the kubelet, kube-proxy and CoreDNS built
 # from the Go module proxy (once per version, .cache/k8s), Debian's containerd, runc and CNI
-# plugins, state and logs in .dev/k8s, the project's images (make containers) loaded into
+# plugins, state and logs in .kdelay/k8s, the project's images (make containers) loaded into
 # containerd. Left running until `make k8s-down`, which leaves no process, mount or netns.
 K8S_IMAGES := kdelay kafka zookeeper
 k8s-up: $(STAMP) jvm

@@ -28,7 +28,7 @@ def _prepare_engine(steps: Steps, *, service: bool) -> engine.Engine:
         missing = podman_setup.missing_packages()
         podman_setup.install_packages(missing)
         step.outcome = f"apt-get installed {' '.join(missing)}" if missing else "installed already"
-    with steps.step("podman configuration (.dev/containers)"):
+    with steps.step("podman configuration (.kdelay/containers)"):
         podman_setup.write_config()
     if service:
         with steps.step("Docker API socket (podman system service)") as step:

@@ -1,7 +1,7 @@
 """Progress lines and step timings for ``make containers`` and ``make demo-compose``.
 
 Each step prints ``==> title`` when it starts and ``    <outcome> in N.N s`` when it ends; the
-run's steps are appended, as one JSON line, to ``.dev/containers/timings.jsonl`` so cold and
+run's steps are appended, as one JSON line, to ``.kdelay/containers/timings.jsonl`` so cold and
 warm runs can be compared afterwards.
 """
 

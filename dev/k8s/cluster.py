@@ -3,7 +3,7 @@
 ``up`` is idempotent: binaries are built once per version, a running cluster is left running
 (its storage and images are brought up to date). ``down`` stops the supervisor (which stops the
 components in reverse order and deletes the pods' containers first), then removes whatever a
-crash could have left: pod processes, containerd shims, mounts under ``.dev/k8s``, the
+crash could have left: pod processes, containerd shims, mounts under ``.kdelay/k8s``, the
 network namespaces, the pods' cgroups, the ``KUBE-*``/``CNI-*`` iptables chains and the bridge,
 and checks that none is left. It keeps the binaries, the certificates and containerd's image
 store (so the next ``up`` is warm); the cluster's data (etcd, volumes) goes.

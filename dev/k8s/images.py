@@ -5,7 +5,7 @@ containers`` built (Podman's project storage), exported with ``podman save`` and
 ``ctr -n k8s.io images import`` under the names a kubelet asks for (``kdelay/kdelay:0.1.0`` is
 ``docker.io/kdelay/kdelay:0.1.0`` to containerd). The pod sandbox ("pause") image is built here
 from Debian's static busybox. An image is imported again only when its Podman id changed
-(``.dev/k8s/containerd/imported.json``).
+(``.kdelay/k8s/containerd/imported.json``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _podman_id(name: str) -> str | None:
 
 
 def _build_pause() -> None:
-    """``dev.stack/pause:1``: a static busybox that sleeps, as the sandbox's init."""
+    """``kdelay.local/pause:1``: a static busybox that sleeps, as the sandbox's init."""
     busybox = Path("/bin/busybox")
     with tempfile.TemporaryDirectory(prefix="kdelay-pause-") as tmp:
         root = Path(tmp)

@@ -1,7 +1,7 @@
 """kubectl against the development cluster, and the objects ``k8s-up`` puts in it.
 
 Storage: no provisioner; a default StorageClass (``kdelay-local``, bound on first use) and
-hostPath PersistentVolumes under ``.dev/k8s/volumes``, owned by the chart's user (10001) since
+hostPath PersistentVolumes under ``.kdelay/k8s/volumes``, owned by the chart's user (10001) since
 fsGroup does not apply to hostPath. Released volumes are recycled by ``k8s-up``.
 """
 

@@ -1,4 +1,4 @@
-"""The cluster's certificates and keys (openssl), written once under ``.dev/k8s/pki``.
+"""The cluster's certificates and keys (openssl), written once under ``.kdelay/k8s/pki``.
 
 One CA signs the API server's serving certificate and the clients' certificates: ``admin``
 (``system:masters``: kubectl, Helm, the controller manager, the scheduler, kube-proxy, CoreDNS,

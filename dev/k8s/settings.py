@@ -26,7 +26,7 @@ DNS_IP = NODE_IP
 API_PORT = 6443
 ETCD_CLIENT_PORT = 12379
 ETCD_PEER_PORT = 12380
-PAUSE_IMAGE = "dev.stack/pause:1"
+PAUSE_IMAGE = "kdelay.local/pause:1"
 
 # The Debian packages the cluster needs: {package: a file it installs}.
 PACKAGES = {

@@ -6,7 +6,7 @@ machine's interfaces) and the proxy advertises exactly that (``proxy.advertised.
 so the tests' producer on the host sends every request through the Service. Deliveries are read
 straight from Kafka with read_committed; a delivery is early when its LogAppendTime precedes
 its ``kdelay-deliver-at``. Figures (install-to-Ready, failover gap, duplicates) are printed with
-``-s`` and appended to ``.dev/k8s/test-report.jsonl``; a failover's gap is also asserted below
+``-s`` and appended to ``.kdelay/k8s/test-report.jsonl``; a failover's gap is also asserted below
 the bound the chart's own settings give it (``_failover_bound_ms``).
 """
 

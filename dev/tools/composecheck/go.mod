@@ -1,4 +1,4 @@
-module dev.stack/dev/tools/composecheck
+module kdelay.local/dev/tools/composecheck
 
 go 1.26
 
