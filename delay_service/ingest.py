@@ -1,23 +1,22 @@
 """Ingest: the shard's buffer partitions into the store, by manual assignment (no consumer group).
 
 A replica of shard ``i`` of ``n`` reads only the partitions its shard owns (``kdelay/shards.py``:
-``p % n == i``; all of them with one shard).
+``p % n == i``; all of them with one shard). New buffer partitions are picked up by a periodic
+metadata check; a partition is assigned once its catch-up target (high watermark) is known.
 
-Each poll's records are decoded and applied to the store *together with* the next offsets, in
-one WriteBatch, so a restart resumes exactly where the store ends. A record this replica cannot
-decode or store (*poison*: another version's, hand-written, corrupt) never stops it: it is
-counted (``kdelay_replica_invalid_records_total{reason}``), logged, and stored as an entry that
-releases it to the dead-letter topic (poison.py says why there and not here). A failure to
-*write* the store is not the record's fault: it ends :meth:`Ingest.run` with the exception, and
-the replica's supervisor restarts ingest or ends the process (supervisor.py). New buffer
-partitions are picked up by a periodic metadata check.
+Each read's records go to the store through ingest_batch.py (one WriteBatch with the next
+offsets; poison records become dead-letter entries; a store failure ends :meth:`Ingest.run`).
+The consumer is anything of ingest_batch.py's :class:`BufferConsumer` (confluent-kafka's, or a
+fake in tests, through ``consumer_factory``).
 
 Threads: :meth:`Ingest.run` is the body of the ingest thread and the only user of the Kafka
-consumer; after a failure the supervisor runs it again (a new consumer, resuming from the
-store's offsets), never two at once. Other threads read :attr:`caught_up`, :meth:`lag`,
-:meth:`last_progress` and call :meth:`wait_ingested`;
-``on_new`` (earliest due time of newly stored entries) and ``on_cancelled`` are set before
-the thread starts, called from the ingest thread, and must not block.
+consumer (:meth:`Ingest.assign_new`, :meth:`Ingest.check_caught_up` and :meth:`Ingest.apply`
+are its steps, public for tests that drive them one at a time); after a failure the supervisor
+runs it again (a new consumer, resuming from the store's offsets), never two at once. Other
+threads read :attr:`caught_up`, :meth:`lag`, :meth:`last_progress` and call
+:meth:`wait_ingested`; ``on_new`` (earliest due time of newly stored entries) and
+``on_cancelled`` are set before the thread starts, called from the ingest thread, and must not
+block.
 """
 
 from __future__ import annotations
@@ -26,28 +25,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_LOG_APPEND_TIME,
-    TIMESTAMP_NOT_AVAILABLE,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from delay_service.config import ReplicaConfig
-from delay_service.entry import check_storable
-from delay_service.errors import UnstorableError
+from delay_service.ingest_batch import BufferConsumer, IngestBatch
 from delay_service.metrics import Metrics
-from delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
-from delay_service.store import Incoming, Store
+from delay_service.store import Store
 from delay_service.tombstones import Retired
 from kdelay import logs
-from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
 from kdelay.consuming import take_batch
-from kdelay.errors import BufferFormatError
 from kdelay.shards import owned
 
 log = logs.get(__name__)
@@ -67,19 +53,6 @@ _FOLLOWER_LINGER_S = 0.05
 _RETRY_S = 0.5
 
 
-def _append_time(msg: Message) -> int | None:
-    """The record's timestamp (the buffer's LogAppendTime), None when it has none: the open
-    cancels' window counts in it (cancels.py), never in a replica's clock."""
-    kind, timestamp = msg.timestamp()
-    return timestamp if kind != TIMESTAMP_NOT_AVAILABLE and timestamp >= 0 else None
-
-
-def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
-    raw = msg.headers() or []
-    items = raw.items() if isinstance(raw, dict) else raw
-    return [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
-
-
 class Ingest:
     """Reads the buffer topic into ``store``."""
 
@@ -88,16 +61,16 @@ class Ingest:
         cfg: ReplicaConfig,
         store: Store,
         metrics: Metrics,
+        *,
+        consumer_factory: Callable[[dict[str, object]], BufferConsumer] | None = None,
     ) -> None:
         self._cfg = cfg
         self._store = store
         self._metrics = metrics
-        #: Set before :meth:`run` starts; called from the ingest thread, must not block.
-        self.on_new: Callable[[int], None] = lambda _at: None
-        self.on_cancelled: Callable[[list[Retired]], None] = lambda _r: None
+        self._consumer_factory = consumer_factory or Consumer
+        self._batch = IngestBatch(cfg, store, metrics, self._applied)
         #: Whether this replica releases now (the master): it reads with the short linger.
         self.leading: Callable[[], bool] = lambda: True
-        self._warned_create_time = False
         self.caught_up = threading.Event()
         self._progress = threading.Condition()
         self._lag = 0
@@ -107,6 +80,25 @@ class Ingest:
         self._partition_count = 0  # the buffer's partitions at the last metadata check
         self._positions: dict[int, int] = {}
         self._last_progress = time.monotonic()
+
+    @property
+    def on_new(self) -> Callable[[int], None]:
+        """Called with the earliest due time of newly stored entries (set before :meth:`run`
+        starts; called from the ingest thread, must not block)."""
+        return self._batch.on_new
+
+    @on_new.setter
+    def on_new(self, callback: Callable[[int], None]) -> None:
+        self._batch.on_new = callback
+
+    @property
+    def on_cancelled(self) -> Callable[[list[Retired]], None]:
+        """Called with the entries cancels retired (set before :meth:`run` starts)."""
+        return self._batch.on_cancelled
+
+    @on_cancelled.setter
+    def on_cancelled(self, callback: Callable[[list[Retired]], None]) -> None:
+        self._batch.on_cancelled = callback
 
     def lag(self) -> int:
         """Buffer records not yet ingested, summed over partitions (refreshed every second)."""
@@ -138,8 +130,8 @@ class Ingest:
                 self._progress.wait(min(remaining, 0.5))
         return False
 
-    def _consumer(self) -> Consumer:
-        return Consumer(
+    def _consumer(self) -> BufferConsumer:
+        return self._consumer_factory(
             {
                 "bootstrap.servers": self._cfg.bootstrap_servers,
                 # Required by librdkafka, never joined: partitions are assigned manually and
@@ -157,7 +149,7 @@ class Ingest:
             }
         )
 
-    def _assign_new(self, consumer: Consumer) -> bool:
+    def assign_new(self, consumer: BufferConsumer) -> bool:
         """Assign buffer partitions not assigned yet; False when some must be retried."""
         meta = consumer.list_topics(self._cfg.buffer_topic, timeout=10)
         topic = meta.topics.get(self._cfg.buffer_topic)
@@ -217,7 +209,7 @@ class Ingest:
                 "multiple of a count the shard count divides",
             )
 
-    def _assign(self, consumer: Consumer, ready: list[int]) -> None:
+    def _assign(self, consumer: BufferConsumer, ready: list[int]) -> None:
         stored = self._store.offsets()
         consumer.incremental_assign(
             [
@@ -232,7 +224,7 @@ class Ingest:
             resume={p: stored.get(p) for p in ready},
         )
 
-    def _refresh_lag(self, consumer: Consumer) -> None:
+    def _refresh_lag(self, consumer: BufferConsumer) -> None:
         stored = self._store.offsets()
         # The consumer's position, not only the stored offsets: it moves past transaction
         # markers (exactly-once release writes tombstones in transactions), which take an
@@ -255,7 +247,8 @@ class Ingest:
                 self._last_progress = time.monotonic()
         self._metrics.buffer_lag.set(total)
 
-    def _check_caught_up(self, consumer: Consumer) -> None:
+    def check_caught_up(self, consumer: BufferConsumer) -> None:
+        """Set :attr:`caught_up` once every assigned partition reached its target."""
         if self.caught_up.is_set() or not self._partitions or self._unassigned:
             return
         stored = self._store.offsets()
@@ -290,7 +283,7 @@ class Ingest:
                 now = time.monotonic()
                 if now >= next_meta:
                     try:
-                        complete = self._assign_new(consumer)
+                        complete = self.assign_new(consumer)
                     except KafkaException as exc:
                         log.warning("ingest.metadata_check_failed", error=str(exc))
                         complete = False
@@ -299,11 +292,11 @@ class Ingest:
                 linger = _LINGER_S if self.leading() else _FOLLOWER_LINGER_S
                 messages = take_batch(consumer, _BATCH, _WAIT_S, linger)
                 if messages:
-                    self._apply(messages)
+                    self.apply(messages)
                 now = time.monotonic()
                 if now >= next_lag or not self.caught_up.is_set():
                     try:
-                        self._check_caught_up(consumer)
+                        self.check_caught_up(consumer)
                         if now >= next_lag:
                             self._refresh_lag(consumer)
                             next_lag = now + 1.0
@@ -312,104 +305,12 @@ class Ingest:
         finally:
             consumer.close()
 
-    def _decode(self, msg: Message, partition: int, offset: int) -> tuple[BufferRecord, bool]:
-        """The record to apply, and whether it is poison (then a dead-letter entry)."""
-        headers = _headers(msg)
-        try:
-            kind, timestamp = msg.timestamp()
-            if kind != TIMESTAMP_LOG_APPEND_TIME and not self._warned_create_time:
-                self._warned_create_time = True
-                log.warning(
-                    "ingest.buffer_not_log_append_time",
-                    topic=self._cfg.buffer_topic,
-                    setting="message.timestamp.type",
-                    consequence="delays count from the producing proxy's clock",
-                )
-            record = decode(msg.key(), msg.value(), headers, timestamp)
-            if isinstance(record, Scheduled):
-                check_storable(record)
-        except BufferFormatError as exc:
-            reason, error = UNDECODABLE, str(exc)
-        except UnstorableError as exc:
-            reason, error = UNSTORABLE, str(exc)
-        except Exception as exc:  # a decoder bug must not stop every replica
-            log.exception("ingest.decoder_failed", partition=partition, offset=offset)
-            reason, error = UNDECODABLE, f"{type(exc).__name__}: {exc}"
-        else:
-            return record, False
-        self._metrics.invalid_records.labels(reason).inc()
-        log.warning(
-            "ingest.invalid_record",
-            partition=partition,
-            offset=offset,
-            reason=reason,
-            error=error,
-        )
-        _, timestamp = msg.timestamp()
-        poison = dead_letter_entry(
-            self._cfg.buffer_topic,
-            partition,
-            offset,
-            timestamp,
-            msg.key(),
-            msg.value(),
-            headers,
-            error,
-        )
-        return poison, True
+    def apply(self, messages: list[Message]) -> None:
+        """One read's records into the store (ingest_batch.py); raises a store failure."""
+        self._batch.apply(messages)
 
-    def _apply(self, messages: list[Message]) -> None:
-        records: list[Incoming] = []
-        offsets: dict[int, int] = {}
-        invalid = 0  # poison records among them (stored as dead-letter entries)
-        own = 0  # tombstones of this replica's own releases, skipped undecoded
-        own_tombstone = self._store.own_tombstone
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("ingest.consume_error", error=str(err))
-                continue
-            partition = msg.partition() or 0
-            offset = msg.offset() or 0
-            if (
-                msg.value() is None
-                and (key := msg.key()) is not None
-                and own_tombstone(partition, key)
-            ):
-                own += 1
-                offsets[partition] = offset + 1
-                continue
-            record, poisoned = self._decode(msg, partition, offset)
-            invalid += poisoned
-            records.append((partition, offset, record, _append_time(msg)))
-            offsets[partition] = offset + 1
-        if not offsets:
-            return
-        result = self._store.apply(records, offsets)
+    def _applied(self, offsets: dict[int, int]) -> None:
         with self._progress:
             self._positions.update(offsets)
             self._last_progress = time.monotonic()
             self._progress.notify_all()
-        m = self._metrics.ingested
-        m.labels("schedule").inc(
-            result.scheduled
-            + result.duplicates
-            + result.covered
-            + result.cancelled_on_arrival
-            - invalid
-        )
-        m.labels("cancel").inc(sum(1 for r in records if isinstance(r[2], Cancel)))
-        m.labels("tombstone").inc(own + sum(1 for r in records if isinstance(r[2], Tombstone)))
-        m.labels("invalid").inc(result.invalid + invalid)
-        if result.cancelled:
-            self._metrics.cancelled.inc(result.cancelled)
-        if result.retired:
-            self.on_cancelled(result.retired)
-        if result.duplicates:
-            log.info("ingest.duplicate_ids_ignored", count=result.duplicates)
-        if result.cancelled_on_arrival:  # a cancel read before its message (cancels.py)
-            log.info("ingest.cancelled_on_arrival", count=result.cancelled_on_arrival)
-        self._metrics.pending.set(self._store.pending)
-        if result.earliest_new_ms is not None:
-            self.on_new(result.earliest_new_ms)

@@ -9,11 +9,21 @@ arrive, then lingers only as long as its caller asks.
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, Message
+from typing import Protocol
+
+from confluent_kafka import Message
+
+
+class Batches(Protocol):
+    """The two reads of a confluent-kafka ``Consumer`` :func:`take_batch` uses."""
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]: ...
+
+    def poll(self, timeout: float = -1) -> Message | None: ...
 
 
 def take_batch(
-    consumer: Consumer, limit: int, wait_s: float, linger_s: float = 0.0
+    consumer: Batches, limit: int, wait_s: float, linger_s: float = 0.0
 ) -> list[Message]:
     """Up to ``limit`` records: what ``consumer`` has queued, or else the first to arrive within
     ``wait_s``; then, short of ``limit``, what else arrives within ``linger_s`` (0: only what

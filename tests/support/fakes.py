@@ -213,6 +213,21 @@ class FakeProducer:
 
 
 @dataclass
+class FakeTopicMetadata:
+    """A topic in a metadata answer: its partitions by id, or its error."""
+
+    partitions: dict[int, object]
+    error: KafkaError | None = None
+
+
+@dataclass
+class FakeMetadata:
+    """A metadata answer (``list_topics``)."""
+
+    topics: dict[str, FakeTopicMetadata]
+
+
+@dataclass
 class FakeConsumer:
     """confluent_kafka.Consumer as kdelay drives it (ingest's ``BufferConsumer``,
     ``take_batch``, the retry helper). Nothing sleeps: ``waited_s`` adds up simulated waits.
@@ -266,10 +281,9 @@ class FakeConsumer:
             return None
         return self.queued.pop(0)
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> SimpleNamespace:
-        partitions = {p: SimpleNamespace(id=p) for p in self.high}
-        name = topic or ""
-        return SimpleNamespace(topics={name: SimpleNamespace(partitions=partitions, error=None)})
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> FakeMetadata:
+        partitions: dict[int, object] = {p: object() for p in self.high}
+        return FakeMetadata({topic or "": FakeTopicMetadata(partitions)})
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False

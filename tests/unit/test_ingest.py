@@ -1,20 +1,14 @@
-"""Ingest with in-process fakes: partition assignment, catch-up, poison records."""
+"""Ingest with in-process fakes (tests/support/fakes.py's FakeConsumer, a ``BufferConsumer``):
+partition assignment, catch-up, poison records, the master's own tombstones, cancels."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_CREATE_TIME,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, Message
 from structlog.testing import capture_logs
 
 from delay_service.config import ReplicaConfig
@@ -34,49 +28,7 @@ from kdelay.buffer import (
     Tombstone,
     encode,
 )
-
-
-@dataclass
-class FakeTopic:
-    partitions: dict[int, object]
-    error: KafkaError | None = None
-
-
-@dataclass
-class FakeMetadata:
-    topics: dict[str, FakeTopic]
-
-
-@dataclass
-class FakeConsumer:
-    """A consumer over a buffer topic whose partitions' leaders appear one check at a time.
-
-    Like librdkafka, assigning a partition twice is a ``_CONFLICT``.
-    """
-
-    high: dict[int, int]
-    #: Partitions whose watermark query still fails ("leader not available").
-    leaderless: set[int] = field(default_factory=set)
-    assigned: dict[int, int] = field(default_factory=dict)
-
-    def list_topics(self, topic: str, timeout: float) -> FakeMetadata:
-        return FakeMetadata({topic: FakeTopic({p: object() for p in self.high})})
-
-    def get_watermark_offsets(
-        self, tp: TopicPartition, timeout: float = 0, cached: bool = False
-    ) -> tuple[int, int]:
-        if tp.partition in self.leaderless:
-            raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
-        return 0, self.high[tp.partition]
-
-    def incremental_assign(self, tps: list[TopicPartition]) -> None:
-        for tp in tps:
-            if tp.partition in self.assigned:
-                raise KafkaException(KafkaError(KafkaError._CONFLICT))
-            self.assigned[tp.partition] = tp.offset
-
-    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]
+from tests.support.fakes import FakeConsumer
 
 
 @pytest.fixture
@@ -90,63 +42,58 @@ def test_a_partition_without_a_leader_yet_is_retried_not_wedged(store: Store) ->
     ingest = Ingest(ReplicaConfig(name="r"), store, Metrics())
     consumer = FakeConsumer(high={0: 0, 1: 0, 2: 0}, leaderless={2})
 
-    assert ingest._assign_new(consumer) is False  # type: ignore[arg-type]
+    assert ingest.assign_new(consumer) is False
     assert sorted(consumer.assigned) == [0, 1]
-    ingest._check_caught_up(consumer)  # type: ignore[arg-type]
+    ingest.check_caught_up(consumer)
     assert not ingest.caught_up.is_set(), "caught up while a partition was never read"
 
     consumer.leaderless.clear()
-    assert ingest._assign_new(consumer) is True  # type: ignore[arg-type]
+    assert ingest.assign_new(consumer) is True
     assert consumer.assigned == {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING, 2: OFFSET_BEGINNING}
-    ingest._check_caught_up(consumer)  # type: ignore[arg-type]
+    ingest.check_caught_up(consumer)
     assert ingest.caught_up.is_set()
-    assert ingest._assign_new(consumer) is True  # type: ignore[arg-type]
+    assert ingest.assign_new(consumer) is True
 
 
 def test_catch_up_waits_for_the_end_of_every_partition(store: Store) -> None:
     ingest = Ingest(ReplicaConfig(name="r", buffer_topic=BUFFER_TOPIC), store, Metrics())
     consumer = FakeConsumer(high={0: 3, 1: 0})
 
-    assert ingest._assign_new(consumer) is True  # type: ignore[arg-type]
-    ingest._check_caught_up(consumer)  # type: ignore[arg-type]
+    assert ingest.assign_new(consumer) is True
+    ingest.check_caught_up(consumer)
     assert not ingest.caught_up.is_set()
 
     store.apply([(0, 0, None), (0, 1, None), (0, 2, None)], {0: 3})
-    ingest._check_caught_up(consumer)  # type: ignore[arg-type]
+    ingest.check_caught_up(consumer)
     assert ingest.caught_up.is_set()
 
 
-@dataclass
-class FakeMessage:
-    """A consumed buffer record, as much of confluent_kafka.Message as ingest reads."""
+def record(
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]] | None,
+    *,
+    ts: int = 1_000,
+) -> Message:
+    """A consumed buffer record, stamped with CreateTime ``ts``."""
+    return Message(
+        topic="buf",
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=list(headers) if headers is not None else None,
+        timestamp=(TIMESTAMP_CREATE_TIME, ts),
+    )
 
-    part: int
-    off: int
-    k: bytes | None
-    v: bytes | None
-    hdrs: list[tuple[str, bytes | None]] | None
-    ts: int = 1_000
 
-    def error(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self.part
-
-    def offset(self) -> int:
-        return self.off
-
-    def key(self) -> bytes | None:
-        return self.k
-
-    def value(self) -> bytes | None:
-        return self.v
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return self.hdrs
-
-    def timestamp(self) -> tuple[int, int]:
-        return TIMESTAMP_CREATE_TIME, self.ts
+def own_headers(msg: Message) -> list[tuple[str, bytes]]:
+    """A record's headers as ingest keeps them on a dead-letter entry (None as empty)."""
+    raw = msg.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(n, v.encode() if isinstance(v, str) else v or b"") for n, v in items]
 
 
 def route(obj: dict[str, object]) -> tuple[str, bytes]:
@@ -163,19 +110,19 @@ GOOD = Scheduled("ok", "t", 0, None, b"v", 5_000, uid="u-ok")
 MANY = Scheduled("many", "t", 0, None, b"", 6_000, (("", b""),) * 65_536, uid="u-many")
 POISON = [
     # no route header at all, a null value among the headers
-    FakeMessage(0, 0, b"a", b"x", [("h", None)]),
+    record(0, 0, b"a", b"x", [("h", None)]),
     # a route header that is not JSON
-    FakeMessage(0, 1, b"b", b"x", [(ROUTE_HEADER, b"{nope")]),
+    record(0, 1, b"b", b"x", [(ROUTE_HEADER, b"{nope")]),
     # a format version from the future
-    FakeMessage(0, 2, b"c", b"x", [route({"v": 99, "op": "schedule"})]),
+    record(0, 2, b"c", b"x", [route({"v": 99, "op": "schedule"})]),
     # a schedule whose fields are missing (truncated route)
-    FakeMessage(1, 0, b"d", b"x", [route({"v": 1, "op": "schedule", "t": "t"})]),
+    record(1, 0, b"d", b"x", [route({"v": 1, "op": "schedule", "t": "t"})]),
     # a due time no store can hold (unstorable), and a topic with a lone surrogate (JSON
     # escapes allow it; the route's parser refuses it: undecodable)
-    FakeMessage(1, 1, b"e", b"", [route({**_route(GOOD), "d": 2**70})]),
-    FakeMessage(1, 2, b"f", b"", [route({**_route(GOOD), "t": "\ud800"})]),
+    record(1, 1, b"e", b"", [route({**_route(GOOD), "d": 2**70})]),
+    record(1, 2, b"f", b"", [route({**_route(GOOD), "t": "\ud800"})]),
     # no key at all
-    FakeMessage(2, 0, None, b"x", [route(_route(GOOD))], ts=7),
+    record(2, 0, None, b"x", [route(_route(GOOD))], ts=7),
 ]
 
 
@@ -185,11 +132,11 @@ def test_poison_records_become_dead_letter_entries_and_ingest_goes_on(store: Sto
     good, many = encode(GOOD), encode(MANY)
     messages = [
         *POISON,
-        FakeMessage(3, 0, good.key, good.value, list(good.headers)),
-        FakeMessage(3, 1, many.key, many.value, list(many.headers)),
+        record(3, 0, good.key, good.value, list(good.headers)),
+        record(3, 1, many.key, many.value, list(many.headers)),
     ]
 
-    ingest._apply(messages)  # type: ignore[arg-type]
+    ingest.apply(messages)
 
     assert store.offsets() == {0: 3, 1: 3, 2: 1, 3: 2}
     stored = store.get("many")
@@ -200,14 +147,16 @@ def test_poison_records_become_dead_letter_entries_and_ingest_goes_on(store: Sto
     dead = {e.message.id: e.message for e in due if e.message.id not in ("ok", "many")}
     assert len(dead) == len(POISON)
     for msg in POISON:
-        entry = dead[f"kdelay-invalid/{msg.part}/{msg.off}"]
+        part, off = msg.partition(), msg.offset()
+        entry = dead[f"kdelay-invalid/{part}/{off}"]
         assert (entry.topic, entry.partition) == (DEAD_LETTER_TOPIC, -1)
-        assert (entry.key, entry.value) == (msg.k, msg.v)
-        assert entry.deliver_at_ms == msg.ts  # the record's own time: equal on every replica
+        assert (entry.key, entry.value) == (msg.key(), msg.value())
+        # the record's own time: equal on every replica
+        assert entry.deliver_at_ms == msg.timestamp()[1]
         headers = dict(entry.headers)
         assert headers[ERROR_HEADER].startswith(b"invalid_buffer_record: ")
-        assert headers[SOURCE_HEADER] == f"buf/{msg.part}/{msg.off}".encode()
-        own = [(n, v or b"") for n, v in msg.hdrs or []]
+        assert headers[SOURCE_HEADER] == f"buf/{part}/{off}".encode()
+        own = own_headers(msg)
         assert list(entry.headers[: len(own)]) == own
     assert b"beyond a signed 64-bit" in dict(dead["kdelay-invalid/1/1"].headers)[ERROR_HEADER]
     invalid = metrics.registry.get_sample_value
@@ -228,18 +177,18 @@ def test_the_masters_own_tombstones_are_skipped_undecoded_and_others_applied(
     ingest = Ingest(ReplicaConfig(name="r", buffer_topic="buf"), store, metrics)
     mine = Scheduled("mine", "t", 0, None, b"v", 5_000, uid="u-mine")
     theirs = Scheduled("theirs", "t", 0, None, b"v", 5_000, uid="u-theirs")
-    scheduled = [FakeMessage(0, n, *_kafka(m)) for n, m in enumerate((mine, theirs))]
-    ingest._apply(scheduled)  # type: ignore[arg-type]
+    scheduled = [record(0, n, *_kafka(m)) for n, m in enumerate((mine, theirs))]
+    ingest.apply(scheduled)
     released = next(e for e in store.due(5_000, limit=10) if e.message.id == "mine")
     store.remove([released], {released.key: Fate("delivered", "t", 0, 7, 5_001, 5_000)})
     undecodable: list[tuple[str, bytes | None]] = [(ROUTE_HEADER, b"{not json")]
     their_tombstone = _kafka(Tombstone("theirs", 1, "u-theirs", Fate("delivered", "t", 0, 8)))
     tombstones = [
-        FakeMessage(0, 2, b"u-mine", None, undecodable),  # ours: skipped undecoded
-        FakeMessage(0, 3, b"u-mine", None, undecodable),  # not ours any more: poison
-        FakeMessage(0, 4, *their_tombstone),  # another master's: applied
+        record(0, 2, b"u-mine", None, undecodable),  # ours: skipped undecoded
+        record(0, 3, b"u-mine", None, undecodable),  # not ours any more: poison
+        record(0, 4, *their_tombstone),  # another master's: applied
     ]
-    ingest._apply(tombstones)  # type: ignore[arg-type]
+    ingest.apply(tombstones)
     assert store.offsets() == {0: 5}
     assert store.get("theirs") is None
     assert [e.message.id for e in store.due(2**62, limit=10)] == ["kdelay-invalid/0/3"]
@@ -261,7 +210,7 @@ def test_a_store_write_failure_ends_the_run_for_the_supervisor(store: Store) -> 
     good = encode(GOOD)
     store.close()
     with pytest.raises(StoreError, match="closed"):
-        ingest._apply([FakeMessage(0, 0, good.key, good.value, list(good.headers))])  # type: ignore[list-item]
+        ingest.apply([record(0, 0, good.key, good.value, list(good.headers))])
 
 
 def test_a_cancel_read_before_its_message_cancels_it_by_the_records_own_times(
@@ -280,10 +229,10 @@ def test_a_cancel_read_before_its_message_cancels_it_by_the_records_own_times(
     )
     other = encode(Tombstone("else", 1, "e" * 32))
     first = [
-        FakeMessage(2, 0, cancel.key, cancel.value, list(cancel.headers), ts=appended),
-        FakeMessage(2, 1, message.key, message.value, list(message.headers), ts=appended),
+        record(2, 0, cancel.key, cancel.value, list(cancel.headers), ts=appended),
+        record(2, 1, message.key, message.value, list(message.headers), ts=appended),
     ]
-    ingest._apply(first)  # type: ignore[arg-type]
+    ingest.apply(first)
     assert store.get("order-42") is None
     assert [r[:4] for r in retired] == [("order-42", "s" * 32, 2, 1)]
     sample = metrics.registry.get_sample_value
@@ -292,7 +241,7 @@ def test_a_cancel_read_before_its_message_cancels_it_by_the_records_own_times(
     # A record of that partition appended after the window closes it: the cancel's tombstone
     # follows the message's, again.
     later = appended + 300_001
-    ingest._apply([FakeMessage(2, 2, other.key, other.value, list(other.headers), ts=later)])  # type: ignore[list-item]
+    ingest.apply([record(2, 2, other.key, other.value, list(other.headers), ts=later)])
     assert [r[:4] for r in retired[1:]] == [
         ("order-42", "s" * 32, 2, 1),
         ("order-42", "c" * 32, 2, 0),
@@ -307,21 +256,21 @@ def test_a_shard_takes_only_its_partitions_and_says_when_they_do_not_suit_it(
     ingest = Ingest(ReplicaConfig(name="r", shards=2, shard=1), store, Metrics())
     consumer = FakeConsumer(high=dict.fromkeys(range(4), 0))
     with capture_logs() as logs:
-        assert ingest._assign_new(consumer) is True  # type: ignore[arg-type]
+        assert ingest.assign_new(consumer) is True
         assert sorted(consumer.assigned) == [1, 3]
         consumer.high |= dict.fromkeys(range(4, 8), 0)  # 4 -> 8: safe
-        ingest._assign_new(consumer)  # type: ignore[arg-type]
+        ingest.assign_new(consumer)
         assert sorted(consumer.assigned) == [1, 3, 5, 7]
         assert [e for e in logs if e["log_level"] == "error"] == []
         consumer.high |= dict.fromkeys(range(8, 10), 0)  # 8 -> 10: 10 is no multiple of 8
-        ingest._assign_new(consumer)  # type: ignore[arg-type]
+        ingest.assign_new(consumer)
     assert sorted(consumer.assigned) == [1, 3, 5, 7, 9]
     [growth] = [e for e in logs if e["event"] == "ingest.unsafe_partition_growth"]
     assert (growth["before"], growth["after"]) == (8, 10)
 
     lonely = Ingest(ReplicaConfig(name="r", shards=3, shard=2), store, Metrics())
     with capture_logs() as logs:
-        lonely._assign_new(FakeConsumer(high={0: 0, 1: 0}))  # type: ignore[arg-type]
+        lonely.assign_new(FakeConsumer(high={0: 0, 1: 0}))
     assert [e["setting"] for e in logs if e["event"] == "ingest.shard_owns_no_partition"] == [
         "shards"
     ]
