@@ -1,15 +1,14 @@
 """The broker clock without Kafka: the bound arithmetic of ProbeWindow (never ahead of the
-broker, in every simulated scenario), and BrokerClock with a fake producer, admin and clock."""
+broker, in every simulated scenario), and BrokerClock with a fake producer, admin and clock,
+stepped by the test (its probe thread, real threads and time, is in
+tests/integration/test_broker_clock_thread.py)."""
 
 from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -17,38 +16,18 @@ from confluent_kafka import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     KafkaError,
-    KafkaException,
     Message,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.cimpl import NewTopic
 
 from delay_service.broker_clock import MAX_DRIFT, BrokerClock, Probe, ProbeWindow
-from delay_service.clock import SYSTEM_CLOCK, Clock
+from delay_service.clock import Clock
 from delay_service.metrics import Metrics
 from kdelay.errors import BrokerClockError
 from kdelay.topics import CLOCK_TOPIC, CLOCK_TOPIC_CONFIG, ensure_clock_topic
+from tests.support.fakes import FakeAdmin, FakeClock
 
 Callback = Callable[[KafkaError | None, Message], None]
-
-
-@dataclass
-class FakeClock:
-    """A wall clock and a monotonic clock that only move when told to."""
-
-    now_ms: int = 1_800_000_000_000
-    mono: float = 100.0
-
-    def wall_ms(self) -> int:
-        return self.now_ms
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.now_ms += round(seconds * 1000)
 
 
 # -- ProbeWindow: the arithmetic -------------------------------------------------------------
@@ -340,42 +319,6 @@ def test_a_probe_never_acknowledged_replaces_the_producer() -> None:
 # -- the topic and the thread ----------------------------------------------------------------
 
 
-def _done(value: object = None, exc: BaseException | None = None) -> Future[Any]:
-    f: Future[Any] = Future()
-    if exc is not None:
-        f.set_exception(exc)
-    else:
-        f.set_result(value)
-    return f
-
-
-@dataclass
-class FakeAdmin:
-    brokers: int = 1
-    existing: dict[str, str] = field(default_factory=dict)  # topic -> message.timestamp.type
-    race: bool = False  # another replica creates it first
-    created: list[NewTopic] = field(default_factory=list)
-
-    def list_topics(self, *args: Any, **kwargs: Any) -> SimpleNamespace:
-        return SimpleNamespace(
-            topics=dict.fromkeys(self.existing), brokers=dict.fromkeys(range(self.brokers))
-        )
-
-    def create_topics(self, new_topics: list[NewTopic], **kwargs: Any) -> dict[str, Future[Any]]:
-        self.created.extend(new_topics)
-        if self.race:
-            err = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS))
-            self.existing[new_topics[0].topic] = "CreateTime"
-            return {new_topics[0].topic: _done(exc=err)}
-        return {t.topic: _done() for t in new_topics}
-
-    def describe_configs(
-        self, resources: list[ConfigResource], **kwargs: Any
-    ) -> dict[ConfigResource, Future[Any]]:
-        kind = self.existing[resources[0].name]
-        return {resources[0]: _done({"message.timestamp.type": SimpleNamespace(value=kind)})}
-
-
 @pytest.mark.parametrize(("brokers", "replication"), [(1, 1), (2, 2), (3, 3), (5, 3)])
 def test_the_clock_topic_is_created_with_log_append_time(brokers: int, replication: int) -> None:
     admin = FakeAdmin(brokers=brokers)
@@ -400,87 +343,3 @@ def test_an_existing_clock_topic_is_checked() -> None:
     racing = FakeAdmin(race=True)  # created meanwhile, and wrongly
     with pytest.raises(BrokerClockError):
         ensure_clock_topic(cast(AdminClient, racing))
-
-
-def test_the_probe_thread_probes_until_closed() -> None:
-    probes: list[int] = []
-
-    @dataclass
-    class Immediate:
-        queued: list[Callback] = field(default_factory=list)
-
-        def produce(
-            self, topic: str, value: bytes, *, partition: int, on_delivery: Callback
-        ) -> None:
-            self.queued.append(on_delivery)
-
-        def poll(self, timeout: float = -1) -> int:
-            done, self.queued = self.queued, []
-            for cb in done:
-                probes.append(time.time_ns() // 1_000_000)
-                cb(None, Message(timestamp=(TIMESTAMP_LOG_APPEND_TIME, probes[-1])))
-            return len(done)
-
-        def flush(self, timeout: float = -1) -> int:
-            return 0
-
-    admin = FakeAdmin()
-    bc = BrokerClock(
-        "unused:9092",
-        interval_s=0.01,
-        clock=SYSTEM_CLOCK,
-        producer_factory=Immediate,
-        admin_factory=lambda: cast(AdminClient, admin),
-    )
-    bc.start()
-    try:
-        assert bc.wait_ready(10)
-        deadline = time.monotonic() + 10
-        while len(probes) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(probes) >= 5
-        now = bc.now_ms()
-        assert now is not None
-        assert now <= time.time_ns() // 1_000_000
-        with pytest.raises(RuntimeError):
-            bc.start()
-    finally:
-        bc.close()
-    assert [t.topic for t in admin.created] == [CLOCK_TOPIC]  # ensured once
-    count = len(probes)
-    time.sleep(0.05)
-    assert len(probes) == count  # stopped
-
-
-def test_a_failing_topic_check_is_retried_with_backoff() -> None:
-    calls: list[float] = []
-
-    def unreachable() -> AdminClient:
-        calls.append(time.monotonic())
-        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-
-    class Admin(FakeAdmin):
-        def list_topics(self, *args: Any, **kwargs: Any) -> SimpleNamespace:
-            unreachable()
-            raise AssertionError
-
-    metrics = Metrics()
-    bc = BrokerClock(
-        "unused:9092",
-        interval_s=1.0,
-        metrics=metrics,
-        admin_factory=lambda: cast(AdminClient, Admin()),
-    )
-    bc.start()
-    try:
-        deadline = time.monotonic() + 10
-        while len(calls) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        bc.close()
-    assert len(calls) >= 3
-    assert calls[1] - calls[0] < 0.5  # promptly, not after a whole interval
-    assert calls[2] - calls[1] > calls[1] - calls[0]  # and backing off
-    assert (_sample(metrics, "kdelay_clock_probe_failures_total") or 0) >= 3
-    assert bc.now_ms() is None
-    assert bc.problem is None  # unreachable is not a configuration problem
