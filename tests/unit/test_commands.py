@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,7 +13,7 @@ def test_version_is_the_package_version() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
     assert result.output.strip() == f"kdelay, version {__version__}"
-    assert __version__ == "0.1.0"
+    assert __version__ == version("kdelay")  # the installed distribution's, not a literal
 
 
 def test_unknown_subcommand_names_itself() -> None:
