@@ -4,7 +4,8 @@ Start-up order: internal topics exist -> store opens -> ingest starts -> first c
 the end of the buffer topic -> only then the replica joins the election, as a follower; the
 winner claims an epoch and the forwarder takes over (see forwarder.py). A follower applies each
 checkpoint it sees once it has settled (follower_checkpoints.py), so its store holds only what
-is not yet known to be delivered.
+is not yet known to be delivered. The start-up steps are in startup.py; what the replica
+publishes every status interval (its status znode, gauges) in status.py.
 
 Threads and who calls what:
 - main thread: :meth:`Replica.run` (start-up, then the *control loop*), :meth:`request_stop`
@@ -28,35 +29,27 @@ the replica leaves the election, ingest stops, RocksDB is flushed and closed, Zo
 
 from __future__ import annotations
 
-import json
-import os
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from kazoo.recipe.watchers import DataWatch
 
-from delay_service import health, shard_dir
-from delay_service.broker_clock import BrokerClock, SkewHold
-from delay_service.clock import now_ms
+from delay_service import health, shard_dir, startup
 from delay_service.config import ReplicaConfig
 from delay_service.errors import ComponentFailedError
-from delay_service.exactly_once import make_forwarder
 from delay_service.follower_checkpoints import FollowerCheckpoints
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
-from delay_service.metrics import DUE_WINDOWS, Metrics
-from delay_service.queries import Answers
+from delay_service.metrics import Metrics
+from delay_service.status import StatusPublisher, role
 from delay_service.store import Store
 from delay_service.threads import RestartPolicy, Supervisor
 from kdelay import logs, memory
 from kdelay.backoff import Backoff
-from kdelay.buffer import BUFFER_TOPIC
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
 from kdelay.errors import ConfigError
-from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
 from zk import (
     CONNECTED,
     LOST,
@@ -64,19 +57,11 @@ from zk import (
     CheckpointStore,
     CoordinationError,
     Election,
-    Paths,
     Registry,
     Session,
 )
-from zk.layout import ensure_layout
 
 log = logs.get(__name__)
-
-SESSION_FILE = "zk-session.json"
-_DUE_CAP = 50_000
-#: How often the due-window gauges are recounted: the scan holds the store's lock, so not on
-#: every status publish (a 100k-message burst released at half speed when it was).
-DUE_REFRESH_S = 10.0
 
 
 class Replica:
@@ -94,7 +79,6 @@ class Replica:
         self._last_cp: CheckpointRecord | None = None
         self._follower_checkpoints = FollowerCheckpoints()  # a follower's, applied once settled
         self._joined = False
-        self._due_next = 0.0  # monotonic: when the due-window gauges are next recounted
         self.supervisor = Supervisor(
             self.metrics,
             RestartPolicy(
@@ -139,12 +123,12 @@ class Replica:
     def run(self) -> None:
         cfg = self.cfg
         log.info("replica.starting", name=cfg.name, data_dir=str(cfg.data_dir))
-        self._ensure_topics()
+        startup.ensure_topics(cfg)
         session = Session(cfg.zk_connect, cfg.zk_session_timeout)
         session.wakeup = self._wakeup
         session.start(timeout=max(15.0, cfg.zk_session_timeout))
         try:
-            self._check_layout(session)  # before the store: a wrong --shards changes nothing
+            startup.check_layout(cfg, session)  # before the store: a wrong --shards changes nothing
         except (ConfigError, CoordinationError):
             session.stop()
             raise
@@ -153,14 +137,16 @@ class Replica:
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
         self.health.beat()
-        answers = self._serve_http(store)
-        self._write_session_file(session)
+        answers, self.metrics_url = startup.serve_http(cfg, self.metrics, self.health, store)
+        startup.write_session_file(cfg, session)
         self.metrics.set_zk_state(CONNECTED)
         registry = Registry(session.client, self.paths, cfg.name)
         ingest = self.health.ingest = Ingest(cfg, store, self.metrics)
-        forwarder = self._forwarder(store, ingest)
+        forwarder, self.broker_clock = startup.start_forwarder(
+            cfg, store, ingest, self.metrics, self._on_fenced
+        )
         answers.attach(
-            role=lambda: _role(forwarder, ingest), lag=ingest.lag, clock=self.broker_clock.now_ms
+            role=lambda: role(forwarder, ingest), lag=ingest.lag, clock=self.broker_clock.now_ms
         )
         ingest.on_new = forwarder.notify_new
         ingest.on_cancelled = forwarder.add_tombstones
@@ -199,68 +185,6 @@ class Replica:
                 "row (see supervisor.component_failed in the log); exiting for a restart"
             )
 
-    def _ensure_topics(self) -> None:
-        cfg = self.cfg
-        ensure_internal_topics(
-            cfg.bootstrap_servers,
-            partitions=cfg.buffer_partitions,
-            replication=cfg.buffer_replication,
-            min_insync=cfg.buffer_min_insync_replicas,
-        )
-        if cfg.buffer_topic != BUFFER_TOPIC:
-            ensure_buffer_topic(
-                cfg.bootstrap_servers,
-                cfg.buffer_topic,
-                partitions=cfg.buffer_partitions,
-                replication=cfg.buffer_replication,
-                min_insync=cfg.buffer_min_insync_replicas,
-            )
-
-    def _check_layout(self, session: Session) -> None:
-        """Refuse to run under another shard layout than ZooKeeper's (``zk/layout.py``): two
-        layouts would forward the same partitions twice."""
-        cfg = self.cfg
-        root = Paths(cfg.zk_root)
-        layout = ensure_layout(session.client, root, cfg.shards)
-        if layout.shards != cfg.shards:
-            raise ConfigError(
-                f"shards: this replica has --shards {cfg.shards}, but the delay set at "
-                f"{root.layout} has {layout.shards}; start it with --shards {layout.shards}, "
-                f"or stop every replica and change the layout with kdelay reshard"
-            )
-        log.info("replica.shard", shard=cfg.shard, shards=cfg.shards, root=self.paths.root)
-
-    def _serve_http(self, store: Store) -> Answers:
-        """Serve the HTTP port (health.py): metrics, probes, and the message queries from the
-        store (queries.py), whose role, lag and broker clock are attached once ingest and the
-        forwarder exist. Publishes its URL with the advertised host."""
-        cfg = self.cfg
-        answers = Answers(store, cfg.name, max_scan=cfg.status_scan_limit)
-        port = health.serve(
-            cfg.metrics_host,
-            cfg.metrics_port,
-            health.app(
-                self.metrics.registry,
-                live=self.health.live,
-                ready=self.health.ready,
-                answers=answers,
-            ),
-        )
-        self.metrics_url = f"http://{cfg.published_host}:{port}/metrics"
-        log.info("replica.metrics_served", url=self.metrics_url)
-        return answers
-
-    def _forwarder(self, store: Store, ingest: Ingest) -> Forwarder:
-        """The forwarder, on the broker's clock: a due time is reached when *Kafka's* clock
-        reaches it, not this machine's (broker_clock.py)."""
-        cfg = self.cfg
-        clock = self.broker_clock = BrokerClock(cfg.bootstrap_servers, metrics=self.metrics)
-        clock.start()
-        hold = SkewHold(clock, cfg.max_clock_skew_ms, self.metrics)
-        return make_forwarder(
-            cfg, store, ingest, self.metrics, on_fenced=self._on_fenced, clock=clock, hold=hold
-        )
-
     def _supervise(
         self, ingest: Ingest, forwarder: Forwarder, ingest_stop: threading.Event
     ) -> None:
@@ -270,18 +194,6 @@ class Replica:
 
         self.supervisor.start("ingest", lambda: ingest.run(ingest_stop))
         self.supervisor.start("forwarder", forwarder.run, on_failure=forwarder_failed)
-
-    def _write_session_file(self, session: Session) -> None:
-        """The ZooKeeper session id and password, for operators' fault drills (mode 0600)."""
-        sid = session.session_id()
-        if sid is None:
-            return
-        path = self.cfg.data_dir / SESSION_FILE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"session_id": sid[0], "password": sid[1].hex(), "pid": os.getpid()}, fh)
-        Path(tmp).replace(path)
 
     def _control(
         self,
@@ -294,6 +206,7 @@ class Replica:
         registry: Registry,
     ) -> None:
         cfg = self.cfg
+        status = StatusPublisher(cfg, self.metrics, self.metrics_url, self.broker_clock)
         self._joined = False
         state = CONNECTED
         next_status = 0.0
@@ -316,7 +229,7 @@ class Replica:
                     self._joined = False
                 elif state == CONNECTED:
                     if previous == LOST:
-                        self._write_session_file(session)
+                        startup.write_session_file(cfg, session)
                         next_status = 0.0
                     forwarder.resume()
             if state == CONNECTED and not watching:
@@ -343,7 +256,7 @@ class Replica:
                 memory.trim()
             if time.monotonic() >= next_status and state == CONNECTED:
                 next_status = time.monotonic() + cfg.status_interval_ms / 1000
-                self._publish(registry, store, ingest, forwarder, election)
+                status.publish(registry, store, ingest, forwarder, election, self._last_cp)
 
     def _reconcile(self, session: Session, forwarder: Forwarder, election: Election) -> None:
         """Level-triggered: the forwarder runs exactly while we lead on a live session."""
@@ -397,52 +310,3 @@ class Replica:
             dropped = store.apply_checkpoint(checkpoint)
             if dropped:
                 log.debug("replica.covered_entries_dropped", count=dropped, version=version)
-
-    def _publish(
-        self,
-        registry: Registry,
-        store: Store,
-        ingest: Ingest,
-        forwarder: Forwarder,
-        election: Election,
-    ) -> None:
-        pending = store.pending
-        lag = ingest.lag()
-        role = _role(forwarder, ingest)
-        now = self.broker_clock.now_ms() or now_ms()
-        m = self.metrics
-        m.pending.set(pending)
-        m.store_bytes.set(store.size_bytes())
-        if time.monotonic() >= self._due_next:
-            self._due_next = time.monotonic() + DUE_REFRESH_S
-            counts = store.count_due_within(now, list(DUE_WINDOWS.values()), _DUE_CAP)
-            for label, count in zip(DUE_WINDOWS, counts, strict=True):
-                m.due.labels(label).set(count)
-        m.due.labels("inf").set(pending)
-        if forwarder.active.is_set():
-            m.checkpoint_age.set(max(0.0, (now - forwarder.last_checkpoint_ms) / 1000))
-        elif self._last_cp is not None:
-            m.checkpoint_age.set(max(0.0, (now - self._last_cp.written_at_ms) / 1000))
-        status = {
-            "name": self.cfg.name,
-            "shard": self.cfg.shard,
-            "role": role,
-            "lag": lag,
-            "pending": pending,
-            "offsets": {str(p): o for p, o in sorted(store.offsets().items())},
-            "metrics": self.metrics_url,
-            "candidate": election.node,
-            "pid": os.getpid(),
-            "updated_ms": now,
-        }
-        try:
-            registry.publish(status)
-        except CoordinationError as exc:
-            log.warning("replica.status_not_published", error=str(exc))
-
-
-def _role(forwarder: Forwarder, ingest: Ingest) -> str:
-    """``master`` (forwarding), ``follower`` (caught up) or ``catching-up``; any thread."""
-    if forwarder.active.is_set():
-        return "master"
-    return "follower" if ingest.caught_up.is_set() else "catching-up"

@@ -1,0 +1,121 @@
+"""A replica's start-up steps, in the order ``replica.py`` takes them (each once, main thread).
+
+1. :func:`ensure_topics`: the internal topics exist (and the shard's buffer topic, when it has
+   one of its own), with the configured partitions, replication and ``min.insync.replicas``;
+2. :func:`check_layout`: the delay set's shard layout in ZooKeeper is this replica's, or it
+   refuses to run (two layouts would forward the same partitions twice);
+3. :func:`serve_http`: the HTTP port (``health.py``) with the metrics, the probes and the
+   message queries (``queries.py``);
+4. :func:`start_forwarder`: the forwarder on the broker's clock (``broker_clock.py``), in the
+   configured delivery mode (``exactly_once.make_forwarder``);
+5. :func:`write_session_file`: the ZooKeeper session id and password for operators' fault
+   drills (again after a new session replaced a lost one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from delay_service import health
+from delay_service.broker_clock import BrokerClock, SkewHold
+from delay_service.config import ReplicaConfig
+from delay_service.exactly_once import make_forwarder
+from delay_service.forwarder import Forwarder
+from delay_service.ingest import Ingest
+from delay_service.metrics import Metrics
+from delay_service.queries import Answers
+from delay_service.store import Store
+from kdelay import logs
+from kdelay.buffer import BUFFER_TOPIC
+from kdelay.errors import ConfigError
+from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
+from zk import Paths, Session
+from zk.layout import ensure_layout
+
+log = logs.get(__name__)
+
+SESSION_FILE = "zk-session.json"
+
+
+def ensure_topics(cfg: ReplicaConfig) -> None:
+    """Create the internal topics (and a buffer topic of the shard's own) when missing."""
+    ensure_internal_topics(
+        cfg.bootstrap_servers,
+        partitions=cfg.buffer_partitions,
+        replication=cfg.buffer_replication,
+        min_insync=cfg.buffer_min_insync_replicas,
+    )
+    if cfg.buffer_topic != BUFFER_TOPIC:
+        ensure_buffer_topic(
+            cfg.bootstrap_servers,
+            cfg.buffer_topic,
+            partitions=cfg.buffer_partitions,
+            replication=cfg.buffer_replication,
+            min_insync=cfg.buffer_min_insync_replicas,
+        )
+
+
+def check_layout(cfg: ReplicaConfig, session: Session) -> None:
+    """Refuse to run under another shard layout than ZooKeeper's (``zk/layout.py``): two
+    layouts would forward the same partitions twice."""
+    root = Paths(cfg.zk_root)
+    layout = ensure_layout(session.client, root, cfg.shards)
+    if layout.shards != cfg.shards:
+        raise ConfigError(
+            f"shards: this replica has --shards {cfg.shards}, but the delay set at "
+            f"{root.layout} has {layout.shards}; start it with --shards {layout.shards}, "
+            f"or stop every replica and change the layout with kdelay reshard"
+        )
+    log.info("replica.shard", shard=cfg.shard, shards=cfg.shards, root=cfg.set_paths.root)
+
+
+def serve_http(
+    cfg: ReplicaConfig, metrics: Metrics, checks: health.Health, store: Store
+) -> tuple[Answers, str]:
+    """Serve the HTTP port (health.py): metrics, probes, and the message queries from the
+    store (queries.py), whose role, lag and broker clock the caller attaches once ingest and
+    the forwarder exist. Returns the answers and the metrics URL, with the advertised host."""
+    answers = Answers(store, cfg.name, max_scan=cfg.status_scan_limit)
+    port = health.serve(
+        cfg.metrics_host,
+        cfg.metrics_port,
+        health.app(metrics.registry, live=checks.live, ready=checks.ready, answers=answers),
+    )
+    url = f"http://{cfg.published_host}:{port}/metrics"
+    log.info("replica.metrics_served", url=url)
+    return answers, url
+
+
+def start_forwarder(
+    cfg: ReplicaConfig,
+    store: Store,
+    ingest: Ingest,
+    metrics: Metrics,
+    on_fenced: Callable[[str], None],
+) -> tuple[Forwarder, BrokerClock]:
+    """The forwarder, on the broker's clock: a due time is reached when *Kafka's* clock
+    reaches it, not this machine's (broker_clock.py). The clock is started; the caller
+    closes it."""
+    clock = BrokerClock(cfg.bootstrap_servers, metrics=metrics)
+    clock.start()
+    hold = SkewHold(clock, cfg.max_clock_skew_ms, metrics)
+    forwarder = make_forwarder(
+        cfg, store, ingest, metrics, on_fenced=on_fenced, clock=clock, hold=hold
+    )
+    return forwarder, clock
+
+
+def write_session_file(cfg: ReplicaConfig, session: Session) -> None:
+    """The ZooKeeper session id and password, for operators' fault drills (mode 0600)."""
+    sid = session.session_id()
+    if sid is None:
+        return
+    path = cfg.data_dir / SESSION_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"session_id": sid[0], "password": sid[1].hex(), "pid": os.getpid()}, fh)
+    Path(tmp).replace(path)
