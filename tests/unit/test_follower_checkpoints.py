@@ -11,14 +11,7 @@ from delay_service.forwarder import Forwarder
 from delay_service.replica import Replica
 from delay_service.store import Store
 from kdelay.checkpoint import Checkpoint
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakes import FakeClock
 
 
 def cp(time_ms: int) -> Checkpoint:
@@ -27,52 +20,52 @@ def cp(time_ms: int) -> Checkpoint:
 
 def test_a_checkpoint_is_handed_out_once_it_has_settled_and_only_once() -> None:
     clock = FakeClock()
-    s = FollowerCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock.monotonic)
     s.seen(1, cp(10))
     assert s.settled() == []
-    clock.now += 0.5
+    clock.advance(0.5)
     s.seen(2, cp(20))
     assert s.settled() == []
-    clock.now += 0.5  # the first is 1 s old, the second 0.5 s
+    clock.advance(0.5)  # the first is 1 s old, the second 0.5 s
     assert s.settled() == [(1, cp(10))]
     assert s.settled() == []
-    clock.now += 0.5
+    clock.advance(0.5)
     assert s.settled() == [(2, cp(20))]
     assert len(s) == 0
 
 
 def test_all_settled_checkpoints_come_out_oldest_first() -> None:
     clock = FakeClock()
-    s = FollowerCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock.monotonic)
     for version in range(1, 6):
         s.seen(version, cp(version))
-        clock.now += 0.1
-    clock.now += 1.0
+        clock.advance(0.1)
+    clock.advance(1.0)
     assert s.settled() == [(v, cp(v)) for v in range(1, 6)]
 
 
 def test_a_version_seen_before_or_older_is_ignored() -> None:
     clock = FakeClock()
-    s = FollowerCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock.monotonic)
     s.seen(3, cp(30))
     s.seen(3, cp(30))  # a watch can fire twice for one version
     s.seen(2, cp(20))
-    clock.now += 1.0
+    clock.advance(1.0)
     assert s.settled() == [(3, cp(30))]
     s.seen(3, cp(30))  # handed out already
-    clock.now += 1.0
+    clock.advance(1.0)
     assert s.settled() == []
 
 
 def test_clear_forgets_what_has_not_settled() -> None:
     clock = FakeClock()
-    s = FollowerCheckpoints(1.0, clock)
+    s = FollowerCheckpoints(1.0, clock.monotonic)
     s.seen(1, cp(10))
     s.clear()  # this replica became master
-    clock.now += 2.0
+    clock.advance(2.0)
     assert s.settled() == []
     s.seen(2, cp(20))  # newer versions still count
-    clock.now += 1.0
+    clock.advance(1.0)
     assert s.settled() == [(2, cp(20))]
 
 
@@ -96,20 +89,20 @@ def test_a_replica_applies_settled_checkpoints_only_while_not_engaged_as_master(
     and what had not settled by then is forgotten."""
     replica = Replica(ReplicaConfig(name="settling-test"))
     clock = FakeClock()
-    replica._follower_checkpoints = FollowerCheckpoints(1.0, clock)
+    replica._follower_checkpoints = FollowerCheckpoints(1.0, clock.monotonic)
     store, forwarder = FakeStore(), FakeForwarder()
     apply = functools.partial(replica._apply_settled, cast("Store", store))
     replica._follower_checkpoints.seen(1, cp(10))
-    clock.now += 1.0
+    clock.advance(1.0)
     replica._follower_checkpoints.seen(2, cp(20))
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10)]  # settled; the second not yet
     forwarder.engaged = True  # won the election: activated, not forwarding yet
-    clock.now += 1.0
+    clock.advance(1.0)
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10)]
     forwarder.engaged = False  # stepped down: a follower again
     replica._follower_checkpoints.seen(3, cp(30))
-    clock.now += 1.0
+    clock.advance(1.0)
     apply(cast("Forwarder", forwarder))
     assert store.applied == [cp(10), cp(30)]  # the one from before the takeover is gone
