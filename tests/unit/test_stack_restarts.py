@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import signal
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from dev.stack.process import ManagedProcess, wait_until
 from dev.stack.restarts import (
     Component,
     ComponentLostError,
@@ -17,7 +14,6 @@ from dev.stack.restarts import (
     describe_exit,
 )
 from kdelay.backoff import Backoff
-from kdelay.errors import InfrastructureError
 
 
 @dataclass
@@ -175,31 +171,3 @@ def test_a_failed_launch_is_logged_and_retried_with_more_backoff() -> None:
     assert lines[-1] == "kdelay: proxy could not be restarted: no such file"
     sup.tick()
     assert lines[-1] == "kdelay: proxy exited (exit code 1); restarting in 2 s (restart 2)"
-
-
-def test_a_managed_process_restarts_with_the_same_command_and_appends_its_log(
-    tmp_path: Path,
-) -> None:
-    log = tmp_path / "child.log"
-    proc = ManagedProcess(
-        "child",
-        [sys.executable, "-c", "import time; print('hello', flush=True); time.sleep(300)"],
-        log,
-    )
-    proc.start()
-    first = proc.pid
-    wait_until(lambda: "hello" in log.read_text(), timeout=30, what="the first greeting")
-    with pytest.raises(InfrastructureError, match="still running"):
-        proc.restart()
-    proc.signal(signal.SIGKILL)
-    wait_until(lambda: not proc.alive(), timeout=30, what="the child to die")
-    assert proc.returncode() == -signal.SIGKILL
-    proc.restart()
-    try:
-        assert proc.pid != first
-        wait_until(
-            lambda: log.read_text().count("hello") == 2, timeout=30, what="the second greeting"
-        )
-        assert "child exited with -9; restarting" in log.read_text()
-    finally:
-        proc.stop(grace=5)

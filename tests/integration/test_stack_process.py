@@ -1,4 +1,5 @@
-"""Supervised processes: stop kills the whole group; an interrupted owner leaves nothing."""
+"""Supervised processes (real child processes, hence integration): stop kills the whole group;
+an interrupted owner leaves nothing; the local JVMs' flags, checked by a real JVM."""
 
 from __future__ import annotations
 
