@@ -6,7 +6,7 @@ a real store (RocksDB) and the real ingest hold ``--messages`` schedules; then e
 as a follower removes a released message, either
 
 - ``tombstone_first``: the tombstones (with their outcomes, as a release writes them) through
-  ``Ingest._apply``, then the checkpoint covering them all (``Store.apply_checkpoint``), which
+  ``Ingest.apply``, then the checkpoint covering them all (``Store.apply_checkpoint``), which
   finds nothing left: what a follower does when it applies a checkpoint only once it has
   settled (``delay_service/settling.py``);
 - ``checkpoint_first``: the checkpoint first (it drops every entry, decoding each and writing
@@ -49,13 +49,13 @@ def run(order: str, count: int) -> float:
             ingest = Ingest(ReplicaConfig(name="bench"), store, Metrics())
             ingest.leading = lambda: False
             for batch in batches(schedules):
-                ingest._apply(batch)
+                ingest.apply(batch)
             memory.freeze_startup_objects()
             started = time.thread_time()
             if order == "checkpoint_first":
                 store.apply_checkpoint(covering)
             for batch in batches(tombstones):
-                ingest._apply(batch)
+                ingest.apply(batch)
             if order == "tombstone_first":
                 store.apply_checkpoint(covering)
             elapsed = time.thread_time() - started

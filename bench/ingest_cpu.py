@@ -6,7 +6,7 @@ Kafka: ``--records`` schedules, then the master's tombstone of each (with its ou
 release writes it), as confluent-kafka ``Message`` objects in batches of ingest's size, go
 into a real store (RocksDB), so what is measured is the replica's own work per record:
 
-- ``kdelay``: ``Ingest._apply`` of the real ingest and store, as a follower runs it (its
+- ``kdelay``: ``Ingest.apply`` of the real ingest and store, as a follower runs it (its
   collector settings from ``kdelay.memory``): decode, check, the duplicate and cancel rules,
   the entry and its index, the outcome a tombstone tells, offsets and metrics;
 - ``baseline``: the least an ingest does per record with the same libraries: read the
@@ -41,7 +41,7 @@ def _kdelay(store: Store, batches: list[list[Message]]) -> int:
     ingest = Ingest(ReplicaConfig(name="bench"), store, Metrics())
     ingest.leading = lambda: False
     for batch in batches:
-        ingest._apply(batch)
+        ingest.apply(batch)
     if store.pending != _left(batches):
         raise SystemExit(f"kdelay: {store.pending} entries left, expected {_left(batches)}")
     return sum(len(b) for b in batches)

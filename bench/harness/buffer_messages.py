@@ -1,7 +1,7 @@
 """Buffer records as confluent-kafka ``Message`` objects, in ingest's batches, without Kafka.
 
 What ``bench.ingest_cpu`` and ``bench.follower_removal`` feed the real ingest
-(``Ingest._apply``) with: ``records`` buffer records over :data:`PARTITIONS` buffer partitions,
+(``Ingest.apply``) with: ``records`` buffer records over :data:`PARTITIONS` buffer partitions,
 schedules first (100 B values, a header, due an hour after :data:`NOW_MS`), then the master's
 tombstone of each of the first half, with its outcome, as a release writes it. Every record
 has the broker's append time :data:`NOW_MS` (``LogAppendTime``), as the buffer topic's do.
