@@ -252,7 +252,7 @@ def decode_entry(data: bytes) -> Scheduled:
             fields.insert(1, b"")  # no buffer key before version 3
         msg_id, uid, topic, key, value = fields[:5]
         headers = tuple(
-            ((fields[i] or b"").decode(), fields[i + 1] or b"") for i in range(5, 5 + 2 * count, 2)
+            ((fields[i] or b"").decode(), fields[i + 1]) for i in range(5, 5 + 2 * count, 2)
         )
         repeat = (fields[-1] or b"").decode() if version == SERIES_VERSION else None
         result = Scheduled(

@@ -315,6 +315,9 @@ def _series(
     return Delay(due, msg_id, delay, rule.text)
 
 
-def strip_control(headers: Iterable[tuple[str, bytes | None]]) -> tuple[tuple[str, bytes], ...]:
-    """The producer's own headers: control headers removed, null values made empty."""
-    return tuple((n, v if v is not None else b"") for n, v in headers if n not in CONTROL_HEADERS)
+def strip_control(
+    headers: Iterable[tuple[str, bytes | None]],
+) -> tuple[tuple[str, bytes | None], ...]:
+    """The producer's own headers with the control headers removed; a null value stays null
+    (Kafka tells a null header value from an empty one, and so does the delivered record)."""
+    return tuple((n, v) for n, v in headers if n not in CONTROL_HEADERS)

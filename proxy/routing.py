@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from kdelay import buffer
 from kdelay.errors import InvalidHeaderError, KdelayError
@@ -187,7 +187,7 @@ def scheduled(
         else buffer_partition,
         (uid or msg_id).encode(),
         value,
-        cast("HeaderList", routed_headers),  # bytes values: a HeaderList's may be None
+        routed_headers,
         None,
         msg_id,
         deliver_at_ms,

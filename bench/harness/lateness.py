@@ -49,7 +49,7 @@ def produce(
     p: Producer,
     topic: str,
     partition: int,
-    enc: tuple[bytes, bytes | None, list[tuple[str, bytes]]],
+    enc: tuple[bytes, bytes | None, list[tuple[str, bytes | None]]],
 ) -> None:
     """Produce ``enc`` (key, value, headers) to ``topic``/``partition``, polling while the
     producer's queue is full."""

@@ -66,7 +66,7 @@ class Encoded:
 
     key: bytes
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: list[tuple[str, bytes | None]]
 
 
 def _route(obj: dict[str, Any]) -> tuple[str, bytes]:
@@ -125,13 +125,13 @@ def encode_schedule(
     partition: int,
     key: bytes | None,
     value: bytes | None,
-    headers: Iterable[tuple[str, bytes]],
+    headers: Iterable[tuple[str, bytes | None]],
     deliver_at_ms: int,
     delay_ms: int | None,
     seq: int,
     repeat: str | None = None,
     occurrence: int = 1,
-) -> tuple[bytes, list[tuple[str, bytes]]]:
+) -> tuple[bytes, list[tuple[str, bytes | None]]]:
     """The value and headers of a schedule's buffer record (its key is its buffer key): what
     :func:`encode` writes for a :class:`Scheduled`, for the proxy's hot path, which has the
     fields at hand and no use for the object."""
@@ -239,7 +239,7 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             key=None if key_b64 is None else base64.b64decode(key_b64, validate=True),
             value=None if route["n"] else (value or b""),
             deliver_at_ms=due,
-            headers=tuple((n, v if v is not None else b"") for n, v in own),
+            headers=tuple(own),
             uid=uid,
             seq=int(route.get("s") or 0),
             delay_ms=delay_ms,

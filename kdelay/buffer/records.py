@@ -23,7 +23,7 @@ class Scheduled:
     key: bytes | None
     value: bytes | None
     deliver_at_ms: int
-    headers: tuple[tuple[str, bytes], ...] = field(default=())
+    headers: tuple[tuple[str, bytes | None], ...] = field(default=())  # None: a null value
     uid: str = ""  # the buffer key; "" for a version-1 record, whose key is the id
     seq: int = 0  # order among messages due at the same millisecond
     delay_ms: int | None = None  # set: written as "r", due = append time + delay_ms
@@ -35,7 +35,7 @@ class Scheduled:
         """The Kafka key of this record in the buffer topic."""
         return self.uid or self.id
 
-    def delivered_headers(self) -> list[tuple[str, bytes]]:
+    def delivered_headers(self) -> list[tuple[str, bytes | None]]:
         """Headers of the released record: the producer's own, plus the id and the due time
         (and a recurring message's occurrence number)."""
         out = [

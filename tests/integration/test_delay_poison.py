@@ -39,7 +39,7 @@ def route(**fields: object) -> tuple[str, bytes]:
 
 def garbage(target: str) -> list[tuple[bytes, bytes | None, HeaderList]]:
     """(key, value, headers) of records no replica can use as they are."""
-    good = json.loads(encode(Scheduled("g", target, 0, None, b"v", 1)).headers[-1][1])
+    good = json.loads(encode(Scheduled("g", target, 0, None, b"v", 1)).headers[-1][1] or b"")
     return [
         (b"no-route", b"value", [("h", b"1"), ("n", None)]),
         (b"cut-short", b"value", [(ROUTE_HEADER, b'{"v": 1, "op": "sched')]),

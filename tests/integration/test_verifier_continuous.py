@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ def spark(kafka: KafkaInfra) -> Iterator[Any]:
         gc.collect()
 
 
-def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
+def _headers(pairs: Sequence[tuple[str, bytes | None]]) -> HeaderList:
     return list(pairs)
 
 

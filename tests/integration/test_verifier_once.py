@@ -16,7 +16,7 @@ import random
 import subprocess
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ BUFFER_PARTITIONS = 3
 REPORT_KEYS = {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
 
 
-def _headers(pairs: list[tuple[str, bytes]]) -> HeaderList:
+def _headers(pairs: Sequence[tuple[str, bytes | None]]) -> HeaderList:
     return list(pairs)
 
 

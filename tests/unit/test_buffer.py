@@ -148,11 +148,11 @@ def test_delivered_headers_add_id_and_due_time() -> None:
     ]
 
 
-def test_null_header_value_decodes_as_empty() -> None:
+def test_null_header_value_decodes_as_null() -> None:
     enc = encode(Scheduled("a", "t", 0, None, b"", 1))
     back = decode(enc.key, enc.value, [("own", None), *enc.headers])
     assert isinstance(back, Scheduled)
-    assert back.headers == (("own", b""),)
+    assert back.headers == (("own", None),)
 
 
 def _route(**obj: object) -> list[tuple[str, bytes | None]]:
@@ -211,3 +211,20 @@ def test_topic_names() -> None:
 def test_pathological_routes_are_format_errors(route: bytes) -> None:
     with pytest.raises(BufferFormatError):
         decode(b"id", b"", [(ROUTE_HEADER, route)])
+
+
+def test_a_null_header_value_stays_null_from_the_proxy_to_the_store() -> None:
+    """Kafka tells a null header value from an empty one; so does the delivered record
+    (issue 35, point 11: null values were delivered as empty)."""
+    from delay_service.entry import decode_entry, encode_entry
+    from kdelay.headers import strip_control
+
+    own = strip_control([("null", None), ("empty", b""), ("kdelay-delay-ms", b"5"), ("x", b"1")])
+    assert own == (("null", None), ("empty", b""), ("x", b"1"))
+    msg = Scheduled("n-1", "t", 0, None, b"v", 1_000, own)
+    enc = encode(msg)
+    back = decode(enc.key, enc.value, enc.headers)
+    assert isinstance(back, Scheduled)
+    assert back.headers == own
+    assert decode_entry(encode_entry(back)).headers == own
+    assert back.delivered_headers()[:3] == list(own)

@@ -31,7 +31,7 @@ from kdelay.buffer import (
     ],
 )
 def test_every_field_written_is_in_the_schema(record: Scheduled | Cancel | Tombstone) -> None:
-    route = json.loads(encode(record).headers[-1][1])
+    route = json.loads(encode(record).headers[-1][1] or b"")
     assert set(route) <= set(ROUTE_FIELDS)
     assert route["op"] in (OP_SCHEDULE, OP_CANCEL, OP_DONE)
 

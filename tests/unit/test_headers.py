@@ -128,7 +128,7 @@ def test_cancel_combinations() -> None:
 
 def test_strip_control_keeps_own_headers_in_order() -> None:
     raw = [("a", b"1"), (h.DELAY_MS, b"5"), ("b", None), (h.ID, b"x"), ("a", b"2")]
-    assert h.strip_control(raw) == (("a", b"1"), ("b", b""), ("a", b"2"))
+    assert h.strip_control(raw) == (("a", b"1"), ("b", None), ("a", b"2"))
 
 
 def test_new_ids_are_unique_and_valid() -> None:
