@@ -194,6 +194,26 @@ def decode(
         raise BufferFormatError(f"buffer record {msg_id!r}: bad {ROUTE_HEADER}: {exc!r}") from None
 
 
+#: The widest id or buffer key a replica keeps (its cancel index stores the length in 16 bits).
+MAX_ID_BYTES = 65_535
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _i64(value: Any) -> int:
+    """An integer field of a tombstone's fate or offset: it must fit a signed 64-bit integer,
+    as every replica stores and re-encodes it (JSON and RocksDB keys)."""
+    number = int(value)
+    if not _I64[0] <= number <= _I64[1]:
+        raise ValueError(f"{number} is beyond a signed 64-bit integer")
+    return number
+
+
+def _id(what: str, text: str) -> str:
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise ValueError(f"{what} is longer than {MAX_ID_BYTES} bytes")
+    return text
+
+
 def _fate(route: dict[str, Any]) -> Fate | None:
     state = route.get("x")
     if state is None:
@@ -203,11 +223,11 @@ def _fate(route: dict[str, Any]) -> Fate | None:
     return Fate(
         str(state),
         None if topic is None else str(topic),
-        None if tp is None else int(tp),
-        None if to is None else int(to),
-        None if ts is None else int(ts),
-        None if d is None else int(d),
-        None if oc is None else int(oc),
+        None if tp is None else _i64(tp),
+        None if to is None else _i64(to),
+        None if ts is None else _i64(ts),
+        None if d is None else _i64(d),
+        None if oc is None else _i64(oc),
     )
 
 
@@ -247,7 +267,9 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             occurrence=int(route.get("oc") or 1),
         )
     if op == OP_CANCEL:
-        return Cancel(msg_id, uid)
+        return Cancel(_id("the cancelled id", msg_id), _id("the buffer key", uid))
     if op == OP_DONE:
-        return Tombstone(msg_id, int(route["o"]), uid, _fate(route))
+        return Tombstone(
+            _id("the id", msg_id), _i64(route["o"]), _id("the buffer key", uid), _fate(route)
+        )
     raise ValueError(f"unknown op {op!r}")
