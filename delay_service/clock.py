@@ -14,7 +14,7 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """Where the forwarder, its retry policy and its sender read the time."""
+    """Where the forwarder, its release backoff and its sender read the time."""
 
     def wall_ms(self) -> int:
         """Milliseconds since the epoch."""

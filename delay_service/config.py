@@ -101,7 +101,7 @@ class ReplicaConfig(BaseSettings, TopicDurability):
         default=1_000, ge=50, description="how often the status node is refreshed"
     )
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
-    # -- supervision and health (supervisor.py, health.py) ----------------------------------
+    # -- supervision and health (threads.py, health.py) -------------------------------------
     restart_backoff_ms: int = Field(
         default=1_000, ge=1, description="wait before running a failed thread again (doubling)"
     )

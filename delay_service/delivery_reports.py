@@ -1,8 +1,9 @@
 """Settling the records that completed: what the forwarder does with each delivery report.
 
 - a release acknowledged: the entry was delivered; it leaves the store, its id gets a tombstone;
-- a release failed: the retry policy decides (``release_backoff.py``): back off, holding the entry's
-  target, or — a permanent error on the ``dead_letter_after``-th attempt — dead-letter it;
+- a release failed: the release backoff decides (``release_backoff.py``): back off, holding the
+  entry's target, or — a permanent error on the ``dead_letter_after``-th attempt — dead-letter
+  it;
 - a dead letter acknowledged: the entry leaves the store like a delivered one;
 - a dead letter failed: the entry and its target back off too, and the dead letter is written
   again only after that (a failing dead-letter topic is not written to every round).
@@ -69,8 +70,8 @@ class _Failed:
 def attempt_failed(
     entry: Entry, err: KafkaError, retries: ReleaseBackoff, metrics: Metrics
 ) -> Verdict:
-    """Count one failed release of ``entry`` (both delivery modes): the error metric, the retry
-    policy's verdict, and a ``forwarder.forward_failed`` log when a permanent error is to be
+    """Count one failed release of ``entry`` (both delivery modes): the error metric, the release
+    backoff's verdict, and a ``forwarder.forward_failed`` log when a permanent error is to be
     retried (on the ``dead_letter_after``-th attempt the entry heads for the dead letters)."""
     metrics.forward_errors.labels(error_name(err)).inc()
     permanent = is_permanent(err)
@@ -89,7 +90,7 @@ def attempt_failed(
 
 
 class Settler:
-    """Applies delivery reports to the store, the retry policy, the metrics and tombstones."""
+    """Applies delivery reports to the store, the release backoff, the metrics and tombstones."""
 
     def __init__(
         self,
