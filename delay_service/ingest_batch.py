@@ -8,7 +8,7 @@ record this replica cannot decode or store (*poison*: another version's, hand-wr
 corrupt) never stops it: it is counted (``kdelay_replica_invalid_records_total{reason}``),
 logged, and stored as an entry that releases it to the dead-letter topic (poison.py says why
 there and not here). A failure to *write* the store is not the record's fault: :meth:`apply`
-raises it, and the replica's supervisor restarts ingest or ends the process (supervisor.py).
+raises it, and the replica's supervisor restarts ingest or ends the process (threads.py).
 
 Threads: :meth:`IngestBatch.apply` runs on the ingest thread only. ``on_new`` (earliest due
 time of newly stored entries) and ``on_cancelled`` are set before that thread starts, called
