@@ -260,9 +260,9 @@ def test_the_staged_build_context_is_what_the_dockerfile_copies(tmp_path: Path) 
     assert stage is not None
     stage(tmp_path)
     staged = {p.name for p in tmp_path.iterdir()}
-    assert staged == {"pyproject.toml", "README.md", "kdelay", "proxy", "delay_service", "zk"} | {
-        "verifier",
-    }
+    packages = {"kdelay", "proxy", "delay_service", "zk", "verifier"}
+    assert staged == {"pyproject.toml", "README.md", "LICENSE"} | packages
+    assert (tmp_path / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
     assert (tmp_path / "kdelay" / "jvm" / "spark-kafka" / "pom.xml").is_file()
     assert not (tmp_path / "dev").exists()  # development tooling only
     assert not list(tmp_path.rglob("__pycache__"))
