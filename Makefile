@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+.PHONY: help install constraints jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 
@@ -17,15 +17,26 @@ help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
 	@echo "make test    install everything, lint, run every test tier"
 	@echo "make install virtualenv in $(VENV), the project with dev extras, the pinned jars"
-	@echo "make lint    ruff check, ruff format --check, mypy --strict"
+	@echo "make lint    ruff check, ruff format --check, mypy --strict, lint-imports"
+	@echo "make constraints  regenerate constraints.txt from $(VENV) (the tested versions)"
 
-$(STAMP): pyproject.toml
+# constraints.txt: the versions the suite last passed with (`make constraints`), so a fresh
+# install gets them, not whatever was released since; pyproject.toml keeps the lower bounds.
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kdelay needs Python 3.11+, found " + sys.version.split()[0] + " at $(PYTHON) (set PYTHON=...)")'
 	@echo "==> creating $(VENV) and installing kdelay with dev extras"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -e '.[dev,verifier]'
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev,verifier]'
 	@touch $@
+
+# Everything installed in $(VENV) but kdelay itself (pip, setuptools and wheel are left out).
+constraints: $(STAMP)
+	@{ echo "# The versions the suite was run with: 'make constraints' regenerates this from $(VENV)."; \
+	  echo "# Used by 'make install' (pip install -c constraints.txt); pyproject.toml keeps the ranges."; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -iv '^kdelay[= @]'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	@touch $(STAMP)
 
 install: $(STAMP) jvm faketime
 
@@ -43,10 +54,12 @@ jvm: $(STAMP)
 deploy-tools: $(STAMP)
 	bash dev/tools/install.sh
 
+# .pre-commit-config.yaml runs the same four.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo --cache-dir .cache/import-linter
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -57,9 +70,14 @@ format: $(STAMP)
 # Kafka and ZooKeeper on free ports: most of the suite's time is waiting (failovers, due
 # times, a cron minute), so two halve it on two cores (one run: 21 min 46 s -> 13 min 11 s).
 # PYTEST_WORKERS= runs it in one process.
+# Coverage ([tool.coverage] in pyproject.toml) of kdelay, proxy, delay_service, zk and verifier,
+# as the pytest processes run them: the replicas, proxies and stacks the tests start as
+# subprocesses are not measured. The files not fully covered and the total; no threshold.
+# COVERAGE= runs without it.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
+COVERAGE ?= --cov --cov-report=term:skip-covered
 test: install lint
-	$(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_WORKERS) $(COVERAGE) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
 test-unit: $(STAMP)
