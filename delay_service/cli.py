@@ -8,7 +8,6 @@ import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -17,6 +16,7 @@ from delay_service.config import ReplicaConfig
 from kdelay import logs, memory
 from kdelay.config_loader import load
 from kdelay.options import config_options
+from kdelay.stop_signals import on_stop_signals
 from zk.paths import DEFAULT_ROOT
 
 
@@ -32,12 +32,11 @@ def command(config_file: Path | None, **flags: Any) -> None:
 
     replica = Replica(cfg)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         logs.get(__name__).info("replica.signal_received", signal=signal.Signals(signum).name)
         replica.request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     memory.freeze_startup_objects()  # no full collection walks them again (kdelay/memory.py)
     memory.collect_young_less_often()
     replica.run()

@@ -90,7 +90,7 @@ class Replica:
         self.health = health.Health(cfg, self.supervisor, self._stop)
 
     def request_stop(self) -> None:
-        """Ask the control loop to shut down (safe from signal handlers)."""
+        """Ask the control loop to shut down (any thread: the stop-signal thread calls it)."""
         self._stop.set()
         self._wakeup.set()
 

@@ -7,17 +7,16 @@ cannot be kept running.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from dev.stack.restarts import ComponentLostError, Supervisor
 from dev.stack.stack import LocalStack, StackOptions
+from kdelay.stop_signals import on_stop_signals
 
 
 def _echo(line: str) -> None:
@@ -68,12 +67,7 @@ def command(**options: Any) -> None:
     opts = StackOptions(**options)
     stack = LocalStack(opts, progress=_echo)
     stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    on_stop_signals(lambda _signum: stop.set())
     lost: ComponentLostError | None = None
     try:
         stack.start()

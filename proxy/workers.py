@@ -41,7 +41,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import click
 
@@ -49,6 +48,7 @@ from kdelay import logs
 from kdelay.backoff import Backoff
 from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
+from kdelay.stop_signals import on_stop_signals
 from proxy.cli import READY
 from proxy.config import ProxyConfig
 from proxy.restarts import MAX_BACKOFF_S
@@ -255,11 +255,7 @@ def run(cfg: ProxyConfig) -> int:
     raises InfrastructureError when a worker cannot start."""
     workers = Workers(cfg)
 
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        workers.stop()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    on_stop_signals(lambda _signum: workers.stop())
     try:
         click.echo(f"{workers.start()} workers={cfg.workers}")
         workers.watch()

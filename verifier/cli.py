@@ -14,12 +14,10 @@ configuration error.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,6 +25,7 @@ import click
 from kdelay import logs, stats
 from kdelay.config_loader import load
 from kdelay.options import config_options
+from kdelay.stop_signals import on_stop_signals
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
 from verifier.report import Slo, breaches
@@ -161,12 +160,7 @@ def command(
                 click.echo(line, err=True)
             sys.exit(outcome.exit_code)
         stop = threading.Event()
-
-        def on_signal(_signum: int, _frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        on_stop_signals(lambda _signum: stop.set())
         metrics = Metrics()
         if cfg.metrics_port:
             metrics.serve(cfg.metrics_port, cfg.metrics_host)
