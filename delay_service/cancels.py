@@ -91,7 +91,7 @@ _P = struct.Struct(">I")
 _PO = struct.Struct(">IQ")
 _COUNTS = struct.Struct(">QQ")
 _AT = struct.Struct(">Qq")  # offset, time
-_OPEN = struct.Struct(">qQH")  # time, number, len(id)
+_OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
 
 #: Where a record was read: partition, offset, timestamp (None: unknown).
 At = tuple[int, int, int | None]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 
 from delay_service.errors import StoreError, UnstorableError
-from kdelay.buffer import Scheduled
+from kdelay.buffer import I64_RANGE, Scheduled
 from kdelay.immutable import immutable
 
 _KEY = struct.Struct(">QQIQ")
@@ -43,7 +43,6 @@ MAX_FIELD_BYTES = _NULL - 1
 ENTRY_VERSION = 3
 SERIES_VERSION = 4
 _U64_MAX = 2**64 - 1
-_I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
 
 
@@ -97,7 +96,7 @@ def check_storable(msg: Scheduled) -> None:
     what fails.
     """
     if (
-        _I64[0] <= msg.deliver_at_ms <= _I64[1]
+        I64_RANGE[0] <= msg.deliver_at_ms <= I64_RANGE[1]
         and _I32[0] <= msg.partition <= _I32[1]
         and msg.id.isascii()
         and msg.uid.isascii()
@@ -124,7 +123,7 @@ def _size(msg: Scheduled) -> int:
 
 
 def _encode_parts(msg: Scheduled) -> list[bytes]:
-    if not _I64[0] <= msg.deliver_at_ms <= _I64[1]:
+    if not I64_RANGE[0] <= msg.deliver_at_ms <= I64_RANGE[1]:
         raise UnstorableError(f"due time {msg.deliver_at_ms} is beyond a signed 64-bit integer")
     if not _I32[0] <= msg.partition <= _I32[1]:
         raise UnstorableError(f"partition {msg.partition} is beyond a signed 32-bit integer")

@@ -196,14 +196,15 @@ def decode(
 
 #: The widest id or buffer key a replica keeps (its cancel index stores the length in 16 bits).
 MAX_ID_BYTES = 65_535
-_I64 = (-(2**63), 2**63 - 1)
+#: A signed 64-bit integer's range: what a replica stores (the store's entries, orjson).
+I64_RANGE = (-(2**63), 2**63 - 1)
 
 
 def _i64(value: Any) -> int:
     """An integer field of a tombstone's fate or offset: it must fit a signed 64-bit integer,
     as every replica stores and re-encodes it (JSON and RocksDB keys)."""
     number = int(value)
-    if not _I64[0] <= number <= _I64[1]:
+    if not I64_RANGE[0] <= number <= I64_RANGE[1]:
         raise ValueError(f"{number} is beyond a signed 64-bit integer")
     return number
 
