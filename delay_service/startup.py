@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from delay_service import health
-from delay_service.broker_clock import BrokerClock, SkewHold
+from delay_service.broker_clock import SkewHold
 from delay_service.config import ReplicaConfig
 from delay_service.exactly_once import make_forwarder
 from delay_service.forwarder import Forwarder
@@ -29,6 +29,7 @@ from delay_service.metrics import Metrics
 from delay_service.queries import Answers
 from delay_service.store import Store
 from kdelay import logs
+from kdelay.broker_clock import BrokerClock
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.errors import ConfigError
 from kdelay.topics import ensure_buffer_topic, ensure_internal_topics

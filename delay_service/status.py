@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 
-from delay_service.broker_clock import BrokerClock
 from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
 from delay_service.forwarder import Forwarder
@@ -23,6 +22,7 @@ from delay_service.ingest import Ingest
 from delay_service.metrics import DUE_WINDOWS, Metrics
 from delay_service.store import Store
 from kdelay import logs
+from kdelay.broker_clock import BrokerClock
 from kdelay.checkpoint import CheckpointRecord
 from zk import CoordinationError, Election, Registry
 

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from delay_service.broker_clock import BrokerClock
 from delay_service.metrics import Metrics
 from dev.stack import wait_until
+from kdelay.broker_clock import BrokerClock
 from kdelay.errors import BrokerClockError
 from kdelay.topics import CLOCK_TOPIC_CONFIG
 from tests.support.infra import KafkaInfra
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: measured and its own (faked) wall clock as one JSON line.
 PROBE = """
 import json, sys, threading, time
-from delay_service.broker_clock import BrokerClock
+from kdelay.broker_clock import BrokerClock
 from kdelay import logs
 logs.configure("INFO")  # to stderr: stdout carries the one JSON line
 clock = BrokerClock(sys.argv[1], interval_s=0.2)
