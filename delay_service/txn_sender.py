@@ -13,8 +13,14 @@ epoch, so a deposed or frozen master can no longer produce or commit; any fatal 
 :class:`zk.errors.FencedError`, as a rejected ZooKeeper checkpoint write does.
 
 :func:`load_checkpoint` reads the last *committed* checkpoint of the set from
-``__kdelay_checkpoint`` (read_committed, to the last stable offset): call it after
-:meth:`TxnSender.start`, when no older transaction can still commit.
+``__kdelay_checkpoint`` (read_committed) up to the high watermark it finds: call it after
+:meth:`TxnSender.start`, when no older transaction of the set can still commit. Every shard
+commits its checkpoints to that one partition, and a read_committed read stops at the oldest
+transaction still open there (the last stable offset): another shard's master inside its
+commit, or dead there. So the read waits for the transactions open when it began to end
+(milliseconds; one whose master died: until its successor's ``init_transactions()``, at most
+``transaction.timeout.ms``) rather than take an older checkpoint of its own set from before
+them (tests/integration/test_checkpoint_load.py).
 
 Threads: like the Sender, a TxnSender belongs to the forwarder thread.
 """
@@ -259,7 +265,14 @@ class TxnSender(Sender):
 
 
 def load_checkpoint(cfg: ReplicaConfig, timeout_s: float = 30.0) -> bytes | None:
-    """The set's last committed checkpoint document in ``__kdelay_checkpoint``, or None."""
+    """The set's last committed checkpoint document in ``__kdelay_checkpoint``, or None: read
+    until the position passes the partition's high watermark as it is now (see the module's
+    docstring), not only to the end a read_committed consumer reports while a transaction is
+    open there."""
+    partition = TopicPartition(CHECKPOINT_TOPIC, 0)
+    end = _high_watermark(cfg, partition, timeout_s)
+    if end is None:
+        return None
     consumer = Consumer(
         {
             "bootstrap.servers": cfg.bootstrap_servers,
@@ -273,21 +286,57 @@ def load_checkpoint(cfg: ReplicaConfig, timeout_s: float = 30.0) -> bytes | None
     key = set_key(cfg).encode()
     found: bytes | None = None
     deadline = time.monotonic() + timeout_s
+    waited = False
     try:
         consumer.assign([TopicPartition(CHECKPOINT_TOPIC, 0, OFFSET_BEGINNING)])
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return found
+            err = None if msg is None else msg.error()
+            if msg is not None and err is None:
+                if msg.key() == key:
+                    found = msg.value()  # None: a tombstone (the set was reset)
+            elif err is not None and err.code() != KafkaError._PARTITION_EOF:
                 if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                     return None
                 raise InfrastructureError(f"cannot read {CHECKPOINT_TOPIC}: {err.str()}")
-            if msg.key() == key:
-                found = msg.value()  # None: a tombstone (the set was reset)
+            position = consumer.position([partition])[0].offset
+            if msg is not None and err is not None:  # the end a read_committed read reached
+                position = max(position, msg.offset() or 0)
+            if position >= end:
+                return found
+            if err is not None and not waited:  # the end a read_committed consumer sees
+                waited = True
+                log.info("sender.checkpoint_waits_for_open_transactions", at=position, end=end)
     finally:
         consumer.close()
-    raise InfrastructureError(f"{CHECKPOINT_TOPIC} not read to its end in {timeout_s:.0f} s")
+    raise InfrastructureError(
+        f"{CHECKPOINT_TOPIC} not read to its end ({end}) in {timeout_s:.0f} s: a transaction "
+        f"open there (another shard's master) has not ended"
+    )
+
+
+def _high_watermark(cfg: ReplicaConfig, partition: TopicPartition, timeout_s: float) -> int | None:
+    """The end of ``partition`` counting open transactions' records (what a read_uncommitted
+    consumer sees), or None when the topic does not exist."""
+    probe = Consumer(
+        {
+            "bootstrap.servers": cfg.bootstrap_servers,
+            "group.id": f"kdelay-replica-{cfg.name}-checkpoint",
+            "isolation.level": "read_uncommitted",
+            "client.id": f"kdelay-replica-{cfg.name}-checkpoint-end",
+        }
+    )
+    try:
+        _, high = probe.get_watermark_offsets(partition, timeout=timeout_s, cached=False)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if isinstance(err, KafkaError) and err.code() in (
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_TOPIC,
+            KafkaError._UNKNOWN_PARTITION,
+        ):
+            return None
+        raise InfrastructureError(f"cannot read the end of {CHECKPOINT_TOPIC}: {exc}") from None
+    finally:
+        probe.close()
+    return int(high)
