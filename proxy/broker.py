@@ -36,6 +36,7 @@ from kdelay.headers import DelayPolicy
 from proxy import internal_topics
 from proxy import protocol as p
 from proxy import records as rec
+from proxy.authorization import TopicAccess, unauthorized
 from proxy.buffer_keys import Origin
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
@@ -109,6 +110,7 @@ class Broker:
         max_decompressed_bytes: int = 100 * 1024 * 1024,
         clock_ms: Callable[[], int] = wall_clock_ms,
         consume_from: str = "the upstream Kafka cluster's bootstrap servers",
+        sasl: bool = False,
     ) -> None:
         self.upstream = upstream
         self.topics = topics
@@ -120,16 +122,23 @@ class Broker:
         self.max_decompressed_bytes = max_decompressed_bytes
         self.clock_ms = clock_ms
         self.consumers = ConsumerRefusals(consume_from)
+        #: The listener speaks SASL (proxy/auth_session.py): ApiVersions lists its APIs.
+        self.sasl = sasl
 
-    async def handle(self, req: p.Request) -> Awaitable[Reply]:
-        """Stage 1 of ``req``; the returned awaitable is stage 2 (see the module docstring)."""
+    async def handle(self, req: p.Request, access: TopicAccess | None = None) -> Awaitable[Reply]:
+        """Stage 1 of ``req``; the returned awaitable is stage 2 (see the module docstring).
+        ``access`` is what the connection's SASL principal may do (proxy/authorization.py);
+        None on a listener without SASL."""
         if req.api_key == p.PRODUCE:
-            return await self._produce(req)
+            return await self._produce(req, access)
         if req.api_key == p.METADATA:
-            response, error = await answer_metadata(self.topics, self.advertised, req)
+            if access is not None:
+                response, error = await access.answer_metadata(self.advertised, req)
+            else:
+                response, error = await answer_metadata(self.topics, self.advertised, req)
             return resolved(Reply(response, p.error_name(error) if error else "ok"))
         if req.api_key == p.API_VERSIONS:
-            return resolved(Reply(p.api_versions_response(req.api_version)))
+            return resolved(Reply(p.api_versions_response(req.api_version, sasl=self.sasl)))
         if req.api_key == p.INIT_PRODUCER_ID:
             return resolved(self._init_producer_id(req))
         if req.api_key in CONSUMER_APIS:
@@ -158,7 +167,7 @@ class Broker:
 
     # -- produce --------------------------------------------------------------------------
 
-    async def _produce(self, req: p.Request) -> Awaitable[Reply]:
+    async def _produce(self, req: p.Request, access: TopicAccess | None = None) -> Awaitable[Reply]:
         body = req.body
         started = time.perf_counter()
         reject: tuple[int, str] | None = None
@@ -166,6 +175,10 @@ class Broker:
             reject = (TRANSACTIONAL_DENIED, TRANSACTIONAL_MESSAGE)
         elif body.acks not in (-1, 0, 1):
             reject = (kerr.InvalidRequiredAcksError.errno, f"acks={body.acks} is not -1, 0 or 1")
+        # Kafka's ACLs: a topic the principal may not WRITE is refused, all its records alike.
+        denied = {}
+        if access is not None and reject is None:
+            denied = await access.unwritable(td.name for td in body.topic_data)
         parts: list[tuple[str, int, Awaitable[PartitionResult]]] = []
         kinds: set[Kind] = set()
         for td in body.topic_data:
@@ -173,6 +186,11 @@ class Broker:
                 if reject is not None:
                     refused = PartitionResult(reject[0], error_message=reject[1])
                     parts.append((td.name, pd.index, resolved(refused)))
+                    continue
+                if td.name in denied:
+                    exc = unauthorized(denied[td.name], pd.records)
+                    result = self._rejected(exc, td.name, pd.index, exc.records)
+                    parts.append((td.name, pd.index, resolved(result)))
                     continue
                 fut = await self._produce_partition(td.name, pd.index, pd.records, kinds)
                 parts.append((td.name, pd.index, fut))

@@ -37,6 +37,12 @@ from kafka.protocol.producer import (
     ProduceRequest,
     ProduceResponse,
 )
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from kdelay.errors import KdelayError
 
@@ -45,8 +51,10 @@ FETCH: Final = 1
 LIST_OFFSETS: Final = 2
 METADATA: Final = 3
 FIND_COORDINATOR: Final = 10
+SASL_HANDSHAKE: Final = 17
 API_VERSIONS: Final = 18
 INIT_PRODUCER_ID: Final = 22
+SASL_AUTHENTICATE: Final = 36
 
 API_NAMES: Final = {
     PRODUCE: "Produce",
@@ -56,6 +64,8 @@ API_NAMES: Final = {
     FIND_COORDINATOR: "FindCoordinator",
     API_VERSIONS: "ApiVersions",
     INIT_PRODUCER_ID: "InitProducerId",
+    SASL_HANDSHAKE: "SaslHandshake",
+    SASL_AUTHENTICATE: "SaslAuthenticate",
 }
 
 
@@ -96,9 +106,20 @@ APIS: Final[dict[int, ApiSpec]] = {
     ),
 }
 
+#: The SASL APIs, advertised only by a listener configured for SASL (proxy/auth_session.py).
+#: SaslHandshake v0 (raw SASL tokens after the handshake) is gone from Kafka 4 (KIP-896), as it
+#: is here: v1 and SaslAuthenticate are what librdkafka and the Java client use.
+SASL_APIS: Final[dict[int, ApiSpec]] = {
+    SASL_HANDSHAKE: ApiSpec(SASL_HANDSHAKE, 1, 1, 1, SaslHandshakeRequest, SaslHandshakeResponse),
+    SASL_AUTHENTICATE: ApiSpec(
+        SASL_AUTHENTICATE, 0, 2, 0, SaslAuthenticateRequest, SaslAuthenticateResponse
+    ),
+}
+_DECODABLE: Final[dict[int, ApiSpec]] = {**APIS, **SASL_APIS}
+
 #: APIs whose requests above the advertised version are refused as unsupported: ApiVersions
-#: (KIP-511) and Fetch, whose newer versions address topics by id (KIP-516).
-_CAPPED_AT_ADVERTISED: Final = frozenset({API_VERSIONS, FETCH})
+#: (KIP-511), Fetch, whose newer versions address topics by id (KIP-516), and the SASL APIs.
+_CAPPED_AT_ADVERTISED: Final = frozenset({API_VERSIONS, FETCH, *SASL_APIS})
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id (every header version)
 _SIZE = struct.Struct(">i")
@@ -166,7 +187,7 @@ def decode_request(frame: bytes) -> Request:
     answer it with UNSUPPORTED_VERSION) and ProtocolError for anything malformed.
     """
     key, version, correlation_id = peek_header(frame)
-    spec = APIS.get(key)
+    spec = _DECODABLE.get(key)
     if spec is None or version < 0:
         raise UnsupportedApiError(key, version, correlation_id)
     if version < spec.accepted_min or version > spec.request.max_version:
@@ -191,13 +212,15 @@ def encode_response(request: Request, response: Any) -> bytes:
     return bytes(response.encode(header=True, framed=True))
 
 
-def api_versions_response(version: int, error_code: int = 0) -> Any:
-    """The ApiVersions answer; on UNSUPPORTED_VERSION it is sent as v0 (KIP-511)."""
+def api_versions_response(version: int, error_code: int = 0, *, sasl: bool = False) -> Any:
+    """The ApiVersions answer (with the SASL APIs when ``sasl``); on UNSUPPORTED_VERSION it is
+    sent as v0 (KIP-511)."""
+    specs = [*APIS.values(), *(SASL_APIS.values() if sasl else ())]
     keys = [
         ApiVersionsResponse.ApiVersion(
             api_key=s.key, min_version=s.advertised_min, max_version=s.advertised_max
         )
-        for s in APIS.values()
+        for s in specs
     ]
     return ApiVersionsResponse(
         error_code=error_code,
@@ -211,9 +234,9 @@ def api_versions_response(version: int, error_code: int = 0) -> Any:
     )
 
 
-def unsupported_api_versions_frame(correlation_id: int) -> bytes:
+def unsupported_api_versions_frame(correlation_id: int, *, sasl: bool = False) -> bytes:
     """The framed v0 ApiVersions error response a client retries its handshake from."""
-    response = api_versions_response(0, kerr.UnsupportedVersionError.errno)
+    response = api_versions_response(0, kerr.UnsupportedVersionError.errno, sasl=sasl)
     response.with_header(correlation_id=correlation_id)
     return bytes(response.encode(header=True, framed=True))
 
