@@ -24,7 +24,10 @@ Which store is authoritative: the Kafka checkpoint, since only it is atomic with
 A new master claims a ZooKeeper epoch, calls ``init_transactions()`` (which fences the old
 master at the broker and resolves its open transaction), then reads both checkpoints and
 starts from the one with the higher epoch — Kafka's on a tie, as ZooKeeper's copy is written
-after the commit and may lag. ZooKeeper stays authoritative for who is master.
+after the commit and may lag. ZooKeeper stays authoritative for who is master. Before its first
+round it also ingests its buffer partitions to their ends as of the fence (``takeover.py``):
+what the old masters released past their checkpoint's time is retired by tombstones beyond
+the checkpoint's offsets.
 
 A failing target costs the others at most one ``txn_ack_wait_ms`` per attempt of the failing
 target (its backoff doubles up to ``retry_backoff_max_ms``), unlike at-least-once, where
@@ -33,7 +36,7 @@ rounds never wait on it: a transaction commits all of its partitions or none.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import KafkaError
 
@@ -49,6 +52,7 @@ from delay_service.producer import error_name, is_permanent
 from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
 from delay_service.sender import Sender
 from delay_service.store import Store
+from delay_service.takeover import buffer_ends, catch_up
 from delay_service.tombstones import Retired
 from delay_service.txn_sender import TxnSender, load_checkpoint
 from kdelay import logs
@@ -75,11 +79,13 @@ class ExactlyOnceForwarder(Forwarder):
         on_fenced: Callable[[str], None],
         clock: Clock = SYSTEM_CLOCK,
         hold: Callable[[], str | None] = lambda: None,
+        ends: Callable[[], Mapping[int, int]] = dict,
     ) -> None:
         super().__init__(
             cfg, store, ingest, metrics, sender=sender, on_fenced=on_fenced, clock=clock, hold=hold
         )
         self._txn = sender
+        self._ends = ends  # the shard's buffer ends, for a takeover (make_forwarder's: Kafka's)
         self._doomed: dict[bytes, KafkaError] = {}  # entries owed a dead letter
         self._committed_mono = 0.0  # when the last transaction committed
         self._silent_aborts = 0  # rounds in a row aborted without any acknowledgement
@@ -89,6 +95,10 @@ class ExactlyOnceForwarder(Forwarder):
     def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
         self._doomed.clear()
         kafka = load_checkpoint(self._cfg)
+        ends = self._ends()  # noted after init_transactions(): no older release can commit
+        with self._cond:
+            generation = self._generation
+        catch_up(self._ingest, ends, self._stop, lambda: self._generation == generation)
         zk = checkpoints.load()
         if kafka is None or zk is None:
             return kafka if zk is None else zk
@@ -328,6 +338,7 @@ def make_forwarder(
             on_fenced=on_fenced,
             clock=clock,
             hold=hold,
+            ends=lambda: buffer_ends(cfg),
         )
     sender = Sender.for_replica(cfg, clock)
     return Forwarder(

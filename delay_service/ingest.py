@@ -117,12 +117,17 @@ class Ingest:
     def wait_ingested(
         self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
     ) -> bool:
-        """Block until the store holds everything below ``offsets`` (or timeout/stop)."""
+        """Block until the store holds everything below ``offsets`` (or timeout/stop). The
+        consumer's position counts too: past a transaction marker, which takes an offset and is
+        never a record (a buffer partition's end is often one: takeover.py waits for it)."""
         deadline = time.monotonic() + timeout
         with self._progress:
             while not stop.is_set():
                 have = self._store.offsets()
-                if all(have.get(p, 0) >= o for p, o in offsets.items() if o > 0):
+                read = self._positions
+                if all(
+                    max(have.get(p, 0), read.get(p, 0)) >= o for p, o in offsets.items() if o > 0
+                ):
                     return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
