@@ -7,7 +7,8 @@ claim an epoch (:class:`zk.checkpoint.CheckpointStore`) whose number fences olde
 
 Threads: kazoo runs the children watch in its event thread; ``on_change`` is called there with
 the new leadership flag and must not block (set an event, put on a queue). ``join``/``leave``
-are called from the owner's control thread.
+(and ``rivals``: how many others stand, which a replica whose clock is off asks before it
+stands or steps down) are called from the owner's control thread.
 
 A candidate node outlives a failed delete: when ``leave`` cannot reach ZooKeeper, the session
 may still come back (a server restart restores it, with its ephemeral nodes), and the old node,
@@ -37,6 +38,8 @@ log = logs.get(__name__)
 _PREFIX = "n_"
 #: How long :meth:`Election.leave` waits for its delete before it moves on.
 LEAVE_WAIT_S = 1.0
+#: How long :meth:`Election.rivals` waits for each of its reads.
+RIVALS_WAIT_S = 1.0
 
 
 def _seq(child: str) -> int:
@@ -121,6 +124,36 @@ class Election:
             ChildrenWatch(self._client, self._paths.election, self._children_changed)
         else:
             self._children_changed(self._client.get_children(self._paths.election))
+
+    def rivals(self) -> int:
+        """How many candidate nodes stand now besides this replica's own: a fresh read (one
+        request per candidate), for a replica deciding whether anyone else could lead. A node
+        of its own session left by a ``leave`` that could not delete it does not count: it
+        goes with the next ``join``. Raises CoordinationError when ZooKeeper does not answer
+        within ``RIVALS_WAIT_S`` a read."""
+        with self._lock:
+            own = self._node
+        client_id = self._client.client_id
+        session = None if client_id is None else client_id[0]
+        count = 0
+        try:
+            # Async with a bound, as in leave: a request queued while disconnected would hold
+            # the caller's control loop until ZooKeeper is back.
+            children = self._client.get_children_async(self._paths.election).get(
+                timeout=RIVALS_WAIT_S
+            )
+            for child in children:
+                if not child.startswith(_PREFIX) or child == own:
+                    continue
+                path = f"{self._paths.election}/{child}"
+                stat = self._client.exists_async(path).get(timeout=RIVALS_WAIT_S)
+                if stat is not None and stat.ephemeralOwner != session:
+                    count += 1
+        except NoNodeError:
+            return 0  # nobody has ever stood in this replica set
+        except zk_errors() as exc:
+            raise CoordinationError(f"cannot read the election's candidates: {exc!r}") from None
+        return count
 
     def _delete_own_nodes(self) -> None:
         """Delete the candidate nodes the current session owns (kazoo errors propagate)."""
