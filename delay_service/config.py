@@ -121,6 +121,17 @@ class ReplicaConfig(BaseSettings, TopicDurability):
         description="the master releases nothing while its wall clock is further than this "
         "from the broker's (releases follow the broker's clock either way; 0: no limit)",
     )
+    skew_step_down_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="a master holding its releases this long for clock skew (past "
+        "--max-clock-skew-ms) steps down when another replica stands for election, and a "
+        "replica stands while its clock is past the limit only when nobody else does, again "
+        "once within it for 10 s (skew_step_down.py); when every replica is skewed one still "
+        "holds the mastership. 30 s: a blip (a clock step being corrected, a few odd probes) "
+        "costs no failover, and a master stuck on a bad clock is replaced well before alert "
+        "KdelayReleaseHeld fires (2 min). 0: a skewed master holds and keeps the mastership",
+    )
     # -- per-target isolation (forwarder.py, round.py, sender.py) ---------------------------
     round_ack_wait_ms: int = Field(
         default=20,

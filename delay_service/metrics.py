@@ -26,6 +26,8 @@ LATENESS_BUCKETS = (
 ROUND_PHASE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+#: Why a master stepped down (``kdelay_replica_step_downs_total``).
+STEP_DOWN_REASONS = ("clock_skew", "forwarder_failed")
 #: The phases of an exactly-once round (``kdelay_replica_round_phase_seconds``).
 ROUND_PHASES = ("send", "acks", "commit")
 #: The ``within`` windows of ``kdelay_replica_due_messages``, in milliseconds (replica.py counts
@@ -234,6 +236,13 @@ class Metrics:
             "from the broker's, or the broker's clock is not known yet)",
             registry=r,
         )
+        self.step_downs = Counter(
+            "kdelay_replica_step_downs",
+            "times this replica stepped down as master, by reason (clock_skew: held past "
+            "--skew-step-down-ms; forwarder_failed)",
+            ["reason"],
+            registry=r,
+        )
         self.clock_probe_failures = Counter(
             "kdelay_clock_probe_failures",
             "broker-clock probes that failed (Kafka unreachable, timed out, topic not "
@@ -244,6 +253,8 @@ class Metrics:
             self.invalid_records.labels(reason)
         for component in ("ingest", "forwarder"):
             self.component_failures.labels(component)
+        for reason in STEP_DOWN_REASONS:
+            self.step_downs.labels(reason)
         for kind in ("schedule", "cancel", "tombstone", "invalid"):
             self.ingested.labels(kind)
         for window in (*DUE_WINDOWS, "inf"):

@@ -19,6 +19,9 @@ Threads and who calls what:
   a failed forwarder first makes the replica step down (it leaves the election, and joins again
   only once the backoff is over), so a master never holds the election without forwarding;
   too many failures in a row stop the replica, and the process exits non-zero;
+- clock skew (skew_step_down.py, on the control loop): a master held for clock skew longer than
+  ``--skew-step-down-ms`` steps down when another replica stands; a replica whose clock is off
+  stands only when nobody else does, and again once its clock has been right for a while;
 - kazoo's threads run callbacks only; the HTTP port (``/metrics``, ``/healthz``, ``/readyz``,
   health.py, and the message queries of queries.py) answers on threads of its own and only
   reads thread-safe state (the store locks; a timeline scan takes its lock chunk by chunk).
@@ -43,6 +46,7 @@ from delay_service.follower_checkpoints import FollowerCheckpoints
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
+from delay_service.skew_step_down import Leave, SkewCandidacy
 from delay_service.status import StatusPublisher, role
 from delay_service.store import Store
 from delay_service.threads import RestartPolicy, Supervisor
@@ -79,6 +83,9 @@ class Replica:
         self._last_cp: CheckpointRecord | None = None
         self._follower_checkpoints = FollowerCheckpoints()  # a follower's, applied once settled
         self._joined = False
+        self._skew = SkewCandidacy(
+            cfg.max_clock_skew_ms, cfg.skew_step_down_ms, metrics=self.metrics
+        )
         self.supervisor = Supervisor(
             self.metrics,
             RestartPolicy(
@@ -235,17 +242,25 @@ class Replica:
             if state == CONNECTED and not watching:
                 DataWatch(session.client, self.paths.checkpoint, self._on_checkpoint)
                 watching = True
+            self._skew.observe(
+                time.monotonic(), self.broker_clock.skew_ms(), leading=election.is_leader
+            )
+            if state == CONNECTED and self._joined:
+                self._leave_if_skewed(forwarder, election)
             if (
                 state == CONNECTED
                 and not self._joined
                 and ingest.caught_up.is_set()
                 and self.broker_clock.now_ms() is not None  # a master needs broker time
                 and "forwarder" not in self.supervisor.backing_off()
+                and self._skew.may_stand(time.monotonic(), lambda: _rivals(election))
             ):
                 try:
                     election.join()
                     self._joined = True
-                    log.info("replica.election_joined", node=election.node)
+                    log.info(
+                        "replica.election_joined", node=election.node, skewed=self._skew.skewed
+                    )
                 except CoordinationError as exc:
                     log.warning("replica.election_join_failed", error=str(exc))
             self._drain_events(session, forwarder, election)
@@ -257,6 +272,19 @@ class Replica:
             if time.monotonic() >= next_status and state == CONNECTED:
                 next_status = time.monotonic() + cfg.status_interval_ms / 1000
                 status.publish(registry, store, ingest, forwarder, election, self._last_cp)
+
+    def _leave_if_skewed(self, forwarder: Forwarder, election: Election) -> None:
+        """Leave the election when this replica's clock says so (skew_step_down.py): a master
+        stops forwarding first, then gives the election to the next candidate."""
+        leave = self._skew.leave(
+            time.monotonic(), leading=election.is_leader, rivals=lambda: _rivals(election)
+        )
+        if leave is None:
+            return
+        if leave is Leave.STEP_DOWN:
+            forwarder.deactivate("stepped down: clock skew")
+        election.leave()
+        self._joined = False
 
     def _reconcile(self, session: Session, forwarder: Forwarder, election: Election) -> None:
         """Level-triggered: the forwarder runs exactly while we lead on a live session."""
@@ -280,6 +308,8 @@ class Replica:
                     # A master whose forwarder cannot run must not hold the election: step
                     # down; the control loop joins again once the restart backoff is over.
                     log.warning("replica.stepping_down", why="forwarder failed")
+                    if election.is_leader:
+                        self.metrics.step_downs.labels("forwarder_failed").inc()
                     election.leave()
                     self._joined = False
             elif kind == "fenced":
@@ -310,3 +340,12 @@ class Replica:
             dropped = store.apply_checkpoint(checkpoint)
             if dropped:
                 log.debug("replica.covered_entries_dropped", count=dropped, version=version)
+
+
+def _rivals(election: Election) -> int | None:
+    """How many other candidates stand, or None when ZooKeeper does not say."""
+    try:
+        return election.rivals()
+    except CoordinationError as exc:
+        log.warning("replica.election_unreadable", error=str(exc))
+        return None
