@@ -194,6 +194,13 @@ REPLICAS = [
         "after a backoff (alert KdelayComponentFailing).",
     ),
     Panel(
+        "Master step-downs",
+        [errs("kdelay_replica_step_downs_total", "instance", "reason", fn="increase")],
+        "short",
+        description="A master gave the mastership up: clock_skew (it held its releases for "
+        "--skew-step-down-ms while another replica stood), forwarder_failed.",
+    ),
+    Panel(
         "Held targets and records in flight",
         [
             q("kdelay_replica_targets_held", "{{instance}} targets held"),
