@@ -116,15 +116,11 @@ class ExactlyOnceForwarder(Forwarder):
         may_send = self._may_forward(generation) and self._hold() is None
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
         now = self._planned_ms = self._clock.wall_ms()
-        held = self._retries.held_targets()
-        self._known = {k: t for k, t in self._known.items() if t in held}
-        scan = self._store.due_skipping(
-            now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
-        )
+        scan, skip = self._scan(now, self._retries.held_targets())
         plan = plan_scan(scan, waiting=None if self._retries.idle else self._retries.waiting)
         if not plan.truncated:
             scanned = {e.key for e in plan.entries}
-            self._retries.retain(scanned, passed_over=held)
+            self._retries.retain(scanned, passed_over=skip)
             # an entry owed a dead letter and gone from the store was cancelled meanwhile
             self._doomed = {
                 k: v
@@ -148,6 +144,7 @@ class ExactlyOnceForwarder(Forwarder):
             and since_commit_s >= self._cfg.checkpoint_interval_ms / 1000
         )
         result = RoundResult(0, 0, held_count + len(sent), self._claim.time_ms)
+        removed: set[bytes] = set()
         if sent or owed or refresh:
             self._rescan = plan.truncated and bool(sent)
             releases = [e for e in sent if e.key not in self._doomed]
@@ -155,9 +152,11 @@ class ExactlyOnceForwarder(Forwarder):
             fates = self._transaction(releases, dead, owed, claim)
             if fates is not None:
                 self._settle(releases, [e for e, _ in dead], claim, fates)
+                removed = {e.key for e in sent}
                 result = RoundResult(len(releases), len(dead), held_count, claim.time_ms)
             else:
                 self._tombstones.add(owed)  # still owed: the next transaction writes them
+        self._sweep.advance(scan, (e.key for e in plan.entries if e.key not in removed))
         if self._unwritten and (
             self._clock.monotonic() - self._last_cp_mono >= self._cfg.checkpoint_interval_ms / 1000
         ):

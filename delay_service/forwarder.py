@@ -6,7 +6,10 @@ One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
    offsets O (everything below is in the store); scan the entries due by now = T in key order
    (due time, then arrival), passing over those of *held* targets: a target (topic, partition)
    with records in flight or waiting out a retry backoff (``round.py``, ``Store.due_skipping``),
-   so one failing target can neither fill the scan nor delay the others;
+   so one failing target can neither fill the scan nor delay the others. A scan stops after
+   ``scan_skip_limit`` entries passed over, and the next round's goes on from there
+   (``sweep.py``), so however many entries a held target has, the others wait a bounded
+   number of rounds;
 2. *send* the rest to their exact topic and partition without waiting (``sender.py``: one
    idempotent acks=all producer, record timestamp = release time). A target gets nothing new
    while it has records in flight, so its records leave in key order;
@@ -47,9 +50,10 @@ from delay_service.delivery_reports import Settler
 from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
 from delay_service.metrics import Metrics
 from delay_service.release_backoff import ReleaseBackoff
-from delay_service.round import RoundResult, claim_ms, next_wake_ms, plan_scan
+from delay_service.round import DueScan, RoundResult, Target, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
 from delay_service.store import Store
+from delay_service.sweep import Sweep
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from zk.errors import CoordinationError, FencedError
@@ -99,7 +103,7 @@ class Forwarder(ForwarderControl):
         self._rescan = False  # the last scan was cut with entries sent: scan again at once
         #: When the last round looked for due entries: what fell due after that is still owed.
         self._planned_ms: int | None = None
-        self._known: dict[bytes, tuple[str, int]] = {}  # targets of held entries, by key
+        self._sweep = Sweep()  # where the scans of this term stand (sweep.py)
         self.last_checkpoint_ms = 0
 
     # -- the forwarder thread --------------------------------------------------------------
@@ -152,6 +156,7 @@ class Forwarder(ForwarderControl):
         else:
             self._claim = NOTHING
         self._retries.clear()
+        self._sweep.restart()
         checkpoints.write(self._record())  # confirms the epoch before the first record leaves
         self._last_cp_mono = self._clock.monotonic()
         self._unwritten = False
@@ -243,14 +248,11 @@ class Forwarder(ForwarderControl):
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
         now = self._planned_ms = self._clock.wall_ms()
         held = self._sender.in_flight_targets() | self._retries.held_targets()
-        self._known = {k: t for k, t in self._known.items() if t in held}
-        scan = self._store.due_skipping(
-            now, self._cfg.scan_batch, held, self._cfg.scan_skip_limit, self._known
-        )
+        scan, skip = self._scan(now, held)
         plan = plan_scan(scan, waiting=None if self._retries.idle else self._retries.waiting)
         if not plan.truncated:
-            # A retried entry is due, so a full scan sees it unless it was removed (cancelled).
-            self._retries.retain({e.key for e in plan.entries}, passed_over=held)
+            # A retried entry is due, so the pass sees it unless it was removed (cancelled).
+            self._retries.retain({e.key for e in plan.entries}, passed_over=skip)
         # 2. send
         sent = plan.sendable if may_send else []
         self._sender.submit(sent)
@@ -265,6 +267,7 @@ class Forwarder(ForwarderControl):
             waiting_for = more.dead_letters_sent
         # 4. checkpoint
         removed = settled.removed
+        self._sweep.advance(scan, (e.key for e in plan.entries if e.key not in removed))
         claim = claim_ms(plan, now, removed)
         self._checkpoint(checkpoints, Checkpoint(claim, offsets))
         in_flight_targets = self._sender.in_flight_targets()
@@ -272,6 +275,20 @@ class Forwarder(ForwarderControl):
         self._metrics.in_flight.set(self._sender.in_flight)
         held_count = plan.skipped + sum(1 for e in plan.entries if e.key not in removed)
         return RoundResult(len(settled.delivered), len(settled.dead_lettered), held_count, claim)
+
+    def _scan(self, now: int, held: set[Target]) -> tuple[DueScan, set[Target]]:
+        """This round's scan of the pass (``sweep.py``), passing over ``held`` targets and
+        those the pass passed over before; returns it with the targets it passed over."""
+        skip = self._sweep.skip(held)
+        scan = self._store.due_skipping(
+            now,
+            self._cfg.scan_batch,
+            skip,
+            self._cfg.scan_skip_limit,
+            self._sweep.known,
+            start=self._sweep.start,
+        )
+        return scan, skip
 
     def _checkpoint(self, checkpoints: CheckpointWriter, claim: Checkpoint) -> None:
         """Take the round's claim unless it is older, and write it once the interval passed."""

@@ -8,8 +8,9 @@ Three decisions, all for the delivery invariant (DESIGN.md):
   store's scan passes over their entries (``Store.due_skipping``), so they cannot fill the scan;
 - which checkpoint time the round may claim: ``now``, but below the due time of every entry
   still pending afterwards: scanned but not removed (failed, not sent), passed over because its
-  target is held (the first one passed over is the earliest), and below the last examined entry
-  when the scan stopped at a bound (more entries due by ``now`` may follow);
+  target is held (the first one passed over is the earliest; a scan that resumed a pass,
+  ``sweep.py``, counts the store's earliest entry as passed over), and below the last examined
+  entry when the scan stopped at a bound (more entries due by ``now`` may follow);
 - when the next round should run (:func:`next_wake_ms`).
 
 No I/O and no shared state: the forwarder thread calls these between its own steps.
@@ -34,13 +35,19 @@ def target_of(entry: Entry) -> Target:
 @dataclass(frozen=True, slots=True)
 class DueScan:
     """What ``Store.due_skipping`` found: the due entries of targets not held, in key order,
-    and what the claim needs to know about those it passed over or never reached."""
+    and what the claim needs to know about those it passed over or never reached.
+
+    A scan that resumed a pass (``sweep.py``) starts past the floor: the entries below its start
+    count as passed over (``first_skipped_ms`` is the due time of the first of them), though
+    ``skipped`` counts only those this scan stepped over."""
 
     entries: list[Entry]
-    skipped: int  # entries passed over because their target was held
+    skipped: int  # entries this scan passed over because their target was held
     first_skipped_ms: int | None  # due time of the first one passed over
     last_ms: int | None  # due time of the last entry examined (returned or passed over)
     truncated: bool  # stopped at a bound: more entries due by now may follow
+    passed: frozenset[Target] = frozenset()  # the targets of the entries this scan passed over
+    stopped_at: bytes | None = None  # a truncated scan's last key examined: a pass resumes after
 
 
 @dataclass(frozen=True, slots=True)

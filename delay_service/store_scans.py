@@ -2,9 +2,12 @@
 
 Every scan seeks straight to the floor (``store_state.py``) and stops at an iterator upper
 bound at the due time, so it never walks the point tombstones that deleting in key order leaves
-in front. A scan that returns due entries moves the floor up to the first of them: everything
-below was deleted. Each public method holds the store's lock for its whole scan, except
-:meth:`StoreScans.chunk_after`, which a long reader calls chunk by chunk.
+in front. A scan that finds due entries moves the floor up to the first of them: everything
+below was deleted. The master's scan may resume a pass where the previous one stopped
+(:meth:`StoreScans.due_skipping`'s ``start``, ``sweep.py``): it still seeks the floor first,
+once, for the due time of the earliest entry, which bounds the round's claim. Each public
+method holds the store's lock for its whole scan, except :meth:`StoreScans.chunk_after`, which a
+long reader calls chunk by chunk.
 
 Concurrency: see the top of ``store.py``; any thread may call these.
 """
@@ -18,7 +21,7 @@ from rocksdict import ReadOptions
 from delay_service.entry import Entry, decode_entry, due_bound, split_key
 from delay_service.ids import first_with_id
 from delay_service.outcomes import Outcome
-from delay_service.round import DueScan
+from delay_service.round import DueScan, Target
 from delay_service.store_state import StoreState
 
 
@@ -43,40 +46,66 @@ class StoreScans(StoreState):
         self,
         now_ms: int,
         limit: int,
-        skip: Collection[tuple[str, int]],
+        skip: Collection[Target],
         max_skipped: int,
-        known: dict[bytes, tuple[str, int]] | None = None,
+        known: dict[bytes, Target] | None = None,
+        *,
+        start: bytes | None = None,
     ) -> DueScan:
         """Like :meth:`due`, but passes over entries whose target (topic, partition) is in
         ``skip``, so one held target cannot fill the scan and starve the others. Stops after
-        ``limit`` entries returned or ``max_skipped`` passed over (``truncated``). ``known``
-        caches the target of each entry passed over (a key's target never changes), so the
-        next scan passes over it without decoding it again."""
+        ``limit`` entries returned or ``max_skipped`` passed over (``truncated``, with the last
+        key examined in ``stopped_at``). ``known`` caches the target of each entry passed over
+        (a key's target never changes), so the next scan passes over it without decoding it
+        again.
+
+        ``start`` resumes a pass (``sweep.py``): the scan begins at that key instead of the
+        floor, and the entries below it count as passed over: ``first_skipped_ms`` is the due
+        time of the first of them (one seek finds it), so a claim stays below every one of
+        them. A ``start`` at or below the first entry is a scan from the floor."""
         out: list[Entry] = []
         known = {} if known is None else known
-        skipped, first_skipped_ms, last_ms, first, cut = 0, None, None, None, False
+        passed: set[Target] = set()
+        skipped, first_skipped_ms, last_ms, last, cut = 0, None, None, None, False
         with self._lock:
             self._check_open()
-            for key, value in self._iter_from_floor(due_bound(now_ms + 1)):
-                first = first or key
-                last_ms, partition, offset = split_key(key)
-                if known.get(key) not in skip:
-                    message = decode_entry(value)
+            it, _bound = self._cursor_at_floor(due_bound(now_ms + 1))  # keep it alive
+            if it.valid():
+                self._floor = bytes(it.key())  # the first entry: none is below it
+                if start is not None and self._floor < start:
+                    first_skipped_ms = split_key(self._floor)[0]
+                    it.seek(start)
+            while it.valid():
+                last = bytes(it.key())
+                last_ms, partition, offset = split_key(last)
+                target = known.get(last)
+                if target is None or target not in skip:
+                    message = decode_entry(bytes(it.value()))
                     target = (message.topic, message.partition)
                     if target not in skip:
-                        out.append(Entry(key, message, partition, offset))
+                        out.append(Entry(last, message, partition, offset))
                         cut = len(out) >= limit
                         if cut:
                             break
+                        it.next()
                         continue
-                    known[key] = target
+                    known[last] = target
+                passed.add(target)
                 skipped += 1
                 first_skipped_ms = last_ms if first_skipped_ms is None else first_skipped_ms
                 cut = skipped >= max_skipped
                 if cut:
                     break
-            self._floor = first or self._floor
-        return DueScan(out, skipped, first_skipped_ms, last_ms, truncated=cut)
+                it.next()
+        return DueScan(
+            out,
+            skipped,
+            first_skipped_ms,
+            last_ms,
+            truncated=cut,
+            passed=frozenset(passed),
+            stopped_at=last if cut else None,
+        )
 
     def next_due_ms(self, after_ms: int | None = None) -> int | None:
         """The earliest deliver-at in the store (later than ``after_ms``), or None."""
@@ -104,7 +133,7 @@ class StoreScans(StoreState):
         seen = crossed = 0
         with self._lock:
             self._check_open()
-            it = self._cursor_at_floor(bounds[-1])
+            it, _bound = self._cursor_at_floor(bounds[-1])  # keep the bound alive
             while it.valid() and seen < cap:
                 key = it.key()
                 while key >= bounds[crossed]:  # the upper bound keeps crossed in range
