@@ -143,7 +143,10 @@ class ReplicaConfig(BaseSettings, TopicDurability):
     scan_skip_limit: int = Field(
         default=100_000,
         ge=1,
-        description="most due entries of held targets one scan passes over before it stops",
+        description="most due entries of held targets one scan passes over before it stops; "
+        "the next round's scan goes on from there (sweep.py), so a held target with N due "
+        "entries delays the others by about N / this many rounds, each scanning at most this "
+        "many",
     )
     # -- the release mode (forwarder.py, exactly_once.py) ----------------------------------
     delivery: str = Field(
