@@ -23,11 +23,15 @@ import uvicorn
 from kdelay import logs
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
+from proxy.auth_session import AuthSettings
+from proxy.authorization import AclCache
 from proxy.broker import Broker
+from proxy.broker_link import LinkSettings
 from proxy.budget import RequestBudget
 from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
+from proxy.login_backoff import LoginBackoff
 from proxy.metrics import ProxyMetrics
 from proxy.restarts import ComponentStoppedError, Supervisor
 from proxy.server import KafkaServer, Limits, reuse_port_socket
@@ -63,6 +67,28 @@ def _ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
     return ctx
+
+
+def _auth_settings(cfg: ProxyConfig, metrics: ProxyMetrics) -> AuthSettings | None:
+    """SASL on the Kafka listener, relayed to upstream Kafka (proxy/auth_session.py)."""
+    if not cfg.sasl_enabled:
+        return None
+    return AuthSettings(
+        mechanisms=cfg.sasl_mechanisms,
+        link=LinkSettings.from_upstream(
+            cfg.bootstrap_servers,
+            dict(cfg.upstream_config),
+            timeout_s=cfg.broker_link_timeout_ms / 1000,
+        ),
+        cache=AclCache(cfg.acl_cache_ms / 1000),
+        backoff=LoginBackoff(
+            cfg.auth_failure_delay_ms / 1000, cfg.auth_failure_max_delay_ms / 1000
+        ),
+        metrics=metrics,
+        timeout_s=cfg.sasl_authentication_timeout_ms / 1000,
+        max_receive_bytes=cfg.sasl_max_receive_bytes,
+        principal_claim=cfg.sasl_principal_claim,
+    )
 
 
 class Proxy:
@@ -129,6 +155,7 @@ class Proxy:
             _ssl_context(cfg),
             budget,
             reuse_port=cfg.reuse_port,
+            auth=_auth_settings(cfg, self.metrics),
         )
         bound_host, bound_port = await self.kafka.bind(*cfg.listen_address)
         adv_host = cfg.advertised_host or (
@@ -149,6 +176,7 @@ class Proxy:
             limits=cfg.limits,
             max_decompressed_bytes=cfg.decompressed_limit,
             consume_from=cfg.bootstrap_servers,
+            sasl=cfg.sasl_enabled,
         )
         await self.kafka.serve(broker)
 
@@ -196,6 +224,7 @@ class Proxy:
             http=self.addresses.http,
             upstream=cfg.bootstrap_servers,
             tls=cfg.tls_cert is not None,
+            listener=cfg.listener_protocol,
         )
         return self.addresses
 

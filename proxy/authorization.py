@@ -3,7 +3,8 @@
 The proxy keeps no users and no ACLs. For a connection authenticated over SASL
 (proxy/auth_session.py) it asks Kafka, on the connection the client's login authenticated
 (proxy/broker_link.py), a Metadata request with ``include_topic_authorized_operations`` (KIP-430):
-for each topic Kafka answers the principal's allowed operations as a bit set, or
+for each topic Kafka answers the principal's allowed operations (a bit field, which kafka-python
+decodes to the set of AclOperation codes), or
 TOPIC_AUTHORIZATION_FAILED when it may not even DESCRIBE it (Kafka then hides whether it exists).
 
 - Produce: a topic whose WRITE bit is not set is refused with TOPIC_AUTHORIZATION_FAILED for each
@@ -36,18 +37,15 @@ from kafka.protocol.metadata import MetadataRequest
 
 from proxy import internal_topics
 from proxy import records as rec
-from proxy.broker_link import BrokerLink
+from proxy.broker_link import Link
 from proxy.sasl import Principal
 from proxy.topics import Advertised, TopicInfo, metadata_response
 
-#: Kafka's AclOperation codes; authorized operations are the bit set ``1 << code``.
+#: Kafka's AclOperation code of WRITE.
 WRITE: Final = 4
-DESCRIBE: Final = 8
 TOPIC_DENIED: Final = kerr.TopicAuthorizationFailedError.errno
 #: The Metadata version links ask (authorized operations from v8; topic names up to v12).
 METADATA_VERSION: Final = 12
-#: Kafka's "operations not requested/unknown" value of topic_authorized_operations.
-_UNKNOWN_OPS: Final = -(2**31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +53,13 @@ class Access:
     """Kafka's answer for one topic: an error code (0: described) and the operations."""
 
     error_code: int
-    operations: int = 0
+    #: AclOperation codes; None when Kafka did not say (an error, or not asked).
+    operations: frozenset[int] | None = None
     partitions: int = 0
 
     @property
     def writable(self) -> bool:
-        return (
-            self.error_code == 0
-            and self.operations != _UNKNOWN_OPS
-            and bool(self.operations & (1 << WRITE))
-        )
+        return self.error_code == 0 and self.operations is not None and WRITE in self.operations
 
 
 def unauthorized(message: str, raw: bytes | None) -> rec.BatchError:
@@ -115,7 +110,7 @@ class AclCache:
 class TopicAccess:
     """What one connection's principal may do with topics, asked of Kafka on its link."""
 
-    def __init__(self, principal: Principal, link: BrokerLink, cache: AclCache) -> None:
+    def __init__(self, principal: Principal, link: Link, cache: AclCache) -> None:
         self.principal = principal
         self.link = link
         self.cache = cache
@@ -169,7 +164,9 @@ class TopicAccess:
             if t.name is None:
                 continue
             access = Access(
-                int(t.error_code), int(t.topic_authorized_operations), len(t.partitions)
+                int(t.error_code),
+                None if t.authorized_operations is None else frozenset(t.authorized_operations),
+                len(t.partitions),
             )
             found[t.name] = access
             if access.error_code in (0, TOPIC_DENIED):

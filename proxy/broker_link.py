@@ -28,7 +28,7 @@ import random
 import ssl
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kdelay.errors import KdelayError
 from proxy import protocol as p
@@ -85,6 +85,19 @@ def _tls_context(conf: dict[str, str]) -> ssl.SSLContext:
             cert, conf.get("ssl.key.location"), password=conf.get("ssl.key.password")
         )
     return ctx
+
+
+class Link(Protocol):
+    """What sessions and authorization use of a link (a fake in unit tests)."""
+
+    @property
+    def open(self) -> bool: ...
+
+    async def connect(self) -> None: ...
+
+    async def request(self, request: Any) -> Any: ...
+
+    async def close(self) -> None: ...
 
 
 class BrokerLink:

@@ -10,7 +10,11 @@ from pydantic_settings import BaseSettings
 from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from proxy import limits as lim
+from proxy.sasl import MECHANISMS
 from zk.paths import DEFAULT_ROOT, Paths
+
+#: What the Kafka listener may speak (Kafka's security.protocol names).
+LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 def _host_port(value: str, setting: str) -> tuple[str, int]:
@@ -145,6 +149,49 @@ class ProxyConfig(BaseSettings, TopicDurability):
     )
     tls_cert: Path | None = Field(default=None, description="PEM certificate of the listener")
     tls_key: Path | None = Field(default=None, description="PEM key of the listener")
+    listener_security_protocol: str | None = Field(
+        default=None,
+        description="what the Kafka listener speaks; SASL_* relays each client's login to "
+        "upstream Kafka (upstream_config's security.protocol must then be SASL_*), SSL and "
+        "SASL_SSL need tls_cert and tls_key [SSL with tls_cert, else PLAINTEXT]",
+    )
+    sasl_mechanisms: tuple[str, ...] = Field(
+        default=MECHANISMS,
+        description="SASL mechanisms the listener offers (upstream Kafka must enable them too)",
+    )
+    sasl_authentication_timeout_ms: int = Field(
+        default=30_000, ge=100, description="close a connection not authenticated this long"
+    )
+    sasl_max_receive_bytes: int = Field(
+        default=524_288,
+        ge=1024,
+        description="largest request before authentication (Kafka's sasl.server.max.receive.size)",
+    )
+    sasl_principal_claim: str = Field(
+        default="sub",
+        min_length=1,
+        description="the OAUTHBEARER token claim that names the principal (as upstream Kafka's)",
+    )
+    acl_cache_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="how long Kafka's answer to what a principal may do with a topic is reused: "
+        "a revoked ACL takes effect within this (0: ask for every request)",
+    )
+    auth_failure_delay_ms: int = Field(
+        default=100,
+        ge=0,
+        description="wait before answering a failed login, doubling with each further failure "
+        "from the same address (Kafka's connection.failed.authentication.delay.ms)",
+    )
+    auth_failure_max_delay_ms: int = Field(
+        default=5_000, ge=0, description="longest wait before answering a failed login"
+    )
+    broker_link_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        description="longest wait for upstream Kafka on a SASL client's own connection to it",
+    )
     workers: int = Field(
         default=1,
         ge=1,
@@ -198,6 +245,53 @@ class ProxyConfig(BaseSettings, TopicDurability):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
         return self
+
+    @field_validator("listener_security_protocol")
+    @classmethod
+    def _protocol(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value.upper() not in LISTENER_PROTOCOLS:
+            raise ValueError(f"must be one of {', '.join(LISTENER_PROTOCOLS)}, got {value!r}")
+        return value.upper()
+
+    @field_validator("sasl_mechanisms")
+    @classmethod
+    def _mechanisms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [m for m in value if m not in MECHANISMS]
+        if unknown or not value:
+            raise ValueError(f"sasl_mechanisms must be some of {', '.join(MECHANISMS)}")
+        return tuple(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _listener_security(self) -> ProxyConfig:
+        protocol = self.listener_protocol
+        tls = protocol in ("SSL", "SASL_SSL")
+        if tls != (self.tls_cert is not None):
+            raise ValueError(
+                f"listener_security_protocol {protocol} "
+                + ("needs tls_cert and tls_key" if tls else "takes no tls_cert or tls_key")
+            )
+        upstream = self.upstream_config.get("security.protocol", "PLAINTEXT").upper()
+        if self.sasl_enabled and not upstream.startswith("SASL_"):
+            raise ValueError(
+                f"listener_security_protocol {protocol} relays each client's SASL login to "
+                "upstream Kafka, so upstream_config's security.protocol must be SASL_SSL or "
+                f"SASL_PLAINTEXT (it is {upstream})"
+            )
+        return self
+
+    @property
+    def listener_protocol(self) -> str:
+        """What the Kafka listener speaks (``listener_security_protocol`` or its default)."""
+        if self.listener_security_protocol is not None:
+            return self.listener_security_protocol
+        return "SSL" if self.tls_cert is not None else "PLAINTEXT"
+
+    @property
+    def sasl_enabled(self) -> bool:
+        """Whether the Kafka listener authenticates clients with SASL."""
+        return self.listener_protocol.startswith("SASL_")
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -134,6 +134,13 @@ class ProxyMetrics:
             ["reason"],
             registry=r,
         )
+        # Reasons and mechanisms: docs/metrics.md (set by proxy/auth_session.py).
+        self.auth_failures = Counter(
+            "kdelay_proxy_auth_failures_total",
+            "Failed SASL logins on the Kafka listener, by mechanism and reason",
+            ["mechanism", "reason"],
+            registry=r,
+        )
         self.bytes_in = self.bytes.labels("in")
         self.bytes_out = self.bytes.labels("out")
         # Known label values exist from the start, so dashboards and rate() see zeros.

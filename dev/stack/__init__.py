@@ -8,11 +8,13 @@ they run are resolved by :mod:`kdelay.jars` (runtime code, which the verifier us
 from __future__ import annotations
 
 from dev.stack.kafka import KafkaSettings, LocalKafka
+from dev.stack.kafka_security import KafkaSecurity
 from dev.stack.process import KDELAY, ManagedProcess, free_port, wait_until
 from dev.stack.zookeeper import LocalZooKeeper
 
 __all__ = [
     "KDELAY",
+    "KafkaSecurity",
     "KafkaSettings",
     "LocalKafka",
     "LocalZooKeeper",

@@ -2,6 +2,8 @@
 
 Storage is formatted on first start (``kafka.tools.StorageTool``); readiness is an admin
 request that sees every broker, never a sleep. Used by ``kdelay up`` and the test fixtures.
+``KafkaSettings.security`` adds a SASL listener, users and the StandardAuthorizer
+(dev/stack/kafka_security.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
+from dev.stack.kafka_security import (
+    KafkaSecurity,
+    LocalCa,
+    client_config,
+    create_scram_users,
+    listener_properties,
+    make_ca,
+)
 from dev.stack.process import ManagedProcess, free_port, java_argv, log_tails, wait_until
 from kdelay import jars
 from kdelay.errors import InfrastructureError
@@ -60,10 +70,16 @@ class KafkaNode:
     port: int
     controller_port: int
     process: ManagedProcess | None = None
+    #: The secured listener's port (``KafkaSettings.security``), else 0.
+    secure_port: int = 0
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def secure_bootstrap(self) -> str:
+        return f"{HOST}:{self.secure_port}"
 
 
 @dataclass
@@ -78,6 +94,8 @@ class KafkaSettings:
     #: C1-only JIT (dev.stack.process.QUICK_JIT): cheaper for a broker that lives minutes
     #: (``kdelay up``, the tests); the benchmarks set False (the full JIT of a lasting broker).
     quick_jit: bool = True
+    #: A SASL listener with users and ACLs (dev/stack/kafka_security.py); None: PLAINTEXT only.
+    security: KafkaSecurity | None = None
 
 
 class LocalKafka:
@@ -99,15 +117,47 @@ class LocalKafka:
         self.settings = settings or KafkaSettings()
         self.start_timeout = start_timeout
         ports = ports or [0] * nodes
+        sec = self.settings.security
         self.nodes = [
-            KafkaNode(i + 1, data_dir / f"node-{i + 1}", p or free_port(), free_port())
+            KafkaNode(
+                i + 1,
+                data_dir / f"node-{i + 1}",
+                p or free_port(),
+                free_port(),
+                secure_port=free_port() if sec is not None else 0,
+            )
             for i, p in enumerate(ports)
         ]
         self._cluster_id_file = data_dir / "cluster-id"
+        #: The CA and the brokers' certificate of a SASL_SSL listener.
+        self.ca: LocalCa | None = make_ca(data_dir / "tls") if sec and sec.tls else None
 
     @property
     def bootstrap_servers(self) -> str:
+        """The PLAINTEXT listener's addresses; the secured one's when there is no other."""
+        sec = self.settings.security
+        if sec is not None and not sec.open_listener:
+            return self.secure_bootstrap_servers
         return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def secure_bootstrap_servers(self) -> str:
+        """The secured listener's addresses (``KafkaSettings.security``)."""
+        return ",".join(n.secure_bootstrap for n in self.nodes)
+
+    def client_config(self, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """librdkafka settings for ``user`` on the secured listener (with its CA for TLS)."""
+        sec = self.settings.security
+        assert sec is not None, "KafkaSettings.security is not set"
+        return client_config(sec, user, mechanism, self.ca.ca_cert if self.ca else None)
+
+    def admin_config(self) -> dict[str, str]:
+        """Settings an admin client adds to ``bootstrap_servers``: none on the PLAINTEXT
+        listener, else the first super user with PLAIN."""
+        sec = self.settings.security
+        if sec is None or sec.open_listener:
+            return {}
+        return self.client_config(sec.super_users[0], "PLAIN")
 
     def _properties(self, node: KafkaNode) -> str:
         voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in self.nodes)
@@ -141,13 +191,26 @@ class LocalKafka:
             # the buffer topic take effect while a local test or demo still watches.
             "log.cleaner.backoff.ms": "1000",
             "log.segment.bytes": str(64 * 1024 * 1024),
-            **self.settings.extra,
         }
+        sec = self.settings.security
+        if sec is not None:
+            props.update(
+                listener_properties(
+                    sec,
+                    host=HOST,
+                    port=node.secure_port,
+                    plain_port=node.port,
+                    controller_port=node.controller_port,
+                    keystore=self.ca.keystore if self.ca else None,
+                )
+            )
+        props.update(self.settings.extra)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _prepare(self, node: KafkaNode) -> Path:
         node.data_dir.mkdir(parents=True, exist_ok=True)
         config = node.data_dir / "server.properties"
+        config.touch(mode=0o600)  # it may hold the JAAS passwords of PLAIN users
         config.write_text(self._properties(node))
         (node.data_dir / "log4j2.properties").write_text(
             _LOG4J2.format(level=self.settings.log_level)
@@ -201,7 +264,9 @@ class LocalKafka:
             proc.kill()
 
     def _brokers_visible(self, expected: int) -> bool:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient(
+            {"bootstrap.servers": self.bootstrap_servers, "log_level": 0, **self.admin_config()}
+        )
         try:
             return len(admin.list_topics(timeout=2).brokers) >= expected
         except Exception:  # noqa: BLE001 - any failure here just means "not ready yet"
@@ -225,6 +290,8 @@ class LocalKafka:
         for i in range(len(self.nodes)):
             self.start_node(i)
         self.wait_ready()
+        if self.settings.security is not None:
+            create_scram_users(self.bootstrap_servers, self.admin_config(), self.settings.security)
         return self
 
     def stop(self) -> None:

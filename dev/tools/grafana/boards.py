@@ -239,6 +239,14 @@ PROXY = [
     ),
     Panel("Open connections", [q("sum(kdelay_proxy_connections)", "connections")], "short"),
     Panel(
+        "Failed logins",
+        [errs("kdelay_proxy_auth_failures_total", "mechanism", "reason")],
+        "rps",
+        description="SASL logins on the Kafka listener that failed, by mechanism and reason "
+        "(invalid_credentials: Kafka refused them); each answer waits per address "
+        "(auth_failure_delay_ms, doubling).",
+    ),
+    Panel(
         "Rejected records",
         [q(f'sum(rate(kdelay_proxy_records_total{{kind="rejected"}}[{RATE}]))', "rejected")],
         "rps",

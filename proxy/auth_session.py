@@ -1,0 +1,344 @@
+"""SASL on the proxy's Kafka listener: one client connection's login, relayed to Kafka.
+
+When ``listener_security_protocol`` is SASL_PLAINTEXT or SASL_SSL, every connection gets an
+``AuthSession``. The listener (proxy/server.py) hands it each decoded request first; the session
+answers the SASL APIs itself and refuses what Kafka would refuse, and lets the rest through to
+the broker once the connection is authenticated. What Kafka's own SASL server does
+(``SaslServerAuthenticator``), the session does, with Kafka judging the credentials:
+
+- SaslHandshake (v1) names a mechanism. One the proxy does not enable gets
+  UNSUPPORTED_SASL_MECHANISM with the enabled list, and the connection closes. Otherwise the
+  session opens its link (proxy/broker_link.py: a connection of its own to an upstream broker's
+  SASL listener) and relays the handshake there; the broker's answer comes back, its mechanism
+  list cut to the ones both enable.
+- Each SaslAuthenticate (v0-2) is relayed to the broker (always as v1, so the broker tells the
+  session lifetime) and its answer relayed back at the client's version. When proxy/sasl.py says
+  the exchange is complete, the connection is authenticated as the principal the client's first
+  token named (``User:<name>``), and ``access`` (proxy/authorization.py) asks Kafka, on that same
+  link, what the principal may do. A failure is answered with the broker's error and message
+  (SASL_AUTHENTICATION_FAILED, "Authentication failed during authentication due to invalid
+  credentials with SASL mechanism ..."), after the per-address wait of proxy/login_backoff.py,
+  and the connection closes, as Kafka closes it.
+- Out of order: before the handshake, any request but ApiVersions and SaslHandshake closes the
+  connection unanswered (Kafka: "Unexpected Kafka request ... during SASL handshake"), except a
+  SaslAuthenticate, answered ILLEGAL_SASL_STATE first; during the exchange anything but
+  SaslAuthenticate is answered ILLEGAL_SASL_STATE (SaslHandshake; other APIs unanswered) and the
+  connection closes. Once authenticated, a SaslAuthenticate without a handshake is answered
+  ILLEGAL_SASL_STATE and the connection stays open.
+- Re-authentication (KIP-368): a SaslHandshake on an authenticated connection whose client
+  uses SaslAuthenticate v1+ starts a new exchange, relayed on the same link (which
+  re-authenticates the link too); the principal must stay the same. When the broker gave a
+  session lifetime, a request other than ApiVersions or SaslHandshake after it ran out closes
+  the connection, as Kafka does.
+- Limits before authentication: a frame larger than ``max_receive_bytes`` (Kafka's
+  ``sasl.server.max.receive.size``) closes the connection, and so does not being authenticated
+  ``timeout_s`` after connecting (proxy/server.py applies both, through ``frame_limit`` and
+  ``auth_deadline``).
+
+Every failure counts in ``kdelay_proxy_auth_failures_total{mechanism,reason}``. Passwords and
+tokens are never kept or logged: only the principal's name is taken from them.
+
+Concurrency: one session per connection, used by its reader task on the asyncio loop only;
+requests reach it one at a time, so the link is never used by two at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+import kafka.errors as kerr
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+
+from kdelay import logs
+from proxy import protocol as p
+from proxy import sasl
+from proxy import sasl_answers as answers
+from proxy.authorization import AclCache, TopicAccess
+from proxy.broker import Reply, resolved
+from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
+from proxy.login_backoff import LoginBackoff
+from proxy.metrics import ProxyMetrics
+
+log = logs.get(__name__)
+
+UNSUPPORTED_MECHANISM: Final = kerr.UnsupportedSaslMechanismError.errno
+AUTH_FAILED: Final = kerr.SaslAuthenticationFailedError.errno
+#: Kafka's sasl.server.max.receive.size default.
+DEFAULT_MAX_RECEIVE_BYTES: Final = 524_288
+#: The SaslAuthenticate version links use: the first with the session lifetime (KIP-368).
+_LINK_AUTH_VERSION: Final = 1
+
+
+class Phase(Enum):
+    HANDSHAKE = "handshake"
+    AUTHENTICATE = "authenticate"
+    AUTHENTICATED = "authenticated"
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """The session's verdict on a request it took: the reply to queue (None: none), then
+    whether to close the connection (``close`` is the log event)."""
+
+    reply: Awaitable[Reply] | None
+    close: str | None = None
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """What every session of one listener shares."""
+
+    mechanisms: tuple[str, ...]
+    link: LinkSettings
+    cache: AclCache
+    backoff: LoginBackoff
+    metrics: ProxyMetrics
+    timeout_s: float = 30.0
+    max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
+    principal_claim: str = "sub"
+    clock: Callable[[], float] = time.monotonic
+    link_factory: Callable[[LinkSettings], Link] = BrokerLink
+
+    def session(self, address: str) -> AuthSession:
+        """A session for a connection from ``address`` (the client's host)."""
+        return AuthSession(self, address)
+
+
+class AuthSession:
+    """One connection's SASL state (see the module docstring)."""
+
+    def __init__(self, settings: AuthSettings, address: str) -> None:
+        self.settings = settings
+        self.address = address
+        self.metrics = settings.metrics
+        self.phase = Phase.HANDSHAKE
+        self.mechanism: str | None = None
+        self.principal: sasl.Principal | None = None
+        #: What the principal may do (set once authenticated).
+        self.access: TopicAccess | None = None
+        self.auth_deadline = settings.clock() + settings.timeout_s
+        self.expires_at: float | None = None
+        self._link: Link | None = None
+        self._round = 0
+        self._claim: sasl.Claim | None = None
+        self._claim_error = ""
+        self._reauth_capable = False
+        self._reauthenticating = False
+
+    @property
+    def authenticated(self) -> bool:
+        return self.phase is Phase.AUTHENTICATED
+
+    def frame_limit(self, limit: int) -> int:
+        """The largest frame accepted now: ``max_receive_bytes`` until authenticated."""
+        return limit if self.principal is not None else self.settings.max_receive_bytes
+
+    async def close(self) -> None:
+        if self._link is not None:
+            await self._link.close()
+
+    def failed(self, reason: str) -> None:
+        """Count a failure the listener saw (a timeout, a malformed or oversized frame)."""
+        self.metrics.auth_failures.labels(self._mechanism_label(), reason).inc()
+
+    # -- the requests -----------------------------------------------------------------------
+
+    async def screen(self, req: p.Request) -> Screened | None:
+        """The verdict on ``req``, or None to pass it on to the broker."""
+        key = req.api_key
+        if key == p.SASL_HANDSHAKE:
+            return await self._handshake(req)
+        if key == p.SASL_AUTHENTICATE:
+            return await self._authenticate(req)
+        if key == p.API_VERSIONS and self.phase is not Phase.AUTHENTICATE:
+            return None
+        if self.phase is Phase.AUTHENTICATED:
+            if self.expires_at is not None and self.settings.clock() >= self.expires_at:
+                self.failed("session_expired")
+                return Screened(None, "proxy.sasl_session_expired", self._who())
+            return None
+        self.failed("illegal_state")
+        name = p.API_NAMES.get(key, str(key))
+        return Screened(None, "proxy.sasl_illegal_state", {"api": name, "phase": self.phase.value})
+
+    async def _handshake(self, req: p.Request) -> Screened:
+        mechanism = str(req.body.mechanism)
+        enabled = self.settings.mechanisms
+        if self.phase is Phase.AUTHENTICATE:
+            return self._refuse(req, "SaslHandshake during the SASL exchange", close=True)
+        if self.phase is Phase.AUTHENTICATED and not self._reauth_capable:
+            # Kafka answers a handshake on an authenticated connection whose client cannot
+            # re-authenticate (SaslAuthenticate v0) as an illegal state, and keeps it open.
+            return self._refuse(req, "SaslHandshake after authentication", close=False)
+        if mechanism not in enabled:
+            self._count("unsupported_mechanism", "other")
+            return self._fail_reply(
+                answers.handshake(req.api_version, UNSUPPORTED_MECHANISM, enabled),
+                "proxy.sasl_unsupported_mechanism",
+                {"enabled": ",".join(enabled)},
+            )
+        try:
+            link = await self._open_link()
+            answer = await link.request(SaslHandshakeRequest(mechanism=mechanism, version=1))
+        except LinkError as exc:
+            return self._link_lost(exc, mechanism)
+        mechanisms = [m for m in answer.mechanisms if m in enabled]
+        reply = answers.handshake(req.api_version, answer.error_code, mechanisms)
+        if answer.error_code:
+            self._count("unsupported_mechanism", mechanism)
+            return self._fail_reply(
+                reply,
+                "proxy.sasl_unsupported_mechanism",
+                {"mechanism": mechanism, "upstream": ",".join(answer.mechanisms)},
+            )
+        self._reauthenticating = self.phase is Phase.AUTHENTICATED
+        self.phase = Phase.AUTHENTICATE
+        self.mechanism = mechanism
+        self._round = 0
+        self._claim = None
+        return Screened(resolved(reply))
+
+    async def _open_link(self) -> Link:
+        """The link, connected first when this is the connection's first login."""
+        if self._link is not None and self._link.open:
+            return self._link
+        if self.principal is not None:
+            # Re-authentication must reach the broker the connection logged in through.
+            raise LinkError("the link to the broker closed while the connection was in use")
+        self._link = self.settings.link_factory(self.settings.link)
+        await self._link.connect()
+        return self._link
+
+    async def _authenticate(self, req: p.Request) -> Screened:
+        if self.phase is Phase.HANDSHAKE:
+            return self._refuse(req, "SaslAuthenticate before SaslHandshake", close=True)
+        if self.phase is Phase.AUTHENTICATED:
+            return self._refuse(req, "SaslAuthenticate request received after successful "
+                                "authentication", close=False)  # fmt: skip
+        assert self.mechanism is not None
+        assert self._link is not None
+        token = bytes(req.body.auth_bytes)
+        if req.api_version > 0:
+            self._reauth_capable = True
+        if self._round == 0:
+            try:
+                self._claim = sasl.claim(
+                    self.mechanism, token, principal_claim=self.settings.principal_claim
+                )
+            except sasl.SaslTokenError as exc:
+                self._claim, self._claim_error = None, str(exc)  # the broker judges it
+        try:
+            answer = await self._link.request(
+                SaslAuthenticateRequest(auth_bytes=token, version=_LINK_AUTH_VERSION)
+            )
+        except LinkError as exc:
+            return self._link_lost(exc, self.mechanism)
+        if answer.error_code:
+            reason = "invalid_credentials" if answer.error_code == AUTH_FAILED else "rejected"
+            self._count(reason, self.mechanism)
+            return self._auth_failure(req, answer.error_code, answer.error_message, reason)
+        server_bytes = bytes(answer.auth_bytes)
+        done = sasl.complete(self.mechanism, self._round, server_bytes)
+        self._round += 1
+        lifetime = int(answer.session_lifetime_ms) if done else 0
+        if done:
+            problem = self._accept(lifetime)
+            if problem is not None:
+                self._count("principal_unknown", self.mechanism)
+                return self._auth_failure(req, AUTH_FAILED, problem, "principal_unknown")
+        reply = answers.authenticate(req.api_version, 0, None, server_bytes, lifetime)
+        return Screened(resolved(reply))
+
+    def _accept(self, lifetime_ms: int) -> str | None:
+        """Authenticated: the principal, its access and the session expiry; or the reason the
+        proxy cannot accept what the broker accepted."""
+        claim = self._claim
+        if claim is None:
+            return (
+                f"the kdelay proxy could not read the principal from the {self.mechanism} "
+                f"exchange ({self._claim_error})"
+            )
+        if self.principal is not None and claim.principal != self.principal:
+            return (
+                f"Cannot change principals during re-authentication from {self.principal}: "
+                f"{claim.principal}"
+            )
+        assert self._link is not None
+        reauth = self._reauthenticating
+        self.principal = claim.principal
+        self.phase = Phase.AUTHENTICATED
+        self._reauthenticating = False
+        now = self.settings.clock()
+        self.expires_at = now + lifetime_ms / 1000 if lifetime_ms > 0 else None
+        if self.access is None:
+            self.access = TopicAccess(claim.principal, self._link, self.settings.cache)
+        log.info(
+            "proxy.sasl_authenticated",
+            principal=str(claim.principal),
+            mechanism=self.mechanism,
+            peer=self.address,
+            reauthentication=reauth,
+            session_lifetime_ms=lifetime_ms,
+            delegation_token=claim.delegation_token,
+        )
+        return None
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def _auth_failure(
+        self, req: p.Request, code: int, message: str | None, reason: str
+    ) -> Screened:
+        return self._fail_reply(
+            answers.authenticate(req.api_version, code, message),
+            "proxy.sasl_authentication_failed",
+            {"mechanism": self.mechanism, "reason": reason, "error": message},
+        )
+
+    def _refuse(self, req: p.Request, why: str, *, close: bool) -> Screened:
+        """ILLEGAL_SASL_STATE for a SASL request out of order."""
+        self.failed("illegal_state")
+        reply = answers.illegal_state(req, why, self.settings.mechanisms)
+        if not close:
+            return Screened(resolved(reply))
+        return self._fail_reply(reply, "proxy.sasl_illegal_state", {"why": why})
+
+    def _fail_reply(self, reply: Reply, event: str, fields: Mapping[str, object]) -> Screened:
+        """A failure's answer, after this address's login backoff; then close."""
+        delay = self.settings.backoff.failed(self.address)
+        return Screened(_later(delay, reply), event, {**fields, "delay_s": round(delay, 3)})
+
+    def _link_lost(self, exc: LinkError, mechanism: str) -> Screened:
+        """The broker cannot be asked: close unanswered, so the client retries as after any
+        network failure (Kafka has no error for 'the authenticator is unreachable')."""
+        self._count("upstream_unavailable", mechanism)
+        return Screened(None, "proxy.sasl_upstream_unavailable", {"error": str(exc)})
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _count(self, reason: str, mechanism: str) -> None:
+        label = mechanism if mechanism in self.settings.mechanisms else "other"
+        self.metrics.auth_failures.labels(label, reason).inc()
+
+    def _mechanism_label(self) -> str:
+        return self.mechanism or "none"
+
+    def _who(self) -> dict[str, object]:
+        return {"principal": str(self.principal), "mechanism": self.mechanism}
+
+
+def _later(delay_s: float, reply: Reply) -> Awaitable[Reply]:
+    """``reply``, once ``delay_s`` has passed (a task: the reader goes on meanwhile)."""
+    if delay_s <= 0:
+        return resolved(reply)
+
+    async def wait() -> Reply:
+        await asyncio.sleep(delay_s)
+        return reply
+
+    return asyncio.get_running_loop().create_task(wait())
