@@ -8,9 +8,10 @@ value, 403 for an internal topic, 413 for a size over a limit (the proxy's, prox
 upstream's), 503 only while upstream Kafka is unavailable. A record is acknowledged (202) only
 once upstream Kafka has it.
 
-A posted message with an ``id`` gets a buffer key derived from its content (README "HTTP API"):
-the same POST sent again (a client retrying after a timeout) writes the same buffer record again,
-which the replicas keep once, while a different message with the same id is a new message.
+A posted message with an ``id`` gets a buffer key derived from every field of its body (README
+"HTTP API"): the same POST sent again (a client retrying after a timeout) writes the same buffer
+record again, which the replicas keep once, while a message that differs in any field (another
+``repeat`` too) with the same id is a new message.
 
 Runs on the proxy's asyncio loop; the functions are safe from any thread.
 """
@@ -156,23 +157,19 @@ def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
 _CONTENT_EPOCH = -1
 
 
-def _content_origin(
-    msg: MessageIn, key: bytes | None, value: bytes | None, own: list[tuple[str, bytes | None]]
-) -> Origin:
-    """Where the buffer key of a posted message with an id derives from: its content (the id,
-    the target, key, value, headers and timing fields as posted), so the same POST sent twice
-    writes the same buffer key (the replicas keep one record per id and buffer key), and any
-    other message with that id gets a key of its own. ``buffer_keys.buffer_key`` hashes
-    the origin's fields (uuid5); the digest stands in for an idempotent producer's id."""
-    digest = hashlib.sha256()
-    scalars = [msg.id, msg.topic, msg.partition, msg.delay_ms, msg.deliver_at, msg.delay_level]
-    parts: list[bytes | None] = [json.dumps(scalars).encode(), key, value]
-    for name, header_value in own:
-        parts += [name.encode("utf-8", "surrogatepass"), header_value]
-    for part in parts:
-        # Length-prefixed, None apart from b"": no two contents hash the same input.
-        digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big"))
-        digest.update(part or b"")
+def _content_origin(msg: MessageIn, value: bytes | None) -> Origin:
+    """Where the buffer key of a posted message with an id derives from: every field of its
+    body (a field added to :class:`MessageIn` later too; a field at its default counts as
+    absent), the value as the bytes ``value`` or ``value_b64`` gave. So the same POST sent
+    twice writes the same buffer key (the replicas keep one record per id and buffer key), and
+    any other message with that id, another ``repeat`` included, gets a key of its own.
+    ``buffer_keys.buffer_key`` hashes the origin's fields (uuid5); the digest stands in for an
+    idempotent producer's id."""
+    fields = msg.model_dump(mode="json", exclude_defaults=True, exclude={"value", "value_b64"})
+    # A JSON object ends where it ends: the value after it is not ambiguous; None apart from b"".
+    digest = hashlib.sha256(json.dumps(fields).encode())
+    digest.update(b"-" if value is None else b"%d:" % len(value))
+    digest.update(value or b"")
     return Origin(int.from_bytes(digest.digest(), "big"), _CONTENT_EPOCH, 0)
 
 
@@ -192,7 +189,7 @@ def _route_message(
         if name in h.CONTROL_HEADERS:
             raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
     control = _control_headers(msg)
-    origin = None if msg.id is None else _content_origin(msg, key, value, own)
+    origin = None if msg.id is None else _content_origin(msg, value)
     try:
         (routed,), _ = route(
             msg.topic,
