@@ -2,8 +2,14 @@
 
 Buffer keys (CONTRACT.md, ``kdelay/buffer/``): each delayed record and cancel gets a buffer key
 of its own. For a batch of an idempotent producer (:class:`Origin`) the keys are derived from
-(producer id, epoch, topic, partition, sequence), so a batch retried through a restarted proxy
-or another proxy replica writes the same keys again and the replicas keep one copy; records of
+(producer id, epoch, topic, partition, sequence) *and the record's content* (key, value,
+headers, null values apart from empty ones, and its timestamp as the producer set it), so a
+batch retried through a restarted proxy or another proxy replica (the same records again)
+writes the same keys and the replicas keep one copy, while another record at the same
+(producer id, epoch, partition, sequence) never does: the one 2**31 records later, after the
+sequence wrapped (KIP-98), or one a proxy sees after it forgot the producer
+(proxy/idempotence.py). What remains taken for a retry: a record equal to the earlier one in
+all of that, content and timestamp included, which a retry cannot be told from. Records of
 other producers get random keys. The ids of records sent without ``kdelay-id`` derive from
 these keys (``kdelay.buffer.pinned_id``).
 
@@ -23,6 +29,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from proxy.records import Record
+
 #: Namespace of the buffer keys derived from an idempotent producer's identity.
 _DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
 _DERIVED_BYTES = _DERIVED.bytes
@@ -38,10 +46,44 @@ class Origin:
     base_sequence: int
 
 
-def buffer_key(origin: Origin | None, topic: str, partition: int, index: int) -> str:
-    """The buffer key of record ``index`` of a batch: derived from the producer's identity and
-    the record's sequence number when the producer is idempotent, random otherwise."""
-    return BatchKeys(origin, topic, partition).key(index)
+def buffer_key(
+    origin: Origin | None, topic: str, partition: int, index: int, record: Record
+) -> str:
+    """The buffer key of ``record``, record ``index`` of a batch: derived from the producer's
+    identity, the record's sequence number and its content when the producer is idempotent,
+    random otherwise."""
+    return BatchKeys(origin, topic, partition).key(index, record)
+
+
+def content(record: Record, head: bytes = b"") -> bytes:
+    """What a derived buffer key hashes of ``record`` besides its sequence number, after
+    ``head`` (one join on the hot path, not two), in one unambiguous encoding: the timestamp,
+    key, value, then the header count and each header's name and value. A number is ASCII
+    decimal ended by ``;``; a byte string is its length, ``:`` and its bytes, or ``-`` for
+    null (a length never starts with ``-``); the timestamp is ``-`` when the record has none
+    (the HTTP API). Header names are UTF-8 (lone surrogates passed through: JSON allows
+    them)."""
+    ts = record.timestamp
+    key = record.key
+    value = record.value
+    headers = record.headers
+    # One %-format a part: this runs for every delayed record (bench/route_cpu.py).
+    parts = [
+        head,
+        b"-" if ts is None else b"%d;" % ts,
+        b"-" if key is None else b"%d:%s" % (len(key), key),
+        b"-" if value is None else b"%d:" % len(value),
+        value or b"",  # not copied into a format: it may be large
+        b"%d;" % len(headers),
+    ]
+    append = parts.append
+    for name, header_value in headers:
+        raw = name.encode("utf-8", "surrogatepass")
+        if header_value is None:
+            append(b"%d:%s-" % (len(raw), raw))
+        else:
+            append(b"%d:%s%d:%s" % (len(raw), raw, len(header_value), header_value))
+    return b"".join(parts)
 
 
 class BatchKeys:
@@ -59,14 +101,16 @@ class BatchKeys:
             self._prefix = _DERIVED_BYTES + name.encode()
             self._base = origin.base_sequence
 
-    def key(self, index: int) -> str:
-        """The buffer key of record ``index``: ``uuid.uuid5(_DERIVED, name).hex`` of the name
-        ``prefix`` + its sequence number, without building UUID objects (SHA-1 of namespace and
-        name, version 5 and the RFC 4122 variant set), or a random one."""
+    def key(self, index: int, record: Record) -> str:
+        """The buffer key of ``record``, record ``index`` of the batch: the UUID version 5
+        (RFC 4122: SHA-1 of namespace and name, version and variant bits set), as 32 hex
+        digits, of the name ``prefix`` + its sequence number + ``/`` + :func:`content`, built
+        without UUID objects; or a random one."""
         if self._prefix is None:
             return uuid.uuid4().hex
         seq = (self._base + index) % _SEQUENCES
-        digest = bytearray(hashlib.sha1(self._prefix + b"%d" % seq, usedforsecurity=False).digest())
+        name = content(record, b"%s%d/" % (self._prefix, seq))
+        digest = bytearray(hashlib.sha1(name, usedforsecurity=False).digest())
         digest[6] = (digest[6] & 0x0F) | 0x50
         digest[8] = (digest[8] & 0x3F) | 0x80
         return digest[:16].hex()

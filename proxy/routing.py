@@ -323,7 +323,7 @@ def route(
             routed = Outgoing(immediate, topic, partition, key, value, headers,
                               ts if ts is not None and ts >= 0 else None)  # fmt: skip
         elif isinstance(asked, CancelRequest):
-            uid = keys.key(i)
+            uid = keys.key(i, r)
             routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)
         else:
             assert isinstance(asked, Delay)
@@ -332,7 +332,7 @@ def route(
                 r,
                 topic=topic,
                 partition=partition,
-                uid=keys.key(i),
+                uid=keys.key(i, r),
                 buffer_partitions=buffer_partitions,
                 seq=seqs.take(len(records) - i),
             )

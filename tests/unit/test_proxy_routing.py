@@ -12,7 +12,7 @@ from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from proxy import internal_topics
-from proxy.buffer_keys import Origin, buffer_key
+from proxy.buffer_keys import Origin, buffer_key, content
 from proxy.internal_topics import RefusedTopicError
 from proxy.routing import (
     BufferUnavailableError,
@@ -111,10 +111,12 @@ def test_derived_buffer_keys_are_the_uuid5_of_the_producer_identity(
 ) -> None:
     """The buffer keys of an idempotent batch are persisted and compared across proxies (and
     versions: a batch retried through an upgraded proxy must write the same keys): the
-    derivation without UUID objects is uuid5, exactly; and the pinned id of a record without
-    one is the murmur2 of its target partition, cached or not."""
-    key = buffer_key(Origin(pid, epoch, seq), topic, partition, 0)
-    name = f"{pid}/{epoch}/{topic}/{partition}/{seq}"
+    derivation without UUID objects is uuid5, exactly (of the name, then the record's content:
+    tests/unit/test_buffer_keys.py); and the pinned id of a record without one is the murmur2
+    of its target partition, cached or not."""
+    record = Incoming(None, b"v", [])
+    key = buffer_key(Origin(pid, epoch, seq), topic, partition, 0, record)
+    name = f"{pid}/{epoch}/{topic}/{partition}/{seq}/" + content(record).decode()
     assert key == uuid.uuid5(uuid.UUID("6b64656c-6179-4b65-8b79-000000000002"), name).hex
     pinned = buffer.pinned_id(key, topic, partition, 12)
     assert pinned == f"b{buffer.partition_for(f'{topic}/{partition}', 12)}.{key}"
@@ -122,7 +124,8 @@ def test_derived_buffer_keys_are_the_uuid5_of_the_producer_identity(
 
 def test_a_batchs_records_get_the_keys_of_their_own_sequence_numbers_across_the_wrap() -> None:
     """route() derives a batch's keys from a prefix shared by the batch: each record's must
-    still be the uuid5 of its own sequence number, which wraps at 2**31 (KIP-98)."""
+    still be the uuid5 of its own sequence number, which wraps at 2**31 (KIP-98), and its own
+    content."""
     origin = Origin(7, 2, 2**31 - 2)
     records = [
         Incoming(None, b"v", [(h.DELAY_MS, b"10")]),
@@ -133,9 +136,9 @@ def test_a_batchs_records_get_the_keys_of_their_own_sequence_numbers_across_the_
     out, _ = route("t", 3, records, NOW, POLICY, buffer_partitions=6, origin=origin)
     namespace = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")
     for i, seq in enumerate([2**31 - 2, 2**31 - 1, 0]):
-        want = uuid.uuid5(namespace, f"7/2/t/3/{seq}").hex
+        want = uuid.uuid5(namespace, f"7/2/t/3/{seq}/" + content(records[i]).decode()).hex
         assert out[i].key == want.encode()
-        assert buffer_key(origin, "t", 3, i) == want
+        assert buffer_key(origin, "t", 3, i, records[i]) == want
     assert out[3].key is None  # immediate: passes through with its own key
 
 
