@@ -278,6 +278,8 @@ class AuthSession:
         self.expires_at = now + lifetime_ms / 1000 if lifetime_ms > 0 else None
         if self.access is None:
             self.access = TopicAccess(claim.principal, self._link, self.settings.cache)
+        kind = "reauthentication" if reauth else "login"
+        self.metrics.authentications.labels(self.mechanism, kind).inc()
         log.info(
             "proxy.sasl_authenticated",
             principal=str(claim.principal),

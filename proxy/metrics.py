@@ -141,6 +141,12 @@ class ProxyMetrics:
             ["mechanism", "reason"],
             registry=r,
         )
+        self.authentications = Counter(
+            "kdelay_proxy_authentications_total",
+            "Successful SASL logins on the Kafka listener (kind: login or reauthentication)",
+            ["mechanism", "kind"],
+            registry=r,
+        )
         self.bytes_in = self.bytes.labels("in")
         self.bytes_out = self.bytes.labels("out")
         # Known label values exist from the start, so dashboards and rate() see zeros.

@@ -13,6 +13,7 @@ from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from proxy import protocol as p
@@ -92,6 +93,21 @@ def init_producer_id_request(
     )
 
 
+def sasl_handshake_request(mechanism: str, *, version: int = 1) -> Any:
+    """A SaslHandshake request naming ``mechanism``."""
+    return SaslHandshakeRequest(mechanism=mechanism, version=version)
+
+
+def sasl_authenticate_request(token: bytes, *, version: int = 2) -> Any:
+    """A SaslAuthenticate request carrying ``token``."""
+    return SaslAuthenticateRequest(auth_bytes=token, version=version)
+
+
+def plain_token(user: str, password: str) -> bytes:
+    """PLAIN's one token (RFC 4616): no authzid, the user, the password."""
+    return f"\0{user}\0{password}".encode()
+
+
 class RawClient:
     """A blocking socket speaking the Kafka protocol one request at a time."""
 
@@ -136,7 +152,7 @@ class RawClient:
         frame = self.read_frame()
         if frame is None:
             raise ConnectionError("the proxy closed the connection")
-        spec = p.APIS[request.API_KEY]
+        spec = p.APIS.get(request.API_KEY) or p.SASL_APIS[request.API_KEY]
         return spec.response.decode(frame, version=request.API_VERSION, header=True)
 
     def closed_by_peer(self) -> bool:

@@ -239,12 +239,20 @@ PROXY = [
     ),
     Panel("Open connections", [q("sum(kdelay_proxy_connections)", "connections")], "short"),
     Panel(
-        "Failed logins",
-        [errs("kdelay_proxy_auth_failures_total", "mechanism", "reason")],
+        "SASL logins",
+        [
+            by("kdelay_proxy_authentications_total", "mechanism", "kind"),
+            errs(
+                "kdelay_proxy_auth_failures_total",
+                "mechanism",
+                "reason",
+                legend="failed {{mechanism}} {{reason}}",
+            ),
+        ],
         "rps",
-        description="SASL logins on the Kafka listener that failed, by mechanism and reason "
-        "(invalid_credentials: Kafka refused them); each answer waits per address "
-        "(auth_failure_delay_ms, doubling).",
+        description="Logins on the Kafka listener (login, or KIP-368 reauthentication) and "
+        "failures by reason (invalid_credentials: Kafka refused them); each failure is "
+        "answered after a wait per address (auth_failure_delay_ms, doubling).",
     ),
     Panel(
         "Rejected records",

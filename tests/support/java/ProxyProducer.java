@@ -1,8 +1,10 @@
 // A Java producer (the kafka-clients jar of the pinned Kafka) for the proxy's tests.
-// Usage: java -cp "<kafka jars>/*" ProxyProducer.java BOOTSTRAP TOPIC IDEMPOTENCE COMPRESSION
+// Usage: java -cp "<kafka jars>/*" ProxyProducer.java BOOTSTRAP TOPIC IDEMPOTENCE COMPRESSION [PROPS]
+// PROPS: a properties file of further producer settings (security.protocol, sasl.jaas.config, ...).
 // Reads one record per stdin line: PARTITION<TAB>KEY<TAB>VALUE[<TAB>NAME=VALUE...]; KEY "-" is null.
 // Prints one line per record: "OK <partition> <offset>" or "ERR <exception> <message>".
 import java.io.BufferedReader;
+import java.io.FileInputStream;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -26,6 +28,11 @@ public class ProxyProducer {
         props.put("max.block.ms", "20000");
         props.put("key.serializer", ByteArraySerializer.class.getName());
         props.put("value.serializer", ByteArraySerializer.class.getName());
+        if (args.length > 4) {
+            try (FileInputStream extra = new FileInputStream(args[4])) {
+                props.load(extra);
+            }
+        }
         String topic = args[1];
         List<Future<RecordMetadata>> futures = new ArrayList<>();
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
