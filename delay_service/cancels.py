@@ -12,17 +12,22 @@ partition ``p`` at ``t_C`` (its record timestamp, the broker's LogAppendTime), c
 
 1. every message with id ``X`` pending when the replicas read ``C``, and
 2. every schedule ``S`` with id ``X`` appended to ``p`` *after* ``C`` that a proxy accepted no
-   later than :data:`ACCEPT_SLACK_MS` after ``t_C`` (``S``'s acceptance time is the millisecond
-   part of its order field ``s``: ``wall ms << 20 | counter``), provided ``S`` was appended at
-   most :data:`WINDOW_MS` after ``C`` and ``C`` is still among the newest :data:`MAX_OPEN`
-   cancels of ``p`` when ``S`` is read.
+   later than ``t_C`` + :data:`SENT_WITH_MS` (``S``'s acceptance time is the millisecond part
+   of its order field ``s``: ``ms << 20 | counter``, ``ms`` the proxy's upper bound of the
+   broker's clock rounded up, ``kdelay.broker_clock``), provided ``S`` was appended at most
+   :data:`WINDOW_MS` after ``C`` and ``C`` is still among the newest :data:`MAX_OPEN` cancels
+   of ``p`` when ``S`` is read.
 
-A schedule a proxy accepted later than that is a new message (ids are reusable: send it once
-the cancel was acknowledged, and :data:`ACCEPT_SLACK_MS` more). The acceptance time, and not the
-window alone, decides because a client that reschedules (a cancel, then the id again once the
-cancel is acknowledged) must get its new message, while within one request the client's order
-is lost anyway and the cancel wins. A schedule without an acceptance
-time (format 1, or ``s`` < 2**20: not written by a proxy's router) is cancelled by rule 1 only.
+A schedule a proxy accepted later than that is a new message (ids are reusable): one sent once
+the cancel was acknowledged always is: the proxy acknowledges a cancel only once the broker's
+clock is surely past ``t_C`` + :data:`SENT_WITH_MS` (proxy/cancel_acks.py), and the stamp is
+never behind the broker's clock. The acceptance time, and not the window
+alone, decides because a client that reschedules (a cancel, then the id again once the cancel
+is acknowledged) must get its new message, while within one request the client's order is
+lost anyway and the cancel wins (the proxy writes a request's cancels after its other records,
+proxy/broker.py, so those are cancelled by rule 1 whatever the clocks). A schedule without an
+acceptance time (format 1, or ``s`` < 2**20: not written by a proxy's router) is cancelled by
+rule 1 only.
 A cancel is *open* from when it is read until it cannot match anything more: until the
 replicas read a record of ``p`` appended more than :data:`WINDOW_MS` after it, or until
 :data:`MAX_OPEN` newer cancels of ``p`` were read. Rule 2 takes the newest open cancel of ``X``
@@ -50,7 +55,9 @@ big-endian; times signed, :data:`UNKNOWN` for a record without a timestamp):
 - ``cancel/w/<p><offset>`` -> ``t_C`` | number | ``len(id)`` (2) | id | buffer key: one open
   cancel, in offset order (the closing order); the buffer key is empty when no tombstone is
   owed at its close (retired at once, or format 1);
-- ``cancel/i/<p><len(id)><id>`` -> offset | ``t_C`` of the newest open cancel of that id;
+- ``cancel/i/<p><len(id)><id>`` -> offset | ``t_C`` of the newest open cancel of that id, then
+  ``r`` when it is a replace's (a replace is not cancelled on arrival by an earlier replace:
+  among replaces, the buffer's order decides);
 - ``cancel/s/<p><offset><partition><offset>`` -> buffer key: a record that cancel cancelled.
 
 A store written before these keys existed simply has no open cancels. Not thread-safe: the
@@ -73,10 +80,9 @@ from delay_service.tombstones import Retired
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled
 
-#: The rule's two times (``kdelay/buffer/cancel_rule.py``: the verifier applies the same rule).
-#: Config settings to come: ``cancel_window_ms``, ``cancel_accept_slack_ms``.
+#: The rule's window (``kdelay/buffer/cancel_rule.py``: the verifier applies the same rule).
 WINDOW_MS = buffer.CANCEL_WINDOW_MS
-ACCEPT_SLACK_MS = buffer.CANCEL_ACCEPT_SLACK_MS
+SENT_WITH_MS = buffer.CANCEL_SENT_WITH_MS
 #: Open cancels per buffer partition at most: the oldest closes when a newer one opens beyond
 #: that (about 200 bytes of RocksDB each). Config setting to come: ``cancel_window_max``.
 MAX_OPEN = 50_000
@@ -90,7 +96,8 @@ _S = b"cancel/s/"
 _P = struct.Struct(">I")
 _PO = struct.Struct(">IQ")
 _COUNTS = struct.Struct(">QQ")
-_AT = struct.Struct(">Qq")  # offset, time
+_AT = struct.Struct(">Qq")  # offset, time (then b"r" when it is a replace's)
+_REPLACE = b"r"
 _OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
 
 #: Where a record was read: partition, offset, timestamp (None: unknown).
@@ -237,7 +244,7 @@ class CancelBatch:
         )
 
     def cancel(
-        self, txn: IndexedBatch, at: At, record: Cancel
+        self, txn: IndexedBatch, at: At, record: Cancel, *, replace: bool = False
     ) -> tuple[list[Retired], list[Retired]]:
         """Apply the cancel ``record`` read at ``at``: remove every pending entry with its id
         (rule 1) and open it. Returns the records removed, and the tombstones owed: the
@@ -264,7 +271,7 @@ class CancelBatch:
         work.part.open += 1
         self._batch.put(_W + _PO.pack(partition, offset), opened.encode(), self._cf)
         index_key = _I + _P.pack(partition) + id_prefix(record.id)
-        self._index[index_key] = _AT.pack(offset, stamp)
+        self._index[index_key] = _AT.pack(offset, stamp) + (_REPLACE if replace else b"")
         self._batch.put(index_key, self._index[index_key], self._cf)
         return removed, owed
 
@@ -291,7 +298,9 @@ class CancelBatch:
         found = self._index[index_key] if index_key in self._index else self._stored(index_key)
         if found is None:
             return None
-        by, cancel_ms = _AT.unpack(found)
+        by, cancel_ms = _AT.unpack_from(found)
+        if record.replace and found[_AT.size :] == _REPLACE:
+            return None  # a later replace in the buffer wins over an earlier one
         if by >= offset:  # a schedule before its cancel was removed when the cancel was read
             return None
         known = None if cancel_ms == UNKNOWN else cancel_ms
@@ -336,7 +345,7 @@ class CancelBatch:
         self._batch.delete(_W + _PO.pack(partition, cancel.offset), self._cf)
         index_key = _I + _P.pack(partition) + id_prefix(cancel.id)
         found = self._index[index_key] if index_key in self._index else self._stored(index_key)
-        if found is not None and _AT.unpack(found)[0] == cancel.offset:
+        if found is not None and _AT.unpack_from(found)[0] == cancel.offset:
             self._batch.delete(index_key, self._cf)
             self._index[index_key] = None
         owed = []

@@ -8,8 +8,8 @@ The ``ids`` column family maps ``len(id) (2) | id | buffer key`` (UTF-8) to the 
   earlier one with that id (ids are safe to reuse; the buffer-record contract in
   ``kdelay/buffer/`` keeps them in one partition, in order), unless it was sent with a
   cancel of that id that reached the buffer before it: an open cancel (``cancels.py``) then
-  cancels it on arrival. Sent means accepted by a proxy; a reuse sent once the cancel was
-  acknowledged (and ``cancels.ACCEPT_SLACK_MS`` more) is new;
+  cancels it on arrival. Sent means accepted by a proxy (by the broker's clock); a reuse sent
+  once the cancel was acknowledged is new;
 - a cancel finds every pending message with its id by the prefix ``len(id) | id``;
 - a tombstone finds exactly the record it retires: its (id, buffer key), at its offset.
 

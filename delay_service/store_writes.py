@@ -49,6 +49,7 @@ class ApplyResult:
     covered: int = 0
     cancelled: int = 0  # entries a cancel removed, and schedules cancelled on arrival
     cancelled_on_arrival: int = 0  # schedules an earlier cancel cancelled (cancels.py rule 2)
+    replaced: int = 0  # of ``cancelled``, entries a replace removed
     retired: list[Retired] = field(default_factory=list)  # records owed a tombstone
     tombstoned: int = 0
     invalid: int = 0
@@ -70,7 +71,9 @@ class StoreWrites(StoreState):
         one stays; a schedule reusing a pending id with a new buffer key is a new message,
         unless an open cancel cancels it on arrival (``cancels.py``). Cancel: removes every
         entry with its id (retired with them), and stays open; when it matched nothing, its
-        tombstone is owed when it closes.
+        tombstone is owed when it closes. Replace (a schedule with ``replace``): unless an
+        open cancel cancels it on arrival (then it does nothing at all: what it would replace
+        was sent after it), a cancel of its id at its own position, then pending itself.
         Tombstone: removes the entry of exactly that record (id, buffer key and offset). A
         schedule the last checkpoint covers was delivered already and is skipped.
         """
@@ -145,6 +148,13 @@ class StoreWrites(StoreState):
             result.cancelled += 1
             result.cancelled_on_arrival += 1
         else:
+            if record.replace:
+                # A cancel of everything before it with its id (and, while open, of what was
+                # sent with it), owing no tombstone of its own: its delivery retires it.
+                removed, owed = cancels.cancel(txn, at, Cancel(record.id), replace=True)
+                result.cancelled += len(removed)
+                result.replaced += len(removed)
+                result.retired += [*removed, *owed]
             key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
             txn.put(record, key, index_key)
             result.scheduled += 1

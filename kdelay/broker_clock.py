@@ -54,6 +54,10 @@ log = logs.get(__name__)
 WINDOW_S = 30.0
 #: Largest rate difference assumed between the broker's clock and the local monotonic clock.
 MAX_DRIFT = 500e-6
+#: Probes sent back to back at start, before the clock is ready: the first one's round trip
+#: includes connecting and the metadata lookup (100 ms and more on a busy machine), which would
+#: keep the bounds that far apart until a better probe comes.
+WARM_UP_PROBES = 5
 #: acks=1: the leader answers right after appending, which keeps the bounds tight.
 PRODUCER_CONFIG = {"client.id": "kdelay-clock", "acks": "1", "linger.ms": 0}
 
@@ -194,6 +198,7 @@ class BrokerClock:
         self._admin: AdminClient | None = None  # kept: its connection outlives a failed try
         self._topic_checked = False
         self._failures = 0  # in a row
+        self._succeeded = 0  # probes acknowledged, up to WARM_UP_PROBES
 
     # -- owner -----------------------------------------------------------------------------
 
@@ -276,7 +281,14 @@ class BrokerClock:
                     self._failed("internal", str(exc))
                     ok = False
                 self._failures = 0 if ok else self._failures + 1
-                delay = self._interval_s if ok else self._backoff.delay(self._failures)
+                warming = ok and self._succeeded < WARM_UP_PROBES
+                delay = (
+                    0.0
+                    if warming
+                    else self._interval_s
+                    if ok
+                    else self._backoff.delay(self._failures)
+                )
                 self._stop.wait(delay)
         finally:
             if self._producer is not None:
@@ -343,13 +355,16 @@ class BrokerClock:
             self._problem = None
         if not consistent:
             log.warning("clock.broker_clock_stepped", topic=self.topic, broker_ms=probe.broker_ms)
+        if self._metrics is not None:
+            self._metrics.clock_skew.set(skew / 1000)
+            self._metrics.clock_uncertainty.set(probe.round_trip_s)
+        self._succeeded = min(self._succeeded + 1, WARM_UP_PROBES)
+        if self._succeeded < WARM_UP_PROBES and self._thread is not None:
+            return  # the probe thread warms up: ready once the bounds are tight
         if not self._ready.is_set() or self._failures:
             rtt_ms = round(probe.round_trip_s * 1000, 3)
             log.info("clock.probing", skew_ms=round(skew, 1), round_trip_ms=rtt_ms)
         self._ready.set()
-        if self._metrics is not None:
-            self._metrics.clock_skew.set(skew / 1000)
-            self._metrics.clock_uncertainty.set(probe.round_trip_s)
 
     def _failed(self, stage: str, error: str, *, problem: BrokerClockError | None = None) -> None:
         """Count a failed probe; warn once per problem and once per run of failures."""

@@ -11,6 +11,7 @@ would be delivered at once. ``classify`` rejects it, naming the closest valid he
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,7 @@ DELIVER_AT = "kdelay-deliver-at"
 DELAY_LEVEL = "kdelay-delay-level"
 ID = "kdelay-id"
 CANCEL = "kdelay-cancel"
+REPLACE = "kdelay-replace"
 REPEAT = repeat.REPEAT
 OCCURRENCE = "kdelay-occurrence"
 #: The consumer retry helper's headers (``kdelay.retry``): the attempt number and where the
@@ -40,7 +42,7 @@ TIMING_HEADERS = (DELAY_MS, DELIVER_AT, DELAY_LEVEL)
 #: The timing headers as a set, for the one-header fast path of :func:`classify`.
 _TIMING = frozenset(TIMING_HEADERS)
 #: Headers the proxy consumes; they are not passed on with the delivered record.
-CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL, REPEAT})
+CONTROL_HEADERS = frozenset({DELAY_MS, DELIVER_AT, DELAY_LEVEL, ID, CANCEL, REPEAT, REPLACE})
 #: Names in kdelay's namespace kept for a feature this version does not implement: a record
 #: carrying one is rejected, saying so, rather than delivered at once. (None at present.)
 RESERVED_HEADERS: dict[str, str] = {}
@@ -97,6 +99,9 @@ class Delay:
     id: str | None
     delay_ms: int | None = None
     repeat: str | None = None  # the canonical kdelay-repeat value (kdelay/repeat.py)
+    #: ``kdelay-replace: true``: it replaces whatever is pending with its id (README
+    #: "Replacing a message").
+    replace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,12 +280,35 @@ def classify(headers: Headers, now_ms: int, policy: DelayPolicy) -> Delay | Canc
             due, delay = resolve_timing(name, raw, now_ms, policy)
             return Delay(due, None, delay)
     timing = [h for h in TIMING_HEADERS if h in seen]
+    replace = REPLACE in seen and _replace(seen)
     if CANCEL in seen:
-        if timing or REPEAT in seen:
-            other = timing[0] if timing else REPEAT
+        if timing or REPEAT in seen or REPLACE in seen:
+            other = timing[0] if timing else REPEAT if REPEAT in seen else REPLACE
             raise InvalidHeaderError(CANCEL, f"cannot be combined with {other!r}")
         return CancelRequest(validate_id(CANCEL, seen[CANCEL]))
     msg_id = validate_id(ID, seen[ID]) if ID in seen else None
+    if replace and msg_id is None:
+        raise InvalidHeaderError(REPLACE, f"replaces the message with an id: {ID!r} is missing")
+    found = _classify_delay(seen, timing, msg_id, now_ms, policy)
+    return dataclasses.replace(found, replace=True) if replace else found
+
+
+def _replace(seen: dict[str, bytes | None]) -> bool:
+    """``kdelay-replace``'s value: ``true`` or ``false`` (ASCII, any case)."""
+    text = _ascii(REPLACE, seen[REPLACE]).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidHeaderError(REPLACE, f"{text!r} is not true or false")
+    return text == "true"
+
+
+def _classify_delay(
+    seen: dict[str, bytes | None],
+    timing: list[str],
+    msg_id: str | None,
+    now_ms: int,
+    policy: DelayPolicy,
+) -> Delay:
+    """The delay of a record that is no cancel (classify's second half)."""
     if len(timing) > 1:
         raise InvalidHeaderError(timing[1], f"only one of {', '.join(TIMING_HEADERS)} may be set")
     if REPEAT in seen:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from kdelay import logs
+from kdelay.broker_clock import BrokerClock
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
 from proxy.auth_session import AuthSettings
@@ -28,6 +29,8 @@ from proxy.authorization import AclCache
 from proxy.broker import Broker
 from proxy.broker_link import LinkSettings
 from proxy.budget import RequestBudget
+from proxy.buffer_keys import AcceptanceOrder
+from proxy.cancel_acks import CancelAcks
 from proxy.config import ProxyConfig
 from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
@@ -100,6 +103,7 @@ class Proxy:
         self.upstream: Upstream | None = None
         self.kafka: KafkaServer | None = None
         self.replicas: ReplicaApi | None = None
+        self.clock: BrokerClock | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_config: uvicorn.Config | None = None
         self._watchers: list[asyncio.Task[None]] = []
@@ -146,6 +150,7 @@ class Proxy:
             supervisor=self.supervisor,
             probe_interval_s=cfg.upstream_probe_interval_s,
         )
+        order, cancel_acks = await self._start_clock()
         topics = Topics(self.upstream, ttl_s=cfg.metadata_ttl_s)
         # One budget for both listeners: request bytes in memory, process-wide.
         budget = RequestBudget(cfg.max_buffered_request_bytes, self.metrics)
@@ -177,6 +182,8 @@ class Proxy:
             max_decompressed_bytes=cfg.decompressed_limit,
             consume_from=cfg.bootstrap_servers,
             sasl=cfg.sasl_enabled,
+            order=order,
+            cancel_acks=cancel_acks,
         )
         await self.kafka.serve(broker)
 
@@ -199,6 +206,8 @@ class Proxy:
             availability=self.upstream.availability,
             replicas=self.replicas,
             pending_timeout_s=cfg.pending_timeout_ms / 1000,
+            order=order,
+            cancel_acks=cancel_acks,
         )
         self._http_config = uvicorn.Config(
             app, host=http_host, port=http_port, log_config=None, lifespan="off"
@@ -293,6 +302,27 @@ class Proxy:
                 async with asyncio.timeout(LISTENER_CHECK_S):
                     await stop.wait()
 
+    async def _start_clock(self) -> tuple[AcceptanceOrder, CancelAcks]:
+        """The broker clock that stamps each delayed record's and cancel's acceptance (README
+        "Cancelling a message") and holds a cancel's answer (proxy/cancel_acks.py), probing
+        ``__kdelay_clock``; waits up to ``upstream_timeout_ms`` for its first probes: until
+        then a delayed record is refused, retriable (LEADER_NOT_AVAILABLE, HTTP 503)."""
+        cfg = self.cfg
+        clock = self.clock = BrokerClock(
+            cfg.bootstrap_servers, config=dict(cfg.upstream_config), metrics=self.metrics
+        )
+        clock.start()
+        wait_s = cfg.upstream_timeout_ms / 1000
+        if not await asyncio.to_thread(clock.wait_ready, wait_s):
+            # Serving anyway (immediate records, /readyz); delayed ones wait for the clock.
+            log.warning(
+                "proxy.broker_clock_unknown",
+                waited_s=wait_s,
+                problem=str(clock.problem or "Kafka did not acknowledge a probe"),
+                effect="delayed records and HTTP schedules answered retriable until it is known",
+            )
+        return AcceptanceOrder(clock.upper_ms), CancelAcks(clock)
+
     async def stop(self) -> None:
         """Close listeners, then deliver what is queued upstream."""
         if self._stop_requested is not None:
@@ -308,6 +338,8 @@ class Proxy:
             await asyncio.to_thread(self.upstream.close)
         if self.replicas is not None:
             await asyncio.to_thread(self.replicas.close)
+        if self.clock is not None:
+            await asyncio.to_thread(self.clock.close)
         log.info("proxy.stopped")
 
 

@@ -16,6 +16,9 @@ A Produce request's partitions go through, in this order: the topic must not be 
 the batch is framed and decompressed (proxy/records.py); its sequence is checked for idempotent
 producers (proxy/idempotence.py); its records are parsed (proxy/records.py), held to the record
 limits and routed (proxy/routing.py, proxy/limits.py); upstream gets them (proxy/upstream.py).
+A request's cancels reach upstream after every other record of the request, in the order the
+request lists them: so a message sent in the same request as its cancel always precedes it in
+the buffer topic and is cancelled whatever the clocks (README "Cancelling a message").
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from proxy import internal_topics
 from proxy import protocol as p
 from proxy import records as rec
 from proxy.authorization import TopicAccess, unauthorized
-from proxy.buffer_keys import Origin
+from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
+from proxy.cancel_acks import CancelAcks, Cancels, after_cancels, submit_cancels
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
@@ -110,6 +114,8 @@ class Broker:
         max_decompressed_bytes: int = 100 * 1024 * 1024,
         clock_ms: Callable[[], int] = wall_clock_ms,
         consume_from: str = "the upstream Kafka cluster's bootstrap servers",
+        order: AcceptanceOrder = ACCEPTANCE_ORDER,
+        cancel_acks: CancelAcks | None = None,
         sasl: bool = False,
     ) -> None:
         self.upstream = upstream
@@ -122,6 +128,8 @@ class Broker:
         self.max_decompressed_bytes = max_decompressed_bytes
         self.clock_ms = clock_ms
         self.consumers = ConsumerRefusals(consume_from)
+        self.order = order
+        self.cancel_acks = cancel_acks
         #: The listener speaks SASL (proxy/auth_session.py): ApiVersions lists its APIs.
         self.sasl = sasl
 
@@ -181,19 +189,25 @@ class Broker:
             denied = await access.unwritable(td.name for td in body.topic_data)
         parts: list[tuple[str, int, Awaitable[PartitionResult]]] = []
         kinds: set[Kind] = set()
-        for td in body.topic_data:
-            for pd in td.partition_data:
-                if reject is not None:
-                    refused = PartitionResult(reject[0], error_message=reject[1])
-                    parts.append((td.name, pd.index, resolved(refused)))
-                    continue
-                if td.name in denied:
-                    exc = unauthorized(denied[td.name], pd.records)
-                    result = self._rejected(exc, td.name, pd.index, exc.records)
-                    parts.append((td.name, pd.index, resolved(result)))
-                    continue
-                fut = await self._produce_partition(td.name, pd.index, pd.records, kinds)
-                parts.append((td.name, pd.index, fut))
+        cancels: list[Cancels] = []
+        try:
+            for td in body.topic_data:
+                for pd in td.partition_data:
+                    if reject is not None:
+                        refused = PartitionResult(reject[0], error_message=reject[1])
+                        parts.append((td.name, pd.index, resolved(refused)))
+                        continue
+                    if td.name in denied:
+                        exc = unauthorized(denied[td.name], pd.records)
+                        result = self._rejected(exc, td.name, pd.index, exc.records)
+                        parts.append((td.name, pd.index, resolved(result)))
+                        continue
+                    fut = await self._produce_partition(
+                        td.name, pd.index, pd.records, kinds, cancels
+                    )
+                    parts.append((td.name, pd.index, fut))
+        finally:
+            await submit_cancels(self.upstream, cancels)
         path = "delayed" if kinds & {Kind.DELAYED, Kind.CANCEL} else "immediate"
         return self._produce_reply(req, parts, started, path)
 
@@ -278,6 +292,10 @@ class Broker:
             )
         except BufferUnavailableError as exc:
             unavailable = str(exc)
+        except BrokerTimeUnknownError as exc:
+            raise rec.BatchError(
+                kerr.LeaderNotAvailableError.errno, str(exc), reason="buffer_unavailable"
+            ) from None
         try:
             info = await self.topics.info(BUFFER_TOPIC)
         except KafkaException as lookup:
@@ -311,6 +329,7 @@ class Broker:
                 limits=self.limits,
                 buffer_partitions=buffer_partitions,
                 origin=origin,
+                order=self.order,
             )
         except RejectedRecordError as exc:
             raise rec.BatchError(
@@ -334,8 +353,15 @@ class Broker:
         return PartitionResult(exc.code, -1, str(exc), exc.record_errors)
 
     async def _produce_partition(
-        self, topic: str, partition: int, raw: bytes | None, kinds: set[Kind]
+        self,
+        topic: str,
+        partition: int,
+        raw: bytes | None,
+        kinds: set[Kind],
+        cancels: list[Cancels],
     ) -> Awaitable[PartitionResult]:
+        """Stage 1 of one partition; its cancels are put on ``cancels`` (``_produce`` submits
+        them after the request's other records)."""
         loop = asyncio.get_running_loop()
         try:
             batch, parts = await self._admit(topic, partition, raw)
@@ -378,7 +404,15 @@ class Broker:
         except rec.BatchError as exc:
             return settle(self._rejected(exc, topic, partition, count))
         kinds.update(k for k, n in counts.items() if n)
-        acked = await self.upstream.submit(routed)
+        if not counts[Kind.CANCEL]:
+            acked: Awaitable[int] = await self.upstream.submit(routed)
+        else:
+            slot: asyncio.Future[Awaitable[int]] = loop.create_future()
+            cancels.append(([r for r in routed if r.kind is Kind.CANCEL], slot))
+            first = await self.upstream.submit([r for r in routed if r.kind is not Kind.CANCEL])
+            acked = after_cancels(first, slot)
+        if self.cancel_acks is not None and (counts[Kind.CANCEL] or any(r.replace for r in routed)):
+            acked = self.cancel_acks.held(acked)
         return loop.create_task(self._finish(counts, acked, settle))
 
     async def _finish(

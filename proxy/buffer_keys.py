@@ -15,7 +15,12 @@ these keys (``kdelay.buffer.pinned_id``).
 
 Acceptance order (:class:`AcceptanceOrder`): each delayed record carries the order in which
 this process accepted it, which orders messages due at the same millisecond
-(``kdelay.buffer.ORDER_SHIFT``).
+(``kdelay.buffer.ORDER_SHIFT``), and its millisecond is when the proxy accepted it *by the
+broker's clock, rounded up*: the proxy's :class:`kdelay.broker_clock.BrokerClock` upper bound
+(proxy/app.py), never behind the broker's clock, so a message sent after a cancel was
+acknowledged carries a later millisecond than the cancel's append time and is never cancelled
+by it (``kdelay.buffer.cancels``; README "Cancelling a message"). The wall clock is only the
+default of in-process callers (tests, benches).
 
 Functions of their arguments; :class:`AcceptanceOrder` is thread-safe; a :class:`BatchKeys`
 and a :class:`ReservedOrder` serve one batch on one thread.
@@ -27,8 +32,10 @@ import hashlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from kdelay.errors import KdelayError
 from proxy.records import Record
 
 #: Namespace of the buffer keys derived from an idempotent producer's identity.
@@ -116,18 +123,37 @@ class BatchKeys:
         return digest[:16].hex()
 
 
-class AcceptanceOrder:
-    """Increasing numbers in the order records were accepted: ``wall ms << 20 | counter``, so
-    numbers keep rising across a restart and numbers of different proxies interleave by time."""
+class BrokerTimeUnknownError(KdelayError):
+    """A delayed record came before the proxy's first broker-clock probes (or with Kafka down
+    since it started): it cannot be stamped yet; retriable."""
 
-    def __init__(self) -> None:
+
+def wall_ms() -> int | None:
+    """The local wall clock in epoch milliseconds (in-process callers' default stamp)."""
+    return time.time_ns() // 1_000_000
+
+
+class AcceptanceOrder:
+    """Increasing numbers in the order records were accepted: ``ms << 20 | counter``, ``ms``
+    read from ``now_ms`` (the proxy's: the broker clock's upper bound), so numbers keep rising
+    across a restart and numbers of different proxies interleave by time. A number's
+    millisecond is never below ``now_ms`` at the moment it was reserved."""
+
+    def __init__(self, now_ms: Callable[[], int | None] = wall_ms) -> None:
+        self._now_ms = now_ms
         self._lock = threading.Lock()
         self._last = 0
 
     def next(self, count: int = 1) -> int:
         """The first of ``count`` consecutive numbers, reserved for the caller."""
+        now = self._now_ms()
+        if now is None:
+            raise BrokerTimeUnknownError(
+                "the broker's clock is not known yet (no probe of __kdelay_clock answered): "
+                "delayed records are accepted once it is"
+            )
         with self._lock:
-            first = max(self._last + 1, (time.time_ns() // 1_000_000) << 20)
+            first = max(self._last + 1, now << 20)
             self._last = first + count - 1
             return first
 

@@ -22,6 +22,8 @@ from kdelay.headers import DelayPolicy
 from proxy import http_errors
 from proxy.availability import UpstreamAvailability
 from proxy.budget import RequestBudget
+from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
+from proxy.cancel_acks import CancelAcks
 from proxy.http_errors import BodyLimit, Problem, UnavailableError
 from proxy.http_messages import install_message_routes
 from proxy.http_queries import install_replica_queries
@@ -71,6 +73,8 @@ def create_app(
     availability: UpstreamAvailability | None = None,
     replicas: ReplicaApi | None = None,
     pending_timeout_s: float = 60.0,
+    order: AcceptanceOrder = ACCEPTANCE_ORDER,
+    cancel_acks: CancelAcks | None = None,
 ) -> FastAPI:
     """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
     listener's cache) and writes through ``upstream``; ``not_ready`` says why the proxy is not
@@ -79,7 +83,8 @@ def create_app(
     ``availability`` (``upstream.availability``) whether upstream is down, for ``/readyz`` and
     for answering writes 503 at once meanwhile; ``replicas`` answers the status and timeline
     questions (None: they answer 503 naming ``zk_connect``), a timeline within
-    ``pending_timeout_s``."""
+    ``pending_timeout_s``; ``order`` stamps acceptance (the proxy's: on the broker's clock) and
+    ``cancel_acks`` holds a cancel's answer (proxy/cancel_acks.py)."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
@@ -97,6 +102,8 @@ def create_app(
         now_ms=now_ms,
         limits=limits,
         availability=availability,
+        order=order,
+        cancel_acks=cancel_acks,
     )
     install_replica_queries(app, replicas, pending_timeout_s)
 

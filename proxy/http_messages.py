@@ -35,7 +35,8 @@ from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
 from proxy import internal_topics
 from proxy.availability import UpstreamAvailability
-from proxy.buffer_keys import Origin
+from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
+from proxy.cancel_acks import CancelAcks
 from proxy.http_errors import (
     BadRequestError,
     ForbiddenTopicError,
@@ -155,6 +156,8 @@ def _control_headers(msg: MessageIn) -> list[tuple[str, bytes | None]]:
 #: No Kafka producer has a negative epoch: buffer keys derived from a posted message's content
 #: (:func:`_content_origin`) never equal those derived from an idempotent producer's batch.
 _CONTENT_EPOCH = -1
+#: A replace (``PUT``) of the same body as a POST is another message: its keys use this epoch.
+_REPLACE_EPOCH = -2
 
 
 def _content_origin(msg: MessageIn, value: bytes | None) -> Origin:
@@ -179,9 +182,13 @@ def _route_message(
     policy: DelayPolicy,
     limits: RecordLimits = DEFAULT_LIMITS,
     buffer_partitions: int = 1,
+    *,
+    order: AcceptanceOrder = ACCEPTANCE_ORDER,
+    replace: bool = False,
 ) -> Outgoing:
-    """The buffer record for a posted message; BadRequestError names the bad field,
-    OverLimitError the limit it is over, ForbiddenTopicError refuses an internal topic."""
+    """The buffer record for a posted message (``replace``: one put in place of what its id
+    has pending); BadRequestError names the bad field, OverLimitError the limit it is over,
+    ForbiddenTopicError refuses an internal topic."""
     value = _value(msg)
     key = utf8("key", msg.key)
     own = [(k, utf8(f"headers.{k}", v)) for k, v in (msg.headers or {}).items()]
@@ -190,6 +197,10 @@ def _route_message(
             raise BadRequestError(f"headers.{name}: use the JSON field, not the header")
     control = _control_headers(msg)
     origin = None if msg.id is None else _content_origin(msg, value)
+    if replace:
+        assert origin is not None  # a replace's id is the path's
+        control.append((h.REPLACE, b"true"))
+        origin = Origin(origin.producer_id, _REPLACE_EPOCH, origin.base_sequence)
     try:
         (routed,), _ = route(
             msg.topic,
@@ -200,6 +211,7 @@ def _route_message(
             limits=limits,
             buffer_partitions=buffer_partitions,
             origin=origin,
+            order=order,
         )
     except RejectedRecordError as exc:
         if exc.limit is not None:
@@ -211,6 +223,8 @@ def _route_message(
             raise BadRequestError(f"headers.{bad.header}: {bad.problem}") from None
         field = _FIELD_OF_HEADER.get(bad.header, bad.header)
         raise BadRequestError(f"{field}: {bad.problem}") from None
+    except BrokerTimeUnknownError as exc:
+        raise UnavailableError(str(exc)) from None
     except RefusedTopicError as exc:
         # The rule alone: a posted message is never the cancel the buffer topic may carry.
         rule = internal_topics.refusal(exc.topic) or exc.rule
@@ -267,6 +281,8 @@ def install_message_routes(
     now_ms: Callable[[], int],
     limits: RecordLimits,
     availability: UpstreamAvailability | None,
+    order: AcceptanceOrder = ACCEPTANCE_ORDER,
+    cancel_acks: CancelAcks | None = None,
 ) -> None:
     """``POST /v1/messages`` and ``DELETE /v1/messages/{id}`` on ``app`` (module docstring)."""
 
@@ -286,6 +302,12 @@ def install_message_routes(
     async def write(records: list[Any]) -> None:
         await _write(upstream, availability, records)
 
+    async def write_cancel(records: list[Any]) -> None:
+        """``write``, answered once the cancel can no longer cancel what is sent next."""
+        await write(records)
+        if cancel_acks is not None:
+            await cancel_acks.hold()
+
     errors = _ERRORS
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
@@ -293,7 +315,8 @@ def install_message_routes(
         """Schedule one message for delivery at a later time. ``deliver_at`` in the answer is
         exact for ``deliver_at``; for a delay it is the proxy's estimate (the due time counts
         from the buffer record's append time; the delivered ``kdelay-deliver-at`` is exact)."""
-        routed = _route_message(msg, now_ms(), policy, limits, await _buffer_partitions(topics))
+        partitions = await _buffer_partitions(topics)
+        routed = _route_message(msg, now_ms(), policy, limits, partitions, order=order)
         assert routed.kind is Kind.DELAYED
         assert routed.id is not None
         assert routed.deliver_at_ms is not None
@@ -301,6 +324,27 @@ def install_message_routes(
         await write([routed])
         metrics.records.labels(Kind.DELAYED.value).inc()
         return Accepted(id=routed.id, deliver_at=routed.deliver_at_ms)
+
+    @app.put(
+        "/v1/messages/{message_id}", status_code=202, response_model=Accepted, responses=errors
+    )
+    async def put_message(message_id: str, msg: MessageIn) -> Accepted:
+        """Replace the pending message ``message_id`` (due time, value, headers, target) with
+        this one, in one step, whatever else is in flight; with nothing pending, schedule it
+        (the body of a POST, without ``id``: the path names it). Answered once durable."""
+        msg_id = path_id(message_id)
+        if msg.id is not None and msg.id != msg_id:
+            raise BadRequestError(f"id: the path names the message ({msg_id!r}); leave id out")
+        msg = msg.model_copy(update={"id": msg_id})
+        partitions = await _buffer_partitions(topics)
+        routed = _route_message(
+            msg, now_ms(), policy, limits, partitions, order=order, replace=True
+        )
+        assert routed.deliver_at_ms is not None
+        await check_target(msg.topic, msg.partition)
+        await write_cancel([routed])
+        metrics.records.labels(Kind.DELAYED.value).inc()
+        return Accepted(id=msg_id, deliver_at=routed.deliver_at_ms)
 
     @app.delete(
         "/v1/messages/{message_id}",
@@ -311,7 +355,7 @@ def install_message_routes(
     async def delete_message(message_id: str) -> CancelAccepted:
         """Cancel a pending message; answered once the cancel is durable."""
         msg_id = path_id(message_id)
-        await write(
+        await write_cancel(
             [cancel(msg_id, uid=h.new_id(), buffer_partitions=await _buffer_partitions(topics))]
         )
         metrics.records.labels(Kind.CANCEL.value).inc()

@@ -134,6 +134,27 @@ class ProxyMetrics:
             ["reason"],
             registry=r,
         )
+        # The broker clock that stamps acceptance (kdelay.broker_clock; README "Cancelling a
+        # message"): the same three as a replica's, named for the proxy.
+        self.clock_skew = Gauge(
+            "kdelay_proxy_clock_skew_seconds",
+            "This proxy's wall clock minus the broker's (positive: ahead); plays no part in "
+            "acceptance stamps",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.clock_uncertainty = Gauge(
+            "kdelay_proxy_clock_uncertainty_seconds",
+            "Round trip of the latest broker-clock probe: how far an acceptance stamp may run "
+            "ahead of the broker's clock",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.clock_probe_failures = Counter(
+            "kdelay_proxy_clock_probe_failures",
+            "Broker-clock probes that failed",
+            registry=r,
+        )
         # Reasons and mechanisms: docs/metrics.md (set by proxy/auth_session.py).
         self.auth_failures = Counter(
             "kdelay_proxy_auth_failures_total",

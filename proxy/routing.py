@@ -124,6 +124,7 @@ class Outgoing(NamedTuple):
     timestamp_ms: int | None
     id: str | None = None
     deliver_at_ms: int | None = None
+    replace: bool = False  # a delayed record that replaces its id: also a cancel
 
 
 def _known(partitions: int) -> int:
@@ -163,6 +164,7 @@ def scheduled(
     seq: int = 0,
     repeat: str | None = None,
     buffer_partition: int | None = None,
+    replace: bool = False,
 ) -> Outgoing:
     """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
     ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate). ``buffer_partition``:
@@ -178,6 +180,7 @@ def scheduled(
         delay_ms=delay_ms,
         seq=seq,
         repeat=repeat,
+        replace=replace,
     )
     return Outgoing(
         Kind.DELAYED,
@@ -191,6 +194,7 @@ def scheduled(
         None,
         msg_id,
         deliver_at_ms,
+        replace,
     )
 
 
@@ -238,6 +242,7 @@ def _delayed(
         seq=seq,
         repeat=asked.repeat,
         buffer_partition=pin,
+        replace=asked.replace,
     )
 
 

@@ -54,7 +54,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import jars, logs
-from kdelay.buffer import CANCEL_ACCEPT_SLACK_MS, CANCEL_WINDOW_MS
+from kdelay.buffer import CANCEL_SENT_WITH_MS, CANCEL_WINDOW_MS
 from kdelay.errors import KdelayError
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
@@ -221,7 +221,7 @@ def cancels_column(cancel: str, message: str) -> Column:
         (off > c_off)
         & c_ms.isNotNull()
         & accepted.isNotNull()
-        & (accepted <= c_ms + CANCEL_ACCEPT_SLACK_MS)
+        & (accepted <= c_ms + CANCEL_SENT_WITH_MS)
         & (t_ms.isNull() | (t_ms - c_ms <= CANCEL_WINDOW_MS))
     )
     return (off < c_off) | sent_with_it

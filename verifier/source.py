@@ -37,7 +37,7 @@ from kdelay.buffer import (
 from verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
-_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s")
+_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx")
 #: Spark's Kafka source ``timestampType``: 0 is CreateTime, 1 LogAppendTime.
 LOG_APPEND_TIME = 1
 
@@ -80,7 +80,8 @@ class BufferRows:
     partition, offset and append time in ms), bacc (when a proxy accepted it, ms, from its
     order field; null if unknown) and dkey (what makes copies of one buffer record one
     message: the buffer key in version 2, id and due time in version 1, whose key is the id).
-    ``cancels``: id, bpart, boff, bts. Which cancel cancels which schedule:
+    ``cancels``: id, bpart, boff, bts of each cancel and each replace (``"rx"``: a schedule
+    that is also a cancel of its id at its own position). Which cancel cancels which schedule:
     :func:`kdelay.buffer.cancels`.
     """
 
@@ -138,7 +139,8 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
             .alias("dkey"),
         )
     )
-    cancels = parsed.where(F.col("r.op") == OP_CANCEL).select(
+    replaces = (F.col("r.op") == OP_SCHEDULE) & F.coalesce(F.col("r.rx"), F.lit(False))
+    cancels = parsed.where((F.col("r.op") == OP_CANCEL) | replaces).select(
         "id", "bpart", "boff", F.col("ts_ms").alias("bts")
     )
     return BufferRows(schedules, cancels)

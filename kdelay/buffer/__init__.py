@@ -27,7 +27,9 @@ message that reuses its id.
   recurring message (``kdelay/repeat.py``) adds ``"rp": its canonical kdelay-repeat value,
   "oc": occurrence number (1, 2, ...)``; the delay service writes occurrence n+1 when it
   releases occurrence n, with the same id, ``s`` and content, buffer key ``<key of
-  occurrence 1>#<n+1>`` and an absolute ``d``.
+  occurrence 1>#<n+1>`` and an absolute ``d``. A replace (``kdelay-replace: true``) adds
+  ``"rx": true``: it is also a cancel of its id (:func:`cancels`, with its own offset and
+  append time), and then pending itself; readers that predate it see a plain schedule.
 - cancel: value ``b""``; ``kdelay-route`` = ``{"v": 2, "op": "cancel", "i": id}``: cancels
   every message with that id produced before it, and one sent with it but appended after it
   (:func:`cancels`).
@@ -48,7 +50,7 @@ and their Spark DDL, :func:`route_schema`), :mod:`.partitions` an id's buffer pa
 from __future__ import annotations
 
 from kdelay.buffer.cancel_rule import (
-    CANCEL_ACCEPT_SLACK_MS,
+    CANCEL_SENT_WITH_MS,
     CANCEL_WINDOW_MS,
     ORDER_SHIFT,
     accepted_ms,
@@ -78,7 +80,7 @@ from kdelay.buffer.records import BufferRecord, Cancel, Fate, Scheduled, Tombsto
 
 __all__ = [
     "BUFFER_TOPIC",
-    "CANCEL_ACCEPT_SLACK_MS",
+    "CANCEL_SENT_WITH_MS",
     "CANCEL_WINDOW_MS",
     "DEAD_LETTER_TOPIC",
     "FORMAT_VERSION",

@@ -1,6 +1,6 @@
 """The cancel rule the replicas and the verifier share: which schedules a cancel cancels
 (README "Cancelling a message"), from the records' buffer offsets, append times and the
-proxy's acceptance order.
+proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it).
 
 Functions of their arguments; safe from any thread.
 """
@@ -11,11 +11,14 @@ from __future__ import annotations
 #: minutes of the records' append time; covers a proxy's upstream delivery timeout, 30 s by
 #: default, with room to spare).
 CANCEL_WINDOW_MS = 300_000
-#: A schedule accepted by a proxy up to this long after the cancel's append time counts as sent
-#: with it (the proxy's clock against the broker's): the cancel wins.
-CANCEL_ACCEPT_SLACK_MS = 1_000
-#: The order field ``s`` a proxy writes: its wall-clock millisecond of acceptance << this | a
-#: counter (proxy/buffer_keys.py ``AcceptanceOrder``).
+#: A schedule accepted by a proxy up to this long after a cancel's append time (both by the
+#: broker's clock) counts as sent with it: the cancel wins. The proxy acknowledges a cancel only
+#: once this much has surely passed (proxy/cancel_acks.py), so what is sent after the
+#: acknowledgement is never cancelled by it.
+CANCEL_SENT_WITH_MS = 100
+#: The order field ``s`` a proxy writes: the millisecond it accepted the record, by the broker's
+#: clock rounded up (proxy/app.py, ``kdelay.broker_clock``), << this | a counter
+#: (proxy/buffer_keys.py ``AcceptanceOrder``).
 ORDER_SHIFT = 20
 
 
@@ -37,8 +40,14 @@ def cancels(
     ``cancel_ms``, cancels a schedule of that id in the same partition at ``offset``, appended
     at ``time_ms`` and accepted by a proxy at ``accepted`` (README "Cancelling a message"):
     the schedule comes before the cancel (then only a delivery first escapes it), or after it
-    but was accepted no later than :data:`CANCEL_ACCEPT_SLACK_MS` after the cancel's append and
-    appended within :data:`CANCEL_WINDOW_MS` of it (sent with it: the cancel wins).
+    but was accepted no later than :data:`CANCEL_SENT_WITH_MS` after the cancel's append, by the
+    broker's clock, and appended within :data:`CANCEL_WINDOW_MS` of it (sent with it: the
+    cancel wins).
+
+    Why this never cancels what was sent after the cancel's acknowledgement: ``accepted`` is the
+    broker clock's upper bound rounded up, and the proxy acknowledges a cancel only once the
+    broker clock's lower bound is past its append time plus :data:`CANCEL_SENT_WITH_MS`
+    (proxy/cancel_acks.py), so a schedule accepted after that has ``accepted`` beyond it.
 
     The replicas also close a cancel once 50,000 newer ones of its partition are open
     (``delay_service/cancels.py``); this rule of one cancel and one schedule does not count.
@@ -47,6 +56,6 @@ def cancels(
         return True
     if offset == cancel_offset or cancel_ms is None or accepted is None:
         return False
-    if accepted > cancel_ms + CANCEL_ACCEPT_SLACK_MS:
+    if accepted > cancel_ms + CANCEL_SENT_WITH_MS:
         return False
     return time_ms is None or time_ms - cancel_ms <= CANCEL_WINDOW_MS

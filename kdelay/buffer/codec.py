@@ -45,6 +45,7 @@ ROUTE_FIELDS: dict[str, str] = {
     "s": "BIGINT",
     "rp": "STRING",
     "oc": "INT",
+    "rx": "BOOLEAN",
     "x": "STRING",
     "tp": "INT",
     "to": "BIGINT",
@@ -89,6 +90,7 @@ def encode(record: BufferRecord) -> Encoded:
             seq=record.seq,
             repeat=record.repeat,
             occurrence=record.occurrence,
+            replace=record.replace,
         )
         return Encoded(key, value, headers)
     if isinstance(record, Cancel):
@@ -131,6 +133,7 @@ def encode_schedule(
     seq: int,
     repeat: str | None = None,
     occurrence: int = 1,
+    replace: bool = False,
 ) -> tuple[bytes, list[tuple[str, bytes | None]]]:
     """The value and headers of a schedule's buffer record (its key is its buffer key): what
     :func:`encode` writes for a :class:`Scheduled`, for the proxy's hot path, which has the
@@ -151,6 +154,8 @@ def encode_schedule(
     if repeat is not None:
         fields["rp"] = repeat
         fields["oc"] = occurrence
+    if replace:
+        fields["rx"] = True
     return (b"" if value is None else value), [*headers, (ROUTE_HEADER, dumps(fields))]
 
 
@@ -266,6 +271,7 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             delay_ms=delay_ms,
             repeat=None if route.get("rp") is None else str(route["rp"]),
             occurrence=int(route.get("oc") or 1),
+            replace=route.get("rx") is True,
         )
     if op == OP_CANCEL:
         return Cancel(_id("the cancelled id", msg_id), _id("the buffer key", uid))

@@ -29,6 +29,9 @@ class Scheduled:
     delay_ms: int | None = None  # set: written as "r", due = append time + delay_ms
     repeat: str | None = None  # a recurring message's canonical kdelay-repeat value
     occurrence: int = 1  # which occurrence of its series this record is
+    #: Sent with ``kdelay-replace: true``: it also cancels what its id has pending (the
+    #: cancel rule's, :func:`kdelay.buffer.cancels`), and is itself pending.
+    replace: bool = False
 
     @property
     def buffer_key(self) -> str:
@@ -61,6 +64,7 @@ class Scheduled:
             delay_ms=None,
             seq=seq,
             occurrence=self.occurrence + 1,
+            replace=False,  # occurrence 1 replaced what was pending; the next ones add to it
         )
 
 

@@ -402,13 +402,13 @@ def test_a_cancel_appended_before_a_message_sent_with_it_cancels_it(
 ) -> None:
     """A message and its cancel sent together may reach the buffer cancel first (README
     "Cancelling a message"); the replicas cancel it on arrival, so it is cancelled, not missing.
-    One a proxy accepted more than the slack after the cancel's append, or appended beyond the
-    window, is a new message. The independent oracle agrees."""
+    One a proxy accepted more than CANCEL_SENT_WITH_MS after the cancel's append, or appended
+    beyond the window, is a new message. The independent oracle agrees."""
     sc = Scenario(kafka.bootstrap_servers)
     now, target = int(time.time() * 1000), sc.targets[0]
     sc.deliver(sc.schedule("kept", now - 25_000, target, now - 30_000))
-    cancel_ms, slack = now - 40_000, buffer.CANCEL_ACCEPT_SLACK_MS
-    for msg_id, accepted_ms in (("with", cancel_ms + slack), ("later", cancel_ms + slack + 1)):
+    cancel_ms, window = now - 40_000, buffer.CANCEL_SENT_WITH_MS
+    for msg_id, accepted_ms in (("with", cancel_ms + window), ("later", cancel_ms + window + 1)):
         sc.cancel(msg_id, cancel_ms)
         sc.schedule(
             msg_id, now - 20_000, target, cancel_ms + 5, seq=accepted_ms << buffer.ORDER_SHIFT

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delay_service import cancels
-from delay_service.cancels import ACCEPT_SLACK_MS, WINDOW_MS, accepted_ms
+from delay_service.cancels import WINDOW_MS, accepted_ms
 from delay_service.store import Incoming, Store
 from delay_service.tombstones import Retired
+from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled, Tombstone
 
 T0 = 1_700_000_000_000  # the cancel's append time in most tests
@@ -68,21 +69,22 @@ def test_a_cancel_wins_over_a_message_read_in_a_later_batch_and_one_sent_with_it
 ) -> None:
     store.apply([(3, 10, Cancel("x", "c1"), T0)], {3: 11})
     assert store.open_cancels == 1
-    # Accepted within the slack after the cancel's append time (clocks a little apart), and
+    # Accepted within the window after the cancel's append (on the broker's clock), and
     # appended seconds later (a retry inside the proxy's upstream producer).
-    late = dataclasses.replace(sched("x", "s1", T0 + ACCEPT_SLACK_MS), partition=3)
+    late = dataclasses.replace(sched("x", "s1", T0 + WITH), partition=3)
     result = store.apply([(3, 11, late, T0 + 20_000)], {3: 12})
     assert result.cancelled_on_arrival == 1
     assert pending(store) == []
 
 
 def test_a_message_sent_after_the_cancel_is_a_new_message(store: Store) -> None:
-    """Ids are reusable: a schedule accepted after the cancel's append time (and the slack)
-    is a reschedule, pending, and a later cancel cancels it as usual."""
+    """Ids are reusable: a schedule accepted after the cancel's window (as one sent after the
+    cancel's acknowledgement always is) is a reschedule, pending, and a later cancel cancels it
+    as usual."""
     store.apply([(0, 0, sched("x", "s1", T0 - 5), T0 - 3)], {0: 1})
     store.apply([(0, 1, Cancel("x", "c1"), T0)], {0: 2})
-    again = sched("x", "s2", T0 + ACCEPT_SLACK_MS + 1)
-    result = store.apply([(0, 2, again, T0 + ACCEPT_SLACK_MS + 2)], {0: 3})
+    again = sched("x", "s2", T0 + WITH + 1)
+    result = store.apply([(0, 2, again, T0 + WITH + 2)], {0: 3})
     assert (result.scheduled, result.cancelled_on_arrival) == (1, 0)
     assert pending(store) == ["s2"]
     store.apply([(0, 3, Cancel("x", "c2"), T0 + 5_000)], {0: 4})
@@ -247,8 +249,7 @@ def model(records: list[Incoming]) -> list[str]:
         elif isinstance(record, Scheduled):
             accepted = accepted_ms(record)
             if accepted is None or not any(
-                i == record.id and now - at <= WINDOW_MS and accepted <= at + ACCEPT_SLACK_MS
-                for i, at in seen
+                i == record.id and now - at <= WINDOW_MS and accepted <= at + WITH for i, at in seen
             ):
                 pending[record.uid] = record.id
     return sorted(pending)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from kdelay import buffer
-from kdelay.buffer import CANCEL_ACCEPT_SLACK_MS as SLACK
+from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import CANCEL_WINDOW_MS as WINDOW
 from verifier.stream import CancelRegistry
 
@@ -29,8 +29,8 @@ def test_a_cancel_also_applies_to_a_schedule_sent_with_it_but_appended_after_it(
     registry = CancelRegistry()
     registry.add([("x", 2, 7, T)])
     schedules = [
-        ("x", 2, 8, T + 3, T + SLACK),  # accepted within the slack: sent with it
-        ("x", 2, 9, T + 3, T + SLACK + 1),  # accepted after: a new message
+        ("x", 2, 8, T + 3, T + WITH),  # accepted within the window: sent with it
+        ("x", 2, 9, T + 3, T + WITH + 1),  # accepted after: a new message
         ("x", 2, 10, T + WINDOW + 1, T),  # appended beyond the window
         ("x", 2, 11, T + WINDOW, T),  # at the window's edge
         ("x", 3, 12, T + 3, T),  # another partition
@@ -41,8 +41,8 @@ def test_a_cancel_also_applies_to_a_schedule_sent_with_it_but_appended_after_it(
 def test_the_shared_rule_in_each_case() -> None:
     assert buffer.cancels(10, None, 9, None, None)  # before it: whatever the times
     assert not buffer.cancels(10, T, 10, T, T)  # itself
-    assert buffer.cancels(10, T, 11, T + 1, T + SLACK)
-    assert not buffer.cancels(10, T, 11, T + 1, T + SLACK + 1)
+    assert buffer.cancels(10, T, 11, T + 1, T + WITH)  # sent with it
+    assert not buffer.cancels(10, T, 11, T + 1, T + WITH + 1)  # a new message
     assert not buffer.cancels(10, None, 11, T + 1, T)  # a cancel of unknown time: rule 1 only
     assert not buffer.cancels(10, T, 11, T + 1, None)  # a schedule no proxy stamped
     assert buffer.cancels(10, T, 11, None, T)  # an in-process record without a time
