@@ -137,7 +137,7 @@ class AuthSession:
 
     def frame_limit(self, limit: int) -> int:
         """The largest frame accepted now: ``max_receive_bytes`` until authenticated."""
-        return limit if self.principal is not None else self.settings.max_receive_bytes
+        return limit if self.principal is not None else min(limit, self.settings.max_receive_bytes)
 
     async def close(self) -> None:
         if self._link is not None:
