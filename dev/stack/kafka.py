@@ -202,6 +202,7 @@ class LocalKafka:
                     plain_port=node.port,
                     controller_port=node.controller_port,
                     keystore=self.ca.keystore if self.ca else None,
+                    truststore=self.ca.ca_cert if self.ca else None,
                 )
             )
         props.update(self.settings.extra)

@@ -88,7 +88,7 @@ def _jaas(module: str, options: dict[str, str]) -> str:
 
 def listener_properties(
     sec: KafkaSecurity, *, host: str, port: int, plain_port: int, controller_port: int,
-    keystore: Path | None,
+    keystore: Path | None, truststore: Path | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """The broker properties of the secured listener (they replace the listener settings)."""
     name = LISTENER.lower()
@@ -133,6 +133,10 @@ def listener_properties(
     if keystore is not None:
         props[f"listener.name.{name}.ssl.keystore.type"] = "PEM"
         props[f"listener.name.{name}.ssl.keystore.location"] = str(keystore)
+    if truststore is not None:
+        # The brokers' own client side (inter-broker traffic without the open listener).
+        props[f"listener.name.{name}.ssl.truststore.type"] = "PEM"
+        props[f"listener.name.{name}.ssl.truststore.location"] = str(truststore)
     return props
 
 
