@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy.limits import LIMIT_SETTINGS
+from proxy.sasl import MECHANISMS
 
 #: Reasons besides a limit (whose reason is the limit's setting name): a malformed control
 #: header or a plain record for the buffer topic; a batch refused before its records are read
@@ -173,6 +174,9 @@ class ProxyMetrics:
         # Known label values exist from the start, so dashboards and rate() see zeros.
         for path in ("immediate", "delayed"):
             self.produce_latency.labels(path)
+        for mechanism in MECHANISMS:
+            for kind in ("login", "reauthentication"):
+                self.authentications.labels(mechanism, kind)
         #: The records counter's children by kind, looked up once (per-batch hot path).
         self.records_by_kind = {
             kind: self.records.labels(kind) for kind in ("immediate", "delayed", "cancel")
