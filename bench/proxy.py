@@ -14,25 +14,19 @@ back in each of ``--rate-rounds`` rounds. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
-import os
 import re
 import statistics
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message, Producer
-
 from bench.harness.proxy_process import local_kafka, proxy_process
 from bench.harness.replicas import tree_cpu_seconds
+from bench.harness.timed_produce import KINDS, timed_produce
 from dev.kafka_tools import create_topic, unique_topic
-from kdelay import headers as h
 from kdelay import jars
-from kdelay.stats import percentile
 
 
 @dataclass
@@ -49,63 +43,6 @@ class Result:
 
 def _result(client: str, path: str, kind: str, size: int, r: tuple[float, float, float]) -> Result:
     return Result(client, path, kind, size, r[0], r[1], r[2])
-
-
-#: What the confluent-kafka cells send through the proxy.
-KINDS = ("immediate", "delayed", "delayed with id")
-
-
-def confluent_run(
-    bootstrap: str, topic: str, n: int, size: int, *, kind: str, rate: float | None = None
-) -> tuple[float, float, float]:
-    """Throughput (msg/s) and ack latency p50/p99 (ms) of an idempotent librdkafka producer."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
-    value = os.urandom(size)
-    latencies: list[float] = []
-    errors: list[KafkaError] = []
-    headers: list[tuple[str, str | bytes | None]] = (
-        [] if kind == "immediate" else [(h.DELAY_MS, b"3600000")]
-    )
-    with_id = kind == "delayed with id"
-
-    def report(start: float) -> Callable[[KafkaError | None, Message], None]:
-        def cb(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err)
-            latencies.append((time.perf_counter() - start) * 1000)
-
-        return cb
-
-    producer.produce(topic, value, headers=headers)  # warm-up: metadata, producer id
-    producer.flush(30)
-    began = time.perf_counter()
-    for i in range(n):
-        if rate is not None:
-            due = began + i / rate
-            while time.perf_counter() < due:
-                producer.poll(0)
-        while True:
-            try:
-                own = [*headers, (h.ID, uuid.uuid4().hex.encode())] if with_id else headers
-                producer.produce(topic, value, headers=own, on_delivery=report(time.perf_counter()))
-                break
-            except BufferError:
-                producer.poll(0.001)
-        producer.poll(0)
-    producer.flush(120)
-    elapsed = time.perf_counter() - began
-    if errors:
-        raise RuntimeError(f"{len(errors)} delivery errors, first: {errors[0]}")
-    p50, p99 = (percentile(latencies, q, empty=math.nan) for q in (0.5, 0.99))
-    return n / elapsed, p50, p99
 
 
 _PERF = re.compile(
@@ -156,7 +93,7 @@ def clients_run(
     connection each: the kernel spreads connections, not records, over proxy workers):
     summed msg/s, and the highest p50 and p99 of any client."""
     if clients == 1:
-        return confluent_run(bootstrap, topic, n, size, kind=kind)
+        return timed_produce(bootstrap, topic, n, size, kind=kind)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(clients) as pool:
         runs = pool.starmap(_client, [(bootstrap, topic, n // clients, size, kind)] * clients)
@@ -164,7 +101,7 @@ def clients_run(
 
 
 def _client(bootstrap: str, topic: str, n: int, size: int, kind: str) -> tuple[float, float, float]:
-    return confluent_run(bootstrap, topic, n, size, kind=kind)
+    return timed_produce(bootstrap, topic, n, size, kind=kind)
 
 
 @dataclass
@@ -188,7 +125,7 @@ def rate_pairs(
     work settle."""
     runs: list[tuple[str, Callable[[str], tuple[float, float, float]]]] = [
         ("confluent-kafka@10k/s",
-         lambda bs: confluent_run(bs, topic, n, 100, kind="immediate", rate=10_000)),
+         lambda bs: timed_produce(bs, topic, n, 100, kind="immediate", rate=10_000)),
     ]  # fmt: skip
     if java:
         runs.append(("java@10k/s", lambda bs: java_run(bs, topic, n, 100, rate=10_000)))

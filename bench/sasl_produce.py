@@ -38,18 +38,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
+from bench.harness.timed_produce import timed_produce
 from dev.kafka_tools import create_topic, unique_topic
 from dev.stack import KDELAY, KafkaSecurity, KafkaSettings, LocalKafka, free_port
 from dev.stack.process import wait_until
-from kdelay import headers as h
-from kdelay.stats import percentile
 
 MECHANISM = "SCRAM-SHA-512"
 
@@ -62,53 +60,6 @@ class Cell:
     msgs_per_s: float
     p50_ms: float
     p99_ms: float
-
-
-def produce(
-    bootstrap: str, conf: dict[str, str], topic: str, n: int, size: int, *,
-    delayed: bool = False, rate: float | None = None,
-) -> tuple[float, float, float]:  # fmt: skip
-    """msg/s and ack latency p50/p99 (ms) of ``n`` records from one idempotent producer."""
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-         "linger.ms": 5, "queue.buffering.max.messages": 1_000_000, **conf}
-    )  # fmt: skip
-    value = os.urandom(size)
-    headers: list[tuple[str, str | bytes | None]] = [(h.DELAY_MS, b"3600000")] if delayed else []
-    latencies: list[float] = []
-    errors: list[KafkaError] = []
-
-    def report(start: float) -> Any:
-        def cb(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err)
-            latencies.append((time.perf_counter() - start) * 1000)
-
-        return cb
-
-    producer.produce(topic, value, headers=headers)  # warm-up: login, metadata, producer id
-    producer.flush(60)
-    began = time.perf_counter()
-    for i in range(n):
-        if rate is not None:
-            due = began + i / rate
-            while time.perf_counter() < due:
-                producer.poll(0)
-        while True:
-            try:
-                producer.produce(
-                    topic, value, headers=headers, on_delivery=report(time.perf_counter())
-                )
-                break
-            except BufferError:
-                producer.poll(0.001)
-        producer.poll(0)
-    producer.flush(120)
-    elapsed = time.perf_counter() - began
-    if errors:
-        raise RuntimeError(f"{len(errors)} delivery errors, first: {errors[0]}")
-    p50, p99 = (percentile(latencies, q, empty=math.nan) for q in (0.5, 0.99))
-    return n / elapsed, p50, p99
 
 
 def first_ack(bootstrap: str, conf: dict[str, str], topic: str) -> KafkaError | None:
@@ -230,13 +181,13 @@ def run_round(
     """Every case of one round on one path."""
     cells = []
     for size in (100, 1024):
-        r = produce(bootstrap, conf, topic, args.records, size)
+        r = timed_produce(bootstrap, topic, args.records, size, kind="immediate", conf=conf)
         cells.append(Cell(k, path, f"immediate {size} B", *r))
     if path != "direct":
-        r = produce(bootstrap, conf, topic, args.records, 100, delayed=True)
+        r = timed_produce(bootstrap, topic, args.records, 100, kind="delayed", conf=conf)
         cells.append(Cell(k, path, "delayed 100 B", *r))
     n = args.rate * args.rate_seconds
-    r = produce(bootstrap, conf, topic, n, 100, rate=args.rate)
+    r = timed_produce(bootstrap, topic, n, 100, kind="immediate", rate=args.rate, conf=conf)
     cells.append(Cell(k, path, f"immediate 100 B @{args.rate}/s", *r))
     logins = [login_ms(bootstrap, conf, topic) for _ in range(args.logins)]
     cells.append(Cell(k, path, "login to first ack", math.nan, statistics.median(logins),
