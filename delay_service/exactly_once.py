@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import KafkaError
 
-from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from delay_service.delivery_reports import attempt_failed, fate_of, retired
 from delay_service.entry import Entry
@@ -58,6 +57,7 @@ from delay_service.txn_sender import TxnSender, load_checkpoint
 from kdelay import logs
 from kdelay.buffer import Fate
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
+from kdelay.clock import SYSTEM_CLOCK, Clock
 from zk.errors import FencedError
 
 log = logs.get(__name__)

@@ -44,7 +44,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.delivery_reports import Settler
 from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
@@ -56,6 +55,7 @@ from delay_service.store import Store
 from delay_service.sweep import Sweep
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
+from kdelay.clock import SYSTEM_CLOCK, Clock
 from zk.errors import CoordinationError, FencedError
 
 log = logs.get(__name__)

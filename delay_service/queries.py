@@ -41,11 +41,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delay_service.clock import now_ms as wall_ms
 from delay_service.entry import Entry, decode_entry, split_key
 from delay_service.outcomes import CANCELLED, Outcome
 from delay_service.store import Store
 from kdelay import headers as h
+from kdelay.clock import now_ms as wall_ms
 from kdelay.durations import duration_ms
 from kdelay.errors import InvalidHeaderError, KdelayError
 

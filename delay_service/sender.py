@@ -40,7 +40,6 @@ from typing import cast
 
 from confluent_kafka import KafkaError
 
-from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.entry import Entry
 from delay_service.in_flight import InFlight
@@ -56,6 +55,7 @@ from delay_service.series import next_occurrence
 from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, tombstone_route
+from kdelay.clock import SYSTEM_CLOCK, Clock
 
 log = logs.get(__name__)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 
-from delay_service.clock import now_ms
 from delay_service.config import ReplicaConfig
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
@@ -24,6 +23,7 @@ from delay_service.store import Store
 from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.checkpoint import CheckpointRecord
+from kdelay.clock import now_ms
 from zk import CoordinationError, Election, Registry
 
 log = logs.get(__name__)

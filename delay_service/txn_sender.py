@@ -41,11 +41,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from delay_service.clock import SYSTEM_CLOCK, Clock
 from delay_service.config import ReplicaConfig
 from delay_service.producer import ProducerLike
 from delay_service.sender import Sender
 from kdelay import logs
+from kdelay.clock import SYSTEM_CLOCK, Clock
 from kdelay.errors import InfrastructureError
 from kdelay.topics import CHECKPOINT_TOPIC
 from zk.errors import FencedError

@@ -33,7 +33,7 @@ import kafka.errors as kerr
 from confluent_kafka import KafkaException
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
-from kdelay import logs
+from kdelay import clock, logs
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.headers import DelayPolicy
 from proxy import internal_topics
@@ -59,7 +59,6 @@ from proxy.routing import (
     Outgoing,
     RejectedRecordError,
     route,
-    wall_clock_ms,
 )
 from proxy.topics import Advertised, Topics, answer_metadata
 from proxy.upstream import UpstreamError
@@ -112,7 +111,7 @@ class Broker:
         producers: ProducerRegistry | None = None,
         limits: RecordLimits = DEFAULT_LIMITS,
         max_decompressed_bytes: int = 100 * 1024 * 1024,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Callable[[], int] = clock.now_ms,
         consume_from: str = "the upstream Kafka cluster's bootstrap servers",
         order: AcceptanceOrder = ACCEPTANCE_ORDER,
         cancel_acks: CancelAcks | None = None,

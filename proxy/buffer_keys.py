@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kdelay import clock
 from kdelay.errors import KdelayError
 from proxy.records import Record
 
@@ -128,18 +128,13 @@ class BrokerTimeUnknownError(KdelayError):
     since it started): it cannot be stamped yet; retriable."""
 
 
-def wall_ms() -> int | None:
-    """The local wall clock in epoch milliseconds (in-process callers' default stamp)."""
-    return time.time_ns() // 1_000_000
-
-
 class AcceptanceOrder:
     """Increasing numbers in the order records were accepted: ``ms << 20 | counter``, ``ms``
     read from ``now_ms`` (the proxy's: the broker clock's upper bound), so numbers keep rising
     across a restart and numbers of different proxies interleave by time. A number's
     millisecond is never below ``now_ms`` at the moment it was reserved."""
 
-    def __init__(self, now_ms: Callable[[], int | None] = wall_ms) -> None:
+    def __init__(self, now_ms: Callable[[], int | None] = clock.now_ms) -> None:
         self._now_ms = now_ms
         self._lock = threading.Lock()
         self._last = 0

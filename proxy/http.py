@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from kdelay import clock
 from kdelay.headers import DelayPolicy
 from proxy import http_errors
 from proxy.availability import UpstreamAvailability
@@ -29,7 +30,7 @@ from proxy.http_messages import install_message_routes
 from proxy.http_queries import install_replica_queries
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
-from proxy.routing import DEFAULT_LIMITS, wall_clock_ms
+from proxy.routing import DEFAULT_LIMITS
 from proxy.topics import Topics
 from proxy.upstream import Upstream
 from zk.replica_api import ReplicaApi
@@ -65,7 +66,7 @@ def create_app(
     metrics: ProxyMetrics,
     policy: DelayPolicy,
     *,
-    now_ms: Callable[[], int] = wall_clock_ms,
+    now_ms: Callable[[], int] = clock.now_ms,
     limits: RecordLimits = DEFAULT_LIMITS,
     not_ready: Callable[[], str | None] = lambda: None,
     max_body_bytes: int = 100 * 1024 * 1024,

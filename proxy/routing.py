@@ -18,7 +18,6 @@ Functions of their arguments; safe from any thread.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -101,11 +100,6 @@ DEFAULT_LIMITS = RecordLimits()
 
 class BufferUnavailableError(KdelayError):
     """A delayed record or cancel came while the buffer topic's partitions are unknown."""
-
-
-def wall_clock_ms() -> int:
-    """Now in epoch milliseconds: a delay counts from the moment the proxy accepted a record."""
-    return time.time_ns() // 1_000_000
 
 
 class Outgoing(NamedTuple):

@@ -42,7 +42,7 @@ Headers = list[tuple[str, str | bytes | None]]
 
 @dataclass
 class FakeClock:
-    """A wall clock and a monotonic clock (``delay_service.clock.Clock``) that move only with
+    """A wall clock and a monotonic clock (``kdelay.clock.Clock``) that move only with
     :meth:`advance` or :meth:`advance_ms`; :meth:`monotonic` also serves code that takes a
     ``Callable[[], float]``."""
 
