@@ -11,7 +11,8 @@ then returns an awaitable (stage 2) that yields the reply once upstream acknowle
 Everything here runs on the asyncio loop thread; blocking metadata lookups go to worker threads
 (proxy/topics.py).
 
-A Produce request's partitions go through, in this order: the topic must not be an internal one
+A Produce request's partitions go through, in this order (the reading and routing steps are
+proxy/batch_routing.py's): the topic must not be an internal one
 (proxy/internal_topics.py), and it and the partition must exist upstream (proxy/topics.py);
 the batch is framed and decompressed (proxy/records.py); its sequence is checked for idempotent
 producers (proxy/idempotence.py); its records are parsed (proxy/records.py), held to the record
@@ -27,20 +28,18 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import kafka.errors as kerr
-from confluent_kafka import KafkaException
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from kdelay import clock, logs
-from kdelay.buffer import BUFFER_TOPIC
 from kdelay.headers import DelayPolicy
-from proxy import internal_topics
 from proxy import protocol as p
 from proxy import records as rec
 from proxy.authorization import TopicAccess, unauthorized
-from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
+from proxy.batch_routing import BatchRouter
+from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, Origin
 from proxy.cancel_acks import CancelAcks, Cancels, after_cancels, submit_cancels
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
@@ -54,11 +53,8 @@ from proxy.refusals import (
 )
 from proxy.routing import (
     DEFAULT_LIMITS,
-    BufferUnavailableError,
     Kind,
-    Outgoing,
-    RejectedRecordError,
-    route,
+    UpstreamPort,
 )
 from proxy.topics import Advertised, Topics, answer_metadata
 from proxy.upstream import UpstreamError
@@ -68,12 +64,6 @@ log = logs.get(__name__)
 _PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
 _RecordError = _PartitionResponse.BatchIndexAndErrorMessage
 _T = TypeVar("_T")
-
-
-class UpstreamPort(Protocol):
-    """Where the broker writes records (proxy/upstream.py; a fake in unit tests)."""
-
-    async def submit(self, records: list[Outgoing]) -> Awaitable[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +113,10 @@ class Broker:
         self.advertised = advertised
         self.policy = policy or DelayPolicy()
         self.producers = producers or ProducerRegistry()
-        self.limits = limits
-        self.max_decompressed_bytes = max_decompressed_bytes
-        self.clock_ms = clock_ms
         self.consumers = ConsumerRefusals(consume_from)
-        self.order = order
+        self.batches = BatchRouter(
+            topics, self.policy, limits, max_decompressed_bytes, clock_ms, order=order
+        )
         self.cancel_acks = cancel_acks
         #: The listener speaks SASL (proxy/auth_session.py): ApiVersions lists its APIs.
         self.sasl = sasl
@@ -249,94 +238,6 @@ class Broker:
         )
         return Reply(response, result, path)
 
-    async def _admit(
-        self, topic: str, partition: int, raw: bytes | None
-    ) -> tuple[rec.BatchHeader, tuple[bytes | memoryview, ...]]:
-        """The partition's batch header and the parts of the same batch uncompressed, when the
-        topic is no internal one and exists and the batch is well-formed; raises BatchError."""
-        data = bytes(raw) if raw else b""
-        try:
-            internal_topics.check(topic)
-        except internal_topics.RefusedTopicError as exc:
-            raise _refused(exc, rec.count(data)) from None
-        info = await self.topics.info(topic)
-        if info.error_code or not 0 <= partition < info.partitions:
-            raise rec.BatchError(
-                kerr.UnknownTopicOrPartitionError.errno,
-                f"{topic}-{partition} does not exist upstream",
-            )
-        batch = rec.read_batch(data)
-        if batch.is_transactional:
-            raise rec.BatchError(
-                kerr.TransactionalIdAuthorizationFailedError.errno,
-                "transactional batches are not supported by the kdelay proxy",
-                batch.last_offset_delta + 1,
-            )
-        return batch, rec.uncompressed(data, batch, self.max_decompressed_bytes)
-
-    async def _route(
-        self,
-        topic: str,
-        partition: int,
-        parts: tuple[bytes | memoryview, ...],
-        origin: Origin | None,
-    ) -> tuple[list[Outgoing], dict[Kind, int]]:
-        """The batch's records parsed and routed; raises BatchError. The buffer topic's
-        partition count comes from the topic cache, and from upstream only when a record needs
-        it and the cache has none."""
-        records = rec.read_records(parts)
-        try:
-            return self._routed(
-                topic, partition, records, origin, self.topics.partitions_cached(BUFFER_TOPIC)
-            )
-        except BufferUnavailableError as exc:
-            unavailable = str(exc)
-        except BrokerTimeUnknownError as exc:
-            raise rec.BatchError(
-                kerr.LeaderNotAvailableError.errno, str(exc), reason="buffer_unavailable"
-            ) from None
-        try:
-            info = await self.topics.info(BUFFER_TOPIC)
-        except KafkaException as lookup:
-            raise rec.BatchError(
-                kerr.LeaderNotAvailableError.errno,
-                f"{BUFFER_TOPIC}: upstream Kafka unreachable: {lookup}",
-                reason="buffer_unavailable",
-            ) from None
-        if info.error_code or info.partitions <= 0:
-            raise rec.BatchError(
-                kerr.LeaderNotAvailableError.errno, unavailable, reason="buffer_unavailable"
-            )
-        return self._routed(topic, partition, records, origin, info.partitions)
-
-    def _routed(
-        self,
-        topic: str,
-        partition: int,
-        records: list[rec.Record],
-        origin: Origin | None,
-        buffer_partitions: int,
-    ) -> tuple[list[Outgoing], dict[Kind, int]]:
-        """``route`` with the proxy's policy and limits; RejectedRecordError as BatchError."""
-        try:
-            return route(
-                topic,
-                partition,
-                records,
-                self.clock_ms(),
-                self.policy,
-                limits=self.limits,
-                buffer_partitions=buffer_partitions,
-                origin=origin,
-                order=self.order,
-            )
-        except RejectedRecordError as exc:
-            raise rec.BatchError(
-                kerr.InvalidRecordError.errno, str(exc), index=exc.index, reason=exc.reason
-            ) from None
-        except internal_topics.RefusedTopicError as exc:
-            raise _refused(exc) from None
-
     def _rejected(
         self, exc: rec.BatchError, topic: str, partition: int, records: int
     ) -> PartitionResult:
@@ -363,7 +264,7 @@ class Broker:
         them after the request's other records)."""
         loop = asyncio.get_running_loop()
         try:
-            batch, parts = await self._admit(topic, partition, raw)
+            batch, parts = await self.batches.admit(topic, partition, raw)
         except rec.BatchError as exc:
             return resolved(self._rejected(exc, topic, partition, exc.records))
         count = batch.last_offset_delta + 1
@@ -399,7 +300,7 @@ class Broker:
         if pid is not None and pid != NO_PRODUCER_ID:
             origin = Origin(pid, batch.producer_epoch, batch.base_sequence)
         try:
-            routed, counts = await self._route(topic, partition, parts, origin)
+            routed, counts = await self.batches.route(topic, partition, parts, origin)
         except rec.BatchError as exc:
             return settle(self._rejected(exc, topic, partition, count))
         kinds.update(k for k, n in counts.items() if n)
@@ -410,7 +311,11 @@ class Broker:
             cancels.append(([r for r in routed if r.kind is Kind.CANCEL], slot))
             first = await self.upstream.submit([r for r in routed if r.kind is not Kind.CANCEL])
             acked = after_cancels(first, slot)
-        if self.cancel_acks is not None and (counts[Kind.CANCEL] or any(r.replace for r in routed)):
+        # A cancel, or a replace (a delayed record: immediate-only batches never look).
+        cancelling = counts[Kind.CANCEL] or (
+            counts[Kind.DELAYED] and any(r.replace for r in routed)
+        )
+        if self.cancel_acks is not None and cancelling:
             acked = self.cancel_acks.held(acked)
         return loop.create_task(self._finish(counts, acked, settle))
 
@@ -433,14 +338,3 @@ class Broker:
                     self.metrics.records_by_kind[kind].inc(n)
             result = PartitionResult(0, base)
         return await settle(result)
-
-
-def _refused(exc: internal_topics.RefusedTopicError, records: int = 0) -> rec.BatchError:
-    """A refused internal topic as the partition's TOPIC_AUTHORIZATION_FAILED."""
-    return rec.BatchError(
-        kerr.TopicAuthorizationFailedError.errno,
-        str(exc),
-        records,
-        index=exc.index,
-        reason="internal_topic",
-    )

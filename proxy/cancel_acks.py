@@ -26,19 +26,13 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from kdelay.buffer import CANCEL_SENT_WITH_MS
-from proxy.routing import Outgoing
+from proxy.routing import Outgoing, UpstreamPort
 
 #: One partition's cancels, and where their acknowledgement goes once submitted.
 Cancels = tuple[list[Outgoing], "asyncio.Future[Awaitable[int]]"]
 
 
-class Submitter(Protocol):
-    """Where records go upstream (proxy/upstream.py ``Upstream``)."""
-
-    async def submit(self, records: list[Outgoing]) -> Awaitable[int]: ...
-
-
-async def submit_cancels(upstream: Submitter, cancels: list[Cancels]) -> None:
+async def submit_cancels(upstream: UpstreamPort, cancels: list[Cancels]) -> None:
     """Hand a request's cancels upstream, after its other records; each partition's slot gets
     its acknowledgement (or the error that kept them from upstream)."""
     for records, slot in cancels:

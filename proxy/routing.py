@@ -18,10 +18,10 @@ Functions of their arguments; safe from any thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from kdelay import buffer
 from kdelay.errors import InvalidHeaderError, KdelayError
@@ -119,6 +119,12 @@ class Outgoing(NamedTuple):
     id: str | None = None
     deliver_at_ms: int | None = None
     replace: bool = False  # a delayed record that replaces its id: also a cancel
+
+
+class UpstreamPort(Protocol):
+    """Where routed records are written (proxy/upstream.py; a fake in unit tests)."""
+
+    async def submit(self, records: list[Outgoing]) -> Awaitable[int]: ...
 
 
 def _known(partitions: int) -> int:
