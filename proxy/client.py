@@ -51,6 +51,11 @@ def produce_one(
 @click.option("--at", "at", default=None, help="deliver at: epoch ms or RFC 3339")
 @click.option("--level", type=click.IntRange(min=1), default=None, help="delay level 1..18")
 @click.option("--id", "msg_id", default=None, help="message id (default: a new one)")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="replace what --id has pending (kdelay-replace: true); with nothing pending, schedule",
+)
 @click.option("--header", "extra", multiple=True, help="NAME=VALUE, repeatable")
 @click.argument("value")
 def send_command(
@@ -62,6 +67,7 @@ def send_command(
     at: str | None,
     level: int | None,
     msg_id: str | None,
+    replace: bool,
     extra: tuple[str, ...],
     value: str,
 ) -> None:
@@ -90,6 +96,8 @@ def send_command(
     elif level is not None:
         headers.append((h.DELAY_LEVEL, str(level).encode()))
     delayed = bool(chosen)
+    if replace and (msg_id is None or not delayed):
+        raise click.UsageError("--replace needs --id and one of --delay, --at, --level")
     if delayed:
         msg_id = msg_id or h.new_id()
         try:
@@ -99,6 +107,8 @@ def send_command(
         headers.append((h.ID, msg_id.encode()))
     elif msg_id is not None:
         raise click.UsageError("--id needs one of --delay, --at, --level")
+    if replace:
+        headers.append((h.REPLACE, b"true"))
     raw_key = key.encode() if key is not None else None
     msg = produce_one(bootstrap_servers, topic, value.encode(), raw_key, headers=headers)
     click.echo(

@@ -30,3 +30,13 @@ def test_a_component_missing_from_the_installation_is_named(
     assert result.exit_code == 2
     assert "no module no_such_component" in result.output
     assert "no_such_component.cli:command" in result.output
+
+
+def test_send_replace_needs_an_id_and_a_timing_option() -> None:
+    for args in (["--delay", "1s"], ["--id", "x"]):
+        result = CliRunner().invoke(
+            cli,
+            ["send", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--replace", *args, "v"],
+        )
+        assert result.exit_code == 2
+        assert "--replace needs --id and one of --delay, --at, --level" in result.output
