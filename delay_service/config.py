@@ -11,14 +11,16 @@ from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.config_loader import TopicDurability, component_config
+from kdelay.kafka_security import KafkaClientSecurity
 from zk.paths import DEFAULT_ROOT, Paths
+from zk.security import ZkSecurity
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
 DELIVERY_MODES = (EXACTLY_ONCE, AT_LEAST_ONCE)
 
 
-class ReplicaConfig(BaseSettings, TopicDurability):
+class ReplicaConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity):
     """Settings of one delay-service replica; validated once, at start-up."""
 
     model_config = component_config("KDELAY_REPLICA_")

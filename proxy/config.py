@@ -9,9 +9,11 @@ from pydantic_settings import BaseSettings
 
 from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
+from kdelay.kafka_security import KafkaClientSecurity
 from proxy import limits as lim
 from proxy.sasl import MECHANISMS
 from zk.paths import DEFAULT_ROOT, Paths
+from zk.security import ZkSecurity
 
 #: What the Kafka listener may speak (Kafka's security.protocol names).
 LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -24,7 +26,7 @@ def _host_port(value: str, setting: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class ProxyConfig(BaseSettings, TopicDurability):
+class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity):
     """Settings of one proxy process; see ``kdelay proxy --help``."""
 
     model_config = component_config("KDELAY_PROXY_")

@@ -10,13 +10,14 @@ from pydantic_settings import BaseSettings
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.config_loader import component_config
 from kdelay.durations import duration_ms
+from kdelay.kafka_security import KafkaClientSecurity
 
 OUTPUT_TOPIC = "__kdelay_verifier"
 READ_UNCOMMITTED = "read_uncommitted"
 READ_COMMITTED = "read_committed"
 
 
-class VerifierConfig(BaseSettings):
+class VerifierConfig(BaseSettings, KafkaClientSecurity):
     """Everything ``kdelay verify`` needs; validated once at start-up."""
 
     model_config = component_config("KDELAY_VERIFIER_")
