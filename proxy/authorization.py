@@ -10,6 +10,8 @@ TOPIC_AUTHORIZATION_FAILED when it may not even DESCRIBE it (Kafka then hides wh
 - Produce: a topic whose WRITE bit is not set is refused with TOPIC_AUTHORIZATION_FAILED for each
   of its partitions (proxy/broker.py), immediate, delayed and cancel records alike: the release
   later runs under kdelay's own identity, so the proxy is where the check must happen.
+- Administrators: a principal Kafka allows ALTER (or ALL) on the buffer topic is a kdelay
+  administrator (``admin``): it may cancel, replace and read any principal's messages.
 - Metadata: answered from what Kafka answers the principal, the proxy named as the only broker
   (proxy/topics.py's ``metadata_response``): a listing holds only the topics it may DESCRIBE, a
   named topic it may not is TOPIC_AUTHORIZATION_FAILED, and auto-creation happens under the
@@ -41,8 +43,10 @@ from proxy.broker_link import Link
 from proxy.sasl import Principal
 from proxy.topics import Advertised, TopicInfo, metadata_response
 
-#: Kafka's AclOperation code of WRITE.
+#: Kafka's AclOperation codes: ALL, WRITE and ALTER.
+ALL: Final = 2
 WRITE: Final = 4
+ALTER: Final = 7
 TOPIC_DENIED: Final = kerr.TopicAuthorizationFailedError.errno
 #: The Metadata version links ask (authorized operations from v8; topic names up to v12).
 METADATA_VERSION: Final = 12
@@ -60,6 +64,12 @@ class Access:
     @property
     def writable(self) -> bool:
         return self.error_code == 0 and self.operations is not None and WRITE in self.operations
+
+    @property
+    def alterable(self) -> bool:
+        """ALTER (or ALL) allowed: on the buffer topic, a kdelay administrator."""
+        ops = self.operations
+        return self.error_code == 0 and ops is not None and bool(ops & {ALTER, ALL})
 
 
 def unauthorized(message: str, raw: bytes | None) -> rec.BatchError:
@@ -144,6 +154,15 @@ class TopicAccess:
                     "(through the kdelay proxy as directly)"
                 )
         return refused
+
+    async def admin(self, buffer_topic: str) -> bool:
+        """Whether the principal is a kdelay administrator: Kafka allows it ALTER (or ALL) on
+        ``buffer_topic`` (Kafka's super users thus are). An administrator may cancel, replace
+        and read any principal's messages (proxy/owners.py). Cached like WRITE answers."""
+        access = self.cache.get(self.principal, buffer_topic)
+        if access is None:
+            access = (await self.ask([buffer_topic], create=False)).get(buffer_topic)
+        return access is not None and access.alterable
 
     async def ask(self, topics: list[str] | None, *, create: bool) -> dict[str, Access]:
         """Kafka's answer for ``topics`` (None: every topic the principal may DESCRIBE), each
