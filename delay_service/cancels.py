@@ -18,6 +18,17 @@ partition ``p`` at ``t_C`` (its record timestamp, the broker's LogAppendTime), c
    :data:`WINDOW_MS` after ``C`` and ``C`` is still among the newest :data:`MAX_OPEN` cancels
    of ``p`` when ``S`` is read.
 
+Owners (README "Message owners"): behind an authenticating proxy a cancel carries the
+principal that sent it and whether it is a kdelay administrator; both rules then apply it only
+to messages that principal owns, to any when it is an administrator, and to messages without
+an owner (``kdelay.buffer.may_cancel``). A message it may not cancel stays pending; the
+refusal is counted (:attr:`CancelBatch.refused`, ``kdelay_cancels_refused_total``) and
+logged by ingest. This is the source of truth: the proxy refuses another principal's cancel
+already when it knows the message's owner, and this covers what it could not know (a cancel
+accepted before the replicas read its message, or a cancel written to the buffer topic
+around the proxy). Rule 2 looks at the newest open cancel of the id only: a refused cancel
+newer than an allowed one hides the allowed one from rule 2 (rule 1 is not affected).
+
 A schedule a proxy accepted later than that is a new message (ids are reusable): one sent once
 the cancel was acknowledged always is: the proxy acknowledges a cancel only once the broker's
 clock is surely past ``t_C`` + :data:`SENT_WITH_MS` (proxy/cancel_acks.py), and the stamp is
@@ -57,7 +68,8 @@ big-endian; times signed, :data:`UNKNOWN` for a record without a timestamp):
   owed at its close (retired at once, or format 1);
 - ``cancel/i/<p><len(id)><id>`` -> offset | ``t_C`` of the newest open cancel of that id, then
   ``r`` when it is a replace's (a replace is not cancelled on arrival by an earlier replace:
-  among replaces, the buffer's order decides);
+  among replaces, the buffer's order decides), then ``A`` when an administrator sent it, or
+  ``W`` and the principal that sent it (nothing: sent without authentication);
 - ``cancel/s/<p><offset><partition><offset>`` -> buffer key: a record that cancel cancelled.
 
 A store written before these keys existed simply has no open cancels. Not thread-safe: the
@@ -78,7 +90,7 @@ from delay_service.entry import split_key
 from delay_service.ids import IndexedBatch, id_prefix, uid_of
 from delay_service.tombstones import Retired
 from kdelay import buffer
-from kdelay.buffer import Cancel, Scheduled
+from kdelay.buffer import Cancel, Scheduled, may_cancel
 
 #: The rule's window (``kdelay/buffer/cancel_rule.py``: the verifier applies the same rule).
 WINDOW_MS = buffer.CANCEL_WINDOW_MS
@@ -98,10 +110,41 @@ _PO = struct.Struct(">IQ")
 _COUNTS = struct.Struct(">QQ")
 _AT = struct.Struct(">Qq")  # offset, time (then b"r" when it is a replace's)
 _REPLACE = b"r"
+_ADMIN = b"A"
+_SENDER = b"W"
 _OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
 
 #: Where a record was read: partition, offset, timestamp (None: unknown).
 At = tuple[int, int, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A pending message a cancel may not cancel: another principal's (module docstring)."""
+
+    id: str
+    owner: str | None  # the message's
+    principal: str | None  # the cancel's
+    partition: int  # where the cancel (or the schedule cancelled on arrival) was read
+    offset: int
+
+
+def _sender(record: Cancel) -> bytes:
+    """The open-cancel index's suffix naming who sent ``record``."""
+    if record.admin:
+        return _ADMIN
+    return b"" if record.owner is None else _SENDER + record.owner.encode()
+
+
+def _sent_by(suffix: bytes) -> tuple[str | None, bool]:
+    """(principal, admin) from an open-cancel index value's suffix after ``_AT``."""
+    if suffix[:1] == _REPLACE:
+        suffix = suffix[1:]
+    if suffix[:1] == _ADMIN:
+        return None, True
+    if suffix[:1] == _SENDER:
+        return suffix[1:].decode(), False
+    return None, False
 
 
 def accepted_ms(record: Scheduled) -> int | None:
@@ -218,6 +261,8 @@ class CancelBatch:
         self._work: dict[int, _Work] = {}
         self._index: dict[bytes, bytes | None] = {}  # cancel/i keys written here; None: deleted
         self._owed: dict[tuple[int, int], list[Retired]] = {}  # cancelled here, by cancel
+        #: Messages a cancel of this batch may not cancel (another principal's), in order.
+        self.refused: list[Refused] = []
 
     def _get(self, partition: int) -> _Work:
         work = self._work.get(partition)
@@ -244,15 +289,27 @@ class CancelBatch:
         )
 
     def cancel(
-        self, txn: IndexedBatch, at: At, record: Cancel, *, replace: bool = False
+        self,
+        txn: IndexedBatch,
+        at: At,
+        record: Cancel,
+        *,
+        replace: bool = False,
+        owner_of: Callable[[bytes], str | None] = lambda key: None,
     ) -> tuple[list[Retired], list[Retired]]:
         """Apply the cancel ``record`` read at ``at``: remove every pending entry with its id
-        (rule 1) and open it. Returns the records removed, and the tombstones owed: the
-        cancel's own when it removed any (right after theirs), those of older cancels that the
-        count bound closed."""
+        that its sender may cancel (rule 1; ``owner_of`` gives an entry key's owner, the others
+        go to :attr:`refused`) and open it. Returns the records removed, and the tombstones
+        owed: the cancel's own when it removed any (right after theirs), those of older
+        cancels that the count bound closed."""
         partition, offset, time_ms = at
         removed = []
         for index_key, key in list(txn.with_id(record.id)):
+            if not record.admin:
+                owner = owner_of(key)
+                if not may_cancel(record.owner, record.admin, owner):
+                    self.refused.append(Refused(record.id, owner, record.owner, partition, offset))
+                    continue
             txn.delete(index_key, key)
             _, p, o = split_key(key)
             removed.append(Retired(record.id, uid_of(index_key), p, o))
@@ -271,7 +328,9 @@ class CancelBatch:
         work.part.open += 1
         self._batch.put(_W + _PO.pack(partition, offset), opened.encode(), self._cf)
         index_key = _I + _P.pack(partition) + id_prefix(record.id)
-        self._index[index_key] = _AT.pack(offset, stamp) + (_REPLACE if replace else b"")
+        self._index[index_key] = (
+            _AT.pack(offset, stamp) + (_REPLACE if replace else b"") + _sender(record)
+        )
         self._batch.put(index_key, self._index[index_key], self._cf)
         return removed, owed
 
@@ -299,12 +358,26 @@ class CancelBatch:
         if found is None:
             return None
         by, cancel_ms = _AT.unpack_from(found)
-        if record.replace and found[_AT.size :] == _REPLACE:
+        suffix = found[_AT.size :]
+        if record.replace and suffix[:1] == _REPLACE:
             return None  # a later replace in the buffer wins over an earlier one
         if by >= offset:  # a schedule before its cancel was removed when the cancel was read
             return None
         known = None if cancel_ms == UNKNOWN else cancel_ms
-        return int(by) if buffer.cancels(by, known, offset, time_ms, accepted) else None
+        if buffer.cancels(by, known, offset, time_ms, accepted) and self._allowed(
+            partition, offset, record, suffix
+        ):
+            return int(by)
+        return None
+
+    def _allowed(self, partition: int, offset: int, record: Scheduled, suffix: bytes) -> bool:
+        """Whether the open cancel whose index value ends with ``suffix`` may cancel
+        ``record`` (its owner's, module docstring); a refusal goes to :attr:`refused`."""
+        principal, admin = _sent_by(suffix)
+        if may_cancel(principal, admin, record.owner):
+            return True
+        self.refused.append(Refused(record.id, record.owner, principal, partition, offset))
+        return False
 
     def _cancelled(self, partition: int, by: int, retired: Retired) -> None:
         """Remember that the cancel at ``partition``/``by`` cancelled ``retired``: its

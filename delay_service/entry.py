@@ -13,10 +13,13 @@ name and value as ``length (4) | bytes`` (length ``0xFFFFFFFF``: null). Version 
 had no buffer key; version 1 also had a 2-byte header count, so a record with 65,536 headers
 could not be stored at all. Version 4 is version 3 followed by a recurring message's series
 fields, ``repeat`` (``length (4) | bytes``) and ``occurrence (4)``; an entry of a message that
-does not repeat is written as version 3. Every field is as wide as
-Kafka's own (int32 counts and sizes, int64 times): whatever one Kafka record can carry encodes;
-:func:`check_storable` names what cannot (a due time beyond int64, a string that is not
-encodable as UTF-8), and ingest dead-letters such records instead of storing them.
+does not repeat is written as version 3. Version 5, an owned message's (README "Message
+owners"), is version 3 followed by ``repeat`` (null when it does not repeat), ``occurrence``
+and ``owner`` (``length (4) | bytes``); a message without an owner is written as before.
+Every field is as wide as Kafka's own (int32 counts and sizes, int64 times): whatever one
+Kafka record can carry encodes; :func:`check_storable` names what cannot (a due time beyond
+int64, a string that is not encodable as UTF-8), and ingest dead-letters such records
+instead of storing them.
 
 Pure functions and immutable values; any thread may use them.
 """
@@ -33,7 +36,7 @@ _KEY = struct.Struct(">QQIQ")
 _KEY_V1 = struct.Struct(">QIQ")  # before the order field; read only
 _HEAD_V1 = struct.Struct("<BqiH")  # version, deliver_at_ms, partition, header count
 _HEAD = struct.Struct("<BqiI")  # versions 2 and 3: the header count as wide as Kafka's
-_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD, 4: _HEAD}
+_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD, 4: _HEAD, 5: _HEAD}
 _LEN = struct.Struct("<I")
 _OCCURRENCE = struct.Struct("<I")
 _NULL = 0xFFFFFFFF
@@ -42,6 +45,7 @@ _NULL_LEN = _LEN.pack(_NULL)
 MAX_FIELD_BYTES = _NULL - 1
 ENTRY_VERSION = 3
 SERIES_VERSION = 4
+OWNER_VERSION = 5
 _U64_MAX = 2**64 - 1
 _I32 = (-(2**31), 2**31 - 1)
 
@@ -102,6 +106,7 @@ def check_storable(msg: Scheduled) -> None:
         and msg.uid.isascii()
         and msg.topic.isascii()
         and (msg.repeat is None or (msg.repeat.isascii() and 1 <= msg.occurrence <= _NULL))
+        and (msg.owner is None or msg.owner.isascii())
         and all(name.isascii() for name, _ in msg.headers)
         and _size(msg) < MAX_FIELD_BYTES
     ):
@@ -119,6 +124,7 @@ def _size(msg: Scheduled) -> int:
         + len(msg.value or b"")
         + sum(len(n) + len(v or b"") for n, v in msg.headers)
         + len(msg.repeat or "")
+        + len(msg.owner or "")
     )
 
 
@@ -129,7 +135,7 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
         raise UnstorableError(f"partition {msg.partition} is beyond a signed 32-bit integer")
     if len(msg.headers) > MAX_FIELD_BYTES:
         raise UnstorableError(f"{len(msg.headers)} headers are more than a store entry holds")
-    version = ENTRY_VERSION if msg.repeat is None else SERIES_VERSION
+    version = _version(msg)
     out = [_HEAD.pack(version, msg.deliver_at_ms, msg.partition, len(msg.headers))]
     fields: list[bytes | None] = [
         _utf8("id", msg.id),
@@ -141,19 +147,28 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
     for i, (name, value) in enumerate(msg.headers):
         fields.append(_utf8(f"header {i} name", name))
         fields.append(_checked(f"header {i} value", value))
-    if msg.repeat is not None:
-        fields.append(_utf8("repeat", msg.repeat))
+    if version >= SERIES_VERSION:
+        fields.append(None if msg.repeat is None else _utf8("repeat", msg.repeat))
     for data in fields:
         if data is None:
             out.append(_LEN.pack(_NULL))
         else:
             out.append(_LEN.pack(len(data)))
             out.append(data)
-    if msg.repeat is not None:
+    if version >= SERIES_VERSION:
         if not 1 <= msg.occurrence <= _NULL:
             raise UnstorableError(f"occurrence {msg.occurrence} is beyond 32 bits")
         out.append(_OCCURRENCE.pack(msg.occurrence))
+    if msg.owner is not None:
+        owner = _utf8("owner", msg.owner)
+        out += [_LEN.pack(len(owner)), owner]
     return out
+
+
+def _version(msg: Scheduled) -> int:
+    if msg.owner is not None:
+        return OWNER_VERSION
+    return ENTRY_VERSION if msg.repeat is None else SERIES_VERSION
 
 
 def encode_entry(msg: Scheduled) -> bytes:
@@ -175,6 +190,8 @@ def _encode_fast(msg: Scheduled) -> bytes:
     is out of range. The hot path of ingest, with one call per field less."""
     headers = msg.headers
     repeat = msg.repeat
+    if msg.owner is not None:
+        return b""  # an owned message's entry (version 5): the general path
     out = [
         _HEAD.pack(
             ENTRY_VERSION if repeat is None else SERIES_VERSION,
@@ -214,7 +231,7 @@ def _encode_fast(msg: Scheduled) -> bytes:
 
 
 def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry` (format versions 1-4); StoreError on anything else."""
+    """Inverse of :func:`encode_entry` (format versions 1-5); StoreError on anything else."""
     head = _HEADS.get(data[0]) if data else None
     if head is None:
         version = data[0] if data else None
@@ -227,7 +244,8 @@ def decode_entry(data: bytes) -> Scheduled:
         # The length-prefixed fields in order: id, [uid,] topic, key, value, each header's
         # name and value, [repeat]. One loop, no call per field: the forwarder's scan decodes
         # every entry it releases.
-        wanted = (4 if version < 3 else 5) + 2 * count + (version == SERIES_VERSION)
+        series = version >= SERIES_VERSION
+        wanted = (4 if version < 3 else 5) + 2 * count + series
         fields: list[bytes | None] = []
         add = fields.append
         unpack = _LEN.unpack_from
@@ -244,16 +262,24 @@ def decode_entry(data: bytes) -> Scheduled:
             add(data[pos:nxt])
             pos = nxt
         occurrence = 1
-        if version == SERIES_VERSION:
+        if series:
             (occurrence,) = _OCCURRENCE.unpack_from(data, pos)
             pos += _OCCURRENCE.size
+        owner = None
+        if version == OWNER_VERSION:
+            (length,) = unpack(data, pos)
+            pos += 4
+            if pos + length > end:
+                raise StoreError("store entry is truncated")
+            owner = data[pos : pos + length].decode()
+            pos += length
         if version < 3:
             fields.insert(1, b"")  # no buffer key before version 3
         msg_id, uid, topic, key, value = fields[:5]
         headers = tuple(
             ((fields[i] or b"").decode(), fields[i + 1]) for i in range(5, 5 + 2 * count, 2)
         )
-        repeat = (fields[-1] or b"").decode() if version == SERIES_VERSION else None
+        repeat = None if not series or fields[-1] is None else fields[-1].decode()
         result = Scheduled(
             (msg_id or b"").decode(),
             (topic or b"").decode(),
@@ -265,12 +291,18 @@ def decode_entry(data: bytes) -> Scheduled:
             (uid or b"").decode(),
             repeat=repeat,
             occurrence=occurrence,
+            owner=owner,
         )
     except (struct.error, UnicodeDecodeError) as exc:
         raise StoreError(f"store entry is corrupt: {exc}") from None
     if pos != len(data):
         raise StoreError(f"store entry is corrupt: {len(data) - pos} bytes after the last field")
     return result
+
+
+def entry_owner(data: bytes) -> str | None:
+    """The owner of the entry ``data`` (None: it has none); decodes only an owned one."""
+    return decode_entry(data).owner if data[:1] == bytes([OWNER_VERSION]) else None
 
 
 @immutable

@@ -208,6 +208,17 @@ class IngestBatch:
             log.info("ingest.duplicate_ids_ignored", count=result.duplicates)
         if result.cancelled_on_arrival:  # a cancel read before its message (cancels.py)
             log.info("ingest.cancelled_on_arrival", count=result.cancelled_on_arrival)
+        if result.refused:  # another principal's message (cancels.py, "Owners")
+            self._metrics.cancels_refused.inc(len(result.refused))
+            for refused in result.refused:
+                log.warning(
+                    "ingest.cancel_refused",
+                    id=refused.id,
+                    owner=refused.owner,
+                    principal=refused.principal,
+                    buffer_partition=refused.partition,
+                    buffer_offset=refused.offset,
+                )
         self._metrics.pending.set(self._store.pending)
         if result.earliest_new_ms is not None:
             self.on_new(result.earliest_new_ms)

@@ -117,6 +117,12 @@ class Metrics:
         self.cancelled = Counter(
             "kdelay_replica_cancelled", "pending messages removed by a cancel", registry=r
         )
+        self.cancels_refused = Counter(
+            "kdelay_replica_cancels_refused",
+            "pending messages a cancel or replace left alone: another principal's (README "
+            '"Message owners")',
+            registry=r,
+        )
         self.dead_lettered = Counter(
             "kdelay_replica_dead_lettered",
             "messages sent to the dead-letter topic",

@@ -10,9 +10,10 @@ the ``ingested_offsets``: every buffer record below them is in the answer). A fo
 a release from the master's tombstone or checkpoint, so it may still call a message pending
 shortly after the master released it; the master's answer is the reference.
 
-Message status: a pending entry (:meth:`Store.get`) is ``pending``, with its due time, target
-and buffer position; a message that left the store is what :meth:`Store.outcome` remembers
-(``delivered``, ``cancelled``, ``dead_lettered``). When both exist (a reused id, or a
+Message status: a pending entry (:meth:`Store.get`) is ``pending``, with its due time, target,
+buffer position and ``owner`` (the principal that scheduled it; absent without
+authentication); a message that left the store is what :meth:`Store.outcome` remembers, without
+its owner (``delivered``, ``cancelled``, ``dead_lettered``). When both exist (a reused id, or a
 recurring message whose earlier occurrence was released) the answer is ``pending`` and carries
 the other as ``last_outcome``. Neither: unknown (404).
 
@@ -112,6 +113,8 @@ def pending_status(entry: Entry) -> dict[str, Any]:
         "partition": None if msg.partition < 0 else msg.partition,
         "buffer": {"partition": entry.partition, "offset": entry.offset, "key": msg.buffer_key},
     }
+    if msg.owner is not None:  # the principal that scheduled it (README "Message owners")
+        doc["owner"] = msg.owner
     if msg.repeat is not None:  # a recurring message: which occurrence is pending
         doc["repeat"] = msg.repeat
         doc["occurrence"] = msg.occurrence

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from rocksdict import WriteBatch
 
 from delay_service import rocks
-from delay_service.cancels import At, CancelBatch
-from delay_service.entry import Entry, decode_entry, due_bound, entry_key, split_key
+from delay_service.cancels import At, CancelBatch, Refused
+from delay_service.entry import Entry, decode_entry, due_bound, entry_key, entry_owner, split_key
 from delay_service.ids import IndexedBatch, id_key
 from delay_service.store_state import META_CHECKPOINT, META_OFFSET, META_PENDING, U64, StoreState
 from delay_service.tombstones import Retired
@@ -54,6 +54,8 @@ class ApplyResult:
     tombstoned: int = 0
     invalid: int = 0
     earliest_new_ms: int | None = None
+    #: Pending messages a cancel or replace may not cancel: another principal's (cancels.py).
+    refused: list[Refused] = field(default_factory=list)
 
 
 #: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
@@ -63,6 +65,9 @@ Incoming = tuple[int, int, BufferRecord | None] | tuple[int, int, BufferRecord |
 
 class StoreWrites(StoreState):
     """Changes to the pending set, each atomic with the offsets, count and outcomes."""
+
+    #: Owners of the entries the running :meth:`apply` added, by entry key.
+    _owners: dict[bytes, str | None]
 
     def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
         """Apply consumed buffer records and advance the consumed offsets, atomically.
@@ -75,13 +80,16 @@ class StoreWrites(StoreState):
         open cancel cancels it on arrival (then it does nothing at all: what it would replace
         was sent after it), a cancel of its id at its own position, then pending itself.
         Tombstone: removes the entry of exactly that record (id, buffer key and offset). A
-        schedule the last checkpoint covers was delivered already and is skipped.
+        schedule the last checkpoint covers was delivered already and is skipped. Cancels and
+        replaces leave pending what their sender may not cancel (another principal's message,
+        README "Message owners"): ``result.refused``.
         """
         result = ApplyResult()
         with self._lock:
             self._check_open()
             txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
             cancels = self._cancels.begin(txn.batch)
+            self._owners = {}
             for item in records:
                 record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
                 result.retired += cancels.advance(at[0], at[2])
@@ -90,7 +98,7 @@ class StoreWrites(StoreState):
                 elif isinstance(record, Scheduled):
                     self._apply_schedule(txn, cancels, result, at, record)
                 elif isinstance(record, Cancel):
-                    removed, owed = cancels.cancel(txn, at, record)
+                    removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of)
                     result.cancelled += len(removed)
                     result.retired += [*removed, *owed]
                     if removed:
@@ -122,6 +130,7 @@ class StoreWrites(StoreState):
             cancels.finish()
             self._write(txn.batch)
             cancels.commit()
+            result.refused = cancels.refused
             self._pending += txn.delta
             self._offsets = new_offsets
             self._floor = txn.floor
@@ -151,15 +160,30 @@ class StoreWrites(StoreState):
             if record.replace:
                 # A cancel of everything before it with its id (and, while open, of what was
                 # sent with it), owing no tombstone of its own: its delivery retires it.
-                removed, owed = cancels.cancel(txn, at, Cancel(record.id), replace=True)
+                removed, owed = cancels.cancel(
+                    txn,
+                    at,
+                    Cancel(record.id, owner=record.owner, admin=record.admin),
+                    replace=True,
+                    owner_of=self._owner_of,
+                )
                 result.cancelled += len(removed)
                 result.replaced += len(removed)
                 result.retired += [*removed, *owed]
             key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
             txn.put(record, key, index_key)
+            self._owners[key] = record.owner
             result.scheduled += 1
             if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
                 result.earliest_new_ms = record.deliver_at_ms
+
+    def _owner_of(self, key: bytes) -> str | None:
+        """The owner of the pending entry ``key`` (under the lock, inside :meth:`apply`):
+        one this batch added, or one in the store."""
+        if key in self._owners:
+            return self._owners[key]
+        value = self._db.get(key)
+        return None if value is None else entry_owner(bytes(value))
 
     def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
         """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.

@@ -30,9 +30,15 @@ message that reuses its id.
   occurrence 1>#<n+1>`` and an absolute ``d``. A replace (``kdelay-replace: true``) adds
   ``"rx": true``: it is also a cancel of its id (:func:`cancels`, with its own offset and
   append time), and then pending itself; readers that predate it see a plain schedule.
+  Behind an authenticating proxy a schedule adds ``"w": its owner`` (the principal that
+  scheduled it, Kafka's form ``"User:alice"``), and a replace by a kdelay administrator
+  ``"a": true``.
 - cancel: value ``b""``; ``kdelay-route`` = ``{"v": 2, "op": "cancel", "i": id}``: cancels
   every message with that id produced before it, and one sent with it but appended after it
-  (:func:`cancels`).
+  (:func:`cancels`). Behind an authenticating proxy it adds ``"w": the principal that sent
+  it`` and, for a kdelay administrator (ALTER on the buffer topic), ``"a": true``: it then
+  cancels only messages that principal owns, any when ``a``, and those without an owner
+  (:func:`may_cancel`). Readers that predate ``w`` and ``a`` ignore them.
 - tombstone: value null, key = the buffer key of the record it retires; ``kdelay-route`` =
   ``{"v": 2, "op": "done", "i": id, "o": buffer offset of that record}``, plus, when the
   master knows what became of the message, ``"x": "delivered" | "dead_lettered" |
@@ -55,6 +61,7 @@ from kdelay.buffer.cancel_rule import (
     ORDER_SHIFT,
     accepted_ms,
     cancels,
+    may_cancel,
 )
 from kdelay.buffer.codec import (
     BUFFER_TOPIC,
@@ -104,6 +111,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_schedule",
+    "may_cancel",
     "partition_for",
     "pinned_id",
     "route_schema",

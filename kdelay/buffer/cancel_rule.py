@@ -1,6 +1,7 @@
 """The cancel rule the replicas and the verifier share: which schedules a cancel cancels
 (README "Cancelling a message"), from the records' buffer offsets, append times and the
-proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it).
+proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it); and
+whose (README "Message owners"): :func:`may_cancel`.
 
 Functions of their arguments; safe from any thread.
 """
@@ -59,3 +60,12 @@ def cancels(
     if accepted > cancel_ms + CANCEL_SENT_WITH_MS:
         return False
     return time_ms is None or time_ms - cancel_ms <= CANCEL_WINDOW_MS
+
+
+def may_cancel(principal: str | None, admin: bool, owner: str | None) -> bool:
+    """Whether a cancel (or a replace's cancel part) sent by ``principal`` (None: through a
+    proxy without authentication), ``admin`` when a kdelay administrator sent it, may cancel a
+    message owned by ``owner`` (None: scheduled without authentication): its owner's own,
+    anyone's for an administrator, and a message without an owner for anyone. A cancel
+    without a principal thus never cancels an owned message."""
+    return owner is None or admin or principal == owner

@@ -46,6 +46,8 @@ ROUTE_FIELDS: dict[str, str] = {
     "rp": "STRING",
     "oc": "INT",
     "rx": "BOOLEAN",
+    "w": "STRING",
+    "a": "BOOLEAN",
     "x": "STRING",
     "tp": "INT",
     "to": "BIGINT",
@@ -91,10 +93,17 @@ def encode(record: BufferRecord) -> Encoded:
             repeat=record.repeat,
             occurrence=record.occurrence,
             replace=record.replace,
+            owner=record.owner,
+            admin=record.admin,
         )
         return Encoded(key, value, headers)
     if isinstance(record, Cancel):
-        return Encoded(key, b"", [_route({"op": OP_CANCEL, "i": record.id})])
+        fields: dict[str, Any] = {"op": OP_CANCEL, "i": record.id}
+        if record.owner is not None:
+            fields["w"] = record.owner
+        if record.admin:
+            fields["a"] = True
+        return Encoded(key, b"", [_route(fields)])
     return Encoded(key, None, [tombstone_route(record.id, record.offset, record.fate)])
 
 
@@ -134,6 +143,8 @@ def encode_schedule(
     repeat: str | None = None,
     occurrence: int = 1,
     replace: bool = False,
+    owner: str | None = None,
+    admin: bool = False,
 ) -> tuple[bytes, list[tuple[str, bytes | None]]]:
     """The value and headers of a schedule's buffer record (its key is its buffer key): what
     :func:`encode` writes for a :class:`Scheduled`, for the proxy's hot path, which has the
@@ -156,6 +167,10 @@ def encode_schedule(
         fields["oc"] = occurrence
     if replace:
         fields["rx"] = True
+    if owner is not None:
+        fields["w"] = owner
+    if admin:
+        fields["a"] = True
     return (b"" if value is None else value), [*headers, (ROUTE_HEADER, dumps(fields))]
 
 
@@ -220,6 +235,11 @@ def _id(what: str, text: str) -> str:
     return text
 
 
+def _owner(route: dict[str, Any]) -> str | None:
+    owner = route.get("w")
+    return None if owner is None else _id("the owner", str(owner))
+
+
 def _fate(route: dict[str, Any]) -> Fate | None:
     state = route.get("x")
     if state is None:
@@ -272,9 +292,16 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             repeat=None if route.get("rp") is None else str(route["rp"]),
             occurrence=int(route.get("oc") or 1),
             replace=route.get("rx") is True,
+            owner=_owner(route),
+            admin=route.get("a") is True,
         )
     if op == OP_CANCEL:
-        return Cancel(_id("the cancelled id", msg_id), _id("the buffer key", uid))
+        return Cancel(
+            _id("the cancelled id", msg_id),
+            _id("the buffer key", uid),
+            owner=_owner(route),
+            admin=route.get("a") is True,
+        )
     if op == OP_DONE:
         return Tombstone(
             _id("the id", msg_id), _i64(route["o"]), _id("the buffer key", uid), _fate(route)

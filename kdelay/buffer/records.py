@@ -32,6 +32,10 @@ class Scheduled:
     #: Sent with ``kdelay-replace: true``: it also cancels what its id has pending (the
     #: cancel rule's, :func:`kdelay.buffer.cancels`), and is itself pending.
     replace: bool = False
+    #: The principal that scheduled it (``"User:alice"``); None without authentication.
+    owner: str | None = None
+    #: A replace by a kdelay administrator: its cancel part may cancel any owner's messages.
+    admin: bool = False
 
     @property
     def buffer_key(self) -> str:
@@ -65,6 +69,7 @@ class Scheduled:
             seq=seq,
             occurrence=self.occurrence + 1,
             replace=False,  # occurrence 1 replaced what was pending; the next ones add to it
+            admin=False,
         )
 
 
@@ -74,6 +79,10 @@ class Cancel:
 
     id: str
     uid: str = ""  # the buffer key; "" for a version-1 record
+    #: The principal that sent it; None without authentication.
+    owner: str | None = None
+    #: Sent by a kdelay administrator: it cancels any owner's messages.
+    admin: bool = False
 
     @property
     def buffer_key(self) -> str:
