@@ -138,7 +138,7 @@ class Ingest:
     def _consumer(self) -> BufferConsumer:
         return self._consumer_factory(
             {
-                "bootstrap.servers": self._cfg.bootstrap_servers,
+                **self._cfg.kafka_connection(self._cfg.bootstrap_servers),
                 # Required by librdkafka, never joined: partitions are assigned manually and
                 # offsets live in the store, not in Kafka.
                 "group.id": f"kdelay-replica-{self._cfg.name}",

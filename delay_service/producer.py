@@ -75,7 +75,7 @@ def make_producer(cfg: ReplicaConfig) -> Producer:
     """An idempotent, acks=all producer for targets, dead letters and tombstones."""
     return Producer(
         {
-            "bootstrap.servers": cfg.bootstrap_servers,
+            **cfg.kafka_connection(cfg.bootstrap_servers),
             "client.id": f"kdelay-replica-{cfg.name}",
             "acks": "all",
             "enable.idempotence": True,

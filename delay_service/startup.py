@@ -1,6 +1,8 @@
 """A replica's start-up steps, in the order ``replica.py`` takes them (each once, main thread).
 
-1. :func:`ensure_topics`: the internal topics exist (and the shard's buffer topic, when it has
+1. :func:`ensure_topics`: with SASL, the replica's principal holds the ACLs it needs
+   (:func:`check_acls`, kdelay/acls.py), or it refuses to run naming what is missing; the
+   internal topics exist (and the shard's buffer topic, when it has
    one of its own), with the configured partitions, replication and ``min.insync.replicas``;
 2. :func:`check_layout`: the delay set's shard layout in ZooKeeper is this replica's, or it
    refuses to run (two layouts would forward the same partitions twice);
@@ -21,14 +23,15 @@ from pathlib import Path
 
 from delay_service import health
 from delay_service.broker_clock import SkewHold
-from delay_service.config import ReplicaConfig
+from delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from delay_service.exactly_once import make_forwarder
 from delay_service.forwarder import Forwarder
 from delay_service.ingest import Ingest
 from delay_service.metrics import Metrics
 from delay_service.queries import Answers
 from delay_service.store import Store
-from kdelay import logs
+from kdelay import acl_check, logs
+from kdelay.acls import REPLICA_GROUPS, Acl, replica_acls
 from kdelay.broker_clock import BrokerClock
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.errors import ConfigError
@@ -41,13 +44,34 @@ log = logs.get(__name__)
 SESSION_FILE = "zk-session.json"
 
 
+def check_acls(cfg: ReplicaConfig) -> list[Acl] | None:
+    """With SASL, raise kdelay.acl_check.MissingAclsError naming each ACL the replica's
+    principal lacks (and the kafka-acls.sh command granting it); return the ACLs Kafka cannot
+    be asked about, or None without SASL (nothing is checked)."""
+    principal = cfg.kafka_principal()
+    if principal is None:
+        return None
+    acls = replica_acls(cfg.buffer_topic, exactly_once=cfg.delivery == EXACTLY_ONCE)
+    return acl_check.require(
+        "replica",
+        principal,
+        acls,
+        cfg.kafka_connection(cfg.bootstrap_servers),
+        probes={REPLICA_GROUPS: f"{REPLICA_GROUPS}{cfg.name}"},
+    )
+
+
 def ensure_topics(cfg: ReplicaConfig) -> None:
-    """Create the internal topics (and a buffer topic of the shard's own) when missing."""
+    """Check the replica's ACLs (:func:`check_acls`), then create the internal topics (and a
+    buffer topic of the shard's own) when missing."""
+    check_acls(cfg)
+    client = cfg.kafka_client_config()
     ensure_internal_topics(
         cfg.bootstrap_servers,
         partitions=cfg.buffer_partitions,
         replication=cfg.buffer_replication,
         min_insync=cfg.buffer_min_insync_replicas,
+        client_config=client,
     )
     if cfg.buffer_topic != BUFFER_TOPIC:
         ensure_buffer_topic(
@@ -56,6 +80,7 @@ def ensure_topics(cfg: ReplicaConfig) -> None:
             partitions=cfg.buffer_partitions,
             replication=cfg.buffer_replication,
             min_insync=cfg.buffer_min_insync_replicas,
+            client_config=client,
         )
 
 
@@ -100,7 +125,7 @@ def start_forwarder(
     """The forwarder, on the broker's clock: a due time is reached when *Kafka's* clock
     reaches it, not this machine's (broker_clock.py). The clock is started; the caller
     closes it."""
-    clock = BrokerClock(cfg.bootstrap_servers, metrics=metrics)
+    clock = BrokerClock(cfg.bootstrap_servers, config=cfg.kafka_client_config(), metrics=metrics)
     clock.start()
     hold = SkewHold(clock, cfg.max_clock_skew_ms, metrics)
     forwarder = make_forwarder(

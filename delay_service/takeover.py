@@ -49,7 +49,7 @@ def buffer_ends(cfg: ReplicaConfig, timeout_s: float = 30.0) -> dict[int, int]:
     consumer sees it now."""
     consumer = Consumer(
         {
-            "bootstrap.servers": cfg.bootstrap_servers,
+            **cfg.kafka_connection(cfg.bootstrap_servers),
             "group.id": f"kdelay-replica-{cfg.name}-takeover",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

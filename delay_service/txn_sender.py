@@ -95,7 +95,7 @@ def make_txn_producer(cfg: ReplicaConfig) -> Producer:
     """A transactional (hence idempotent, acks=all) producer for releases and checkpoints."""
     return Producer(
         {
-            "bootstrap.servers": cfg.bootstrap_servers,
+            **cfg.kafka_connection(cfg.bootstrap_servers),
             "client.id": f"kdelay-replica-{cfg.name}",
             "transactional.id": transactional_id(cfg),
             "transaction.timeout.ms": cfg.transaction_timeout_ms,
@@ -275,7 +275,7 @@ def load_checkpoint(cfg: ReplicaConfig, timeout_s: float = 30.0) -> bytes | None
         return None
     consumer = Consumer(
         {
-            "bootstrap.servers": cfg.bootstrap_servers,
+            **cfg.kafka_connection(cfg.bootstrap_servers),
             "group.id": f"kdelay-replica-{cfg.name}-checkpoint",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -320,7 +320,7 @@ def _high_watermark(cfg: ReplicaConfig, partition: TopicPartition, timeout_s: fl
     consumer sees), or None when the topic does not exist."""
     probe = Consumer(
         {
-            "bootstrap.servers": cfg.bootstrap_servers,
+            **cfg.kafka_connection(cfg.bootstrap_servers),
             "group.id": f"kdelay-replica-{cfg.name}-checkpoint",
             "isolation.level": "read_uncommitted",
             "client.id": f"kdelay-replica-{cfg.name}-checkpoint-end",

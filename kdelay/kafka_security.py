@@ -102,3 +102,46 @@ class KafkaClientSecurity(BaseModel):
             out["sasl.username"] = self.kafka_sasl_username or ""
             out["sasl.password"] = self.kafka_password()
         return out
+
+    def kafka_connection(self, bootstrap_servers: str) -> dict[str, str]:
+        """A client's connection settings: ``bootstrap_servers`` and these settings."""
+        return {"bootstrap.servers": bootstrap_servers, **self.kafka_client_config()}
+
+    def kafka_principal(self) -> str | None:
+        """The Kafka principal this component logs in as (``User:<username>``: PLAIN and SCRAM
+        principals are the user name), or None without SASL."""
+        if not self.kafka_sasl or not self.kafka_sasl_username:
+            return None
+        return f"User:{self.kafka_sasl_username}"
+
+
+def merge_client_config(
+    security: dict[str, str], extra: dict[str, str], extra_setting: str
+) -> dict[str, str]:
+    """``security`` (a :meth:`KafkaClientSecurity.kafka_client_config`) with ``extra`` (raw
+    librdkafka settings, e.g. the proxy's ``upstream_config``) on top: ``extra`` wins for what
+    the security settings do not name, or name alike. A ``security.protocol`` set to PLAINTEXT
+    by the security settings' default gives way to ``extra``'s; set explicitly in both and
+    different, it is a ValueError naming both settings. ``sasl.*`` and ``ssl.ca.location``
+    given by both and different are refused the same way."""
+    merged = dict(security)
+    for key, value in extra.items():
+        mine = security.get(key)
+        if mine is None or mine == value or (key == "security.protocol" and mine == "PLAINTEXT"):
+            merged[key] = value
+            continue
+        shown = "**********" if "password" in key else repr(value)
+        raise ValueError(
+            f"{extra_setting}[{key!r}]={shown} contradicts the kafka_* security settings "
+            f"({_SETTING_OF.get(key, key)}): set it in one place only"
+        )
+    return merged
+
+
+_SETTING_OF = {
+    "security.protocol": "kafka_security_protocol",
+    "sasl.mechanism": "kafka_sasl_mechanism",
+    "sasl.username": "kafka_sasl_username",
+    "sasl.password": "kafka_sasl_password",
+    "ssl.ca.location": "kafka_ssl_ca_file",
+}

@@ -257,6 +257,7 @@ def ensure_buffer_topic(
     replication: int | None = None,
     min_insync: int | None = None,
     timeout: float = 30.0,
+    client_config: dict[str, str] | None = None,
 ) -> list[WeakTopic]:
     """Create a shard's own buffer topic (the settings of ``__kdelay_buffer``) when missing;
     like :func:`ensure_internal_topics` otherwise."""
@@ -266,7 +267,7 @@ def ensure_buffer_topic(
         replication=replication,
         min_insync=min_insync,
         timeout=timeout,
-        client_config=None,
+        client_config=client_config,
     )
 
 

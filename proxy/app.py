@@ -24,6 +24,7 @@ from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
+from proxy import upstream_acls
 from proxy.auth_session import AuthSettings
 from proxy.authorization import AclCache
 from proxy.broker import Broker
@@ -80,7 +81,7 @@ def _auth_settings(cfg: ProxyConfig, metrics: ProxyMetrics) -> AuthSettings | No
         mechanisms=cfg.sasl_mechanisms,
         link=LinkSettings.from_upstream(
             cfg.bootstrap_servers,
-            dict(cfg.upstream_config),
+            cfg.upstream_client_config(),
             timeout_s=cfg.broker_link_timeout_ms / 1000,
         ),
         cache=AclCache(cfg.acl_cache_ms / 1000),
@@ -132,6 +133,7 @@ class Proxy:
         self._loop = asyncio.get_running_loop()
         self.gave_up = asyncio.Event()
         self._stop_requested = asyncio.Event()
+        await asyncio.to_thread(upstream_acls.check, cfg)  # least privilege (kdelay/acls.py)
         if cfg.ensure_topics:
             await asyncio.to_thread(
                 ensure_internal_topics,
@@ -139,14 +141,14 @@ class Proxy:
                 partitions=cfg.buffer_partitions,
                 replication=cfg.buffer_replication,
                 min_insync=cfg.buffer_min_insync_replicas,
-                client_config=dict(cfg.upstream_config),
+                client_config=cfg.upstream_client_config(),
             )
         self.upstream = Upstream(
             cfg.bootstrap_servers,
             self.metrics,
             timeout_ms=cfg.upstream_timeout_ms,
             linger_ms=cfg.upstream_linger_ms,
-            extra=dict(cfg.upstream_config),
+            extra=cfg.upstream_client_config(),
             supervisor=self.supervisor,
             probe_interval_s=cfg.upstream_probe_interval_s,
         )
@@ -309,7 +311,7 @@ class Proxy:
         then a delayed record is refused, retriable (LEADER_NOT_AVAILABLE, HTTP 503)."""
         cfg = self.cfg
         clock = self.clock = BrokerClock(
-            cfg.bootstrap_servers, config=dict(cfg.upstream_config), metrics=self.metrics
+            cfg.bootstrap_servers, config=cfg.upstream_client_config(), metrics=self.metrics
         )
         clock.start()
         wait_s = cfg.upstream_timeout_ms / 1000

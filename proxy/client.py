@@ -1,15 +1,36 @@
-"""``kdelay send`` and ``kdelay cancel``: produce through the proxy with confluent-kafka."""
+"""``kdelay send`` and ``kdelay cancel``: produce through the proxy with confluent-kafka.
+
+Both log in to a SASL proxy listener like any Kafka client (:class:`ClientSecurity`): the
+``--kafka-*`` flags, or ``KDELAY_KAFKA_*`` variables; the password only from
+``KDELAY_KAFKA_SASL_PASSWORD`` or ``--kafka-sasl-password-file``, never a flag.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 from confluent_kafka import KafkaError, Message, Producer
+from pydantic_settings import BaseSettings
 
 from kdelay import buffer, durations
 from kdelay import headers as h
+from kdelay.config_loader import component_config, load
 from kdelay.errors import InvalidHeaderError, KdelayError
+from kdelay.kafka_security import KafkaClientSecurity
+from kdelay.options import config_options
+
+
+class ClientSecurity(BaseSettings, KafkaClientSecurity):
+    """How ``kdelay send`` / ``cancel`` log in to the proxy: flags > ``KDELAY_KAFKA_*``."""
+
+    model_config = component_config("KDELAY_")
+
+
+def client_config(flags: dict[str, Any]) -> dict[str, str]:
+    """librdkafka security settings from the ``--kafka-*`` flags and the environment."""
+    return load(ClientSecurity, flags).kafka_client_config()
 
 
 class SendError(KdelayError):
@@ -24,9 +45,18 @@ def produce_one(
     *,
     headers: list[tuple[str, str | bytes | None]],
     timeout: float = 30.0,
+    config: dict[str, str] | None = None,
 ) -> Message:
-    """Produce one record (idempotent, acks=all) and return its delivery report."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    """Produce one record (idempotent, acks=all) and return its delivery report; ``config``
+    adds librdkafka settings (the login)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            **(config or {}),
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
     reports: list[tuple[KafkaError | None, Message]] = []
     producer.produce(
         topic,
@@ -57,6 +87,7 @@ def produce_one(
     help="replace what --id has pending (kdelay-replace: true); with nothing pending, schedule",
 )
 @click.option("--header", "extra", multiple=True, help="NAME=VALUE, repeatable")
+@config_options(ClientSecurity)
 @click.argument("value")
 def send_command(
     *,
@@ -70,8 +101,10 @@ def send_command(
     replace: bool,
     extra: tuple[str, ...],
     value: str,
+    **security: Any,
 ) -> None:
     """Send VALUE to TOPIC through the proxy, delayed unless no timing option is given."""
+    login = client_config(security)
     chosen = [
         flag for flag, x in (("--delay", delay), ("--at", at), ("--level", level)) if x is not None
     ]
@@ -110,7 +143,9 @@ def send_command(
     if replace:
         headers.append((h.REPLACE, b"true"))
     raw_key = key.encode() if key is not None else None
-    msg = produce_one(bootstrap_servers, topic, value.encode(), raw_key, headers=headers)
+    msg = produce_one(
+        bootstrap_servers, topic, value.encode(), raw_key, headers=headers, config=login
+    )
     click.echo(
         json.dumps(
             {
@@ -126,18 +161,37 @@ def send_command(
 
 @click.command("cancel")
 @click.option("--bootstrap-servers", required=True, help="the proxy's host:port")
+@click.option(
+    "--topic",
+    default=None,
+    help="topic that carries the cancel: one you may WRITE, e.g. the message's own (with "
+    "SASL the proxy checks WRITE on it) [__kdelay_buffer]",
+)
+@config_options(ClientSecurity)
 @click.argument("message_id")
-def cancel_command(bootstrap_servers: str, message_id: str) -> None:
+def cancel_command(
+    bootstrap_servers: str, topic: str | None, message_id: str, **security: Any
+) -> None:
     """Cancel the pending message MESSAGE_ID (a no-op if it was already delivered)."""
+    login = client_config(security)
     try:
         h.validate_id(h.CANCEL, message_id.encode())
     except InvalidHeaderError as exc:
         raise click.BadParameter(exc.problem, param_hint="MESSAGE_ID") from None
-    # The carrier topic is irrelevant: the proxy turns the record into a buffer-topic cancel.
-    # The buffer topic always exists, and it is the one internal topic the proxy lets a cancel
-    # (and nothing else) be addressed to (proxy/internal_topics.py).
-    carrier = buffer.BUFFER_TOPIC
-    produce_one(bootstrap_servers, carrier, b"", None, headers=[(h.CANCEL, message_id.encode())])
+    # The carrier topic is irrelevant to the cancel: the proxy turns the record into a
+    # buffer-topic cancel. The buffer topic always exists, and it is the one internal topic the
+    # proxy lets a cancel (and nothing else) be addressed to (proxy/internal_topics.py); but
+    # with SASL the proxy checks WRITE on the carrier, and WRITE on __kdelay_buffer would let
+    # a principal write the buffer directly: --topic names one it may write anyway.
+    carrier = topic or buffer.BUFFER_TOPIC
+    produce_one(
+        bootstrap_servers,
+        carrier,
+        b"",
+        None,
+        headers=[(h.CANCEL, message_id.encode())],
+        config=login,
+    )
     click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))
 
 

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings
 
 from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
-from kdelay.kafka_security import KafkaClientSecurity
+from kdelay.kafka_security import KafkaClientSecurity, merge_client_config
 from proxy import limits as lim
 from proxy.sasl import MECHANISMS
 from zk.paths import DEFAULT_ROOT, Paths
@@ -274,14 +274,37 @@ class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity
                 f"listener_security_protocol {protocol} "
                 + ("needs tls_cert and tls_key" if tls else "takes no tls_cert or tls_key")
             )
-        upstream = self.upstream_config.get("security.protocol", "PLAINTEXT").upper()
+        # The merged settings: a contradiction between kafka_* and upstream_config is named here.
+        upstream = self.upstream_client_config().get("security.protocol", "PLAINTEXT").upper()
         if self.sasl_enabled and not upstream.startswith("SASL_"):
             raise ValueError(
                 f"listener_security_protocol {protocol} relays each client's SASL login to "
-                "upstream Kafka, so upstream_config's security.protocol must be SASL_SSL or "
-                f"SASL_PLAINTEXT (it is {upstream})"
+                "upstream Kafka, so the upstream security protocol (kafka_security_protocol, "
+                f"or upstream_config's security.protocol) must be SASL_SSL or SASL_PLAINTEXT "
+                f"(it is {upstream})"
             )
         return self
+
+    def upstream_client_config(self) -> dict[str, str]:
+        """librdkafka settings of every upstream client (producer, metadata, admin, broker
+        clock, the SASL links' TLS): :meth:`kafka_client_config` with ``upstream_config`` on
+        top. ``upstream_config`` adds what the ``kafka_*`` settings do not name; a setting both
+        give must agree (``kafka_security_protocol``'s default PLAINTEXT gives way), else a
+        ValueError names both (kdelay/kafka_security.py ``merge_client_config``)."""
+        return merge_client_config(
+            self.kafka_client_config(), dict(self.upstream_config), "upstream_config"
+        )
+
+    def upstream_principal(self) -> str | None:
+        """The principal the proxy's upstream clients log in as (``User:<sasl.username>``), or
+        None without SASL or with OAUTHBEARER (the token names it)."""
+        conf = self.upstream_client_config()
+        if not conf.get("security.protocol", "").upper().startswith("SASL_"):
+            return None
+        if conf.get("sasl.mechanism", "GSSAPI").upper() == "OAUTHBEARER":
+            return None
+        user = conf.get("sasl.username")
+        return f"User:{user}" if user else None
 
     @property
     def listener_protocol(self) -> str:

@@ -23,8 +23,9 @@ What the workers share, and what they do not:
 
 Each worker gets the resolved settings as a private JSON file (the upstream settings may hold
 credentials: the directory is the user's only) and no ``KDELAY_PROXY_*`` variable, which would
-override the file. A worker is SIGKILLed by the kernel when this process dies
-(``PR_SET_PDEATHSIG``, kdelay/children.py), so none outlives its supervisor.
+override the file, except one per secret (a password), which never goes to the file. A worker
+is SIGKILLed by the kernel when this process dies (``PR_SET_PDEATHSIG``,
+kdelay/children.py), so none outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from pydantic import SecretStr
 
 from kdelay import logs
 from kdelay.backoff import Backoff
@@ -111,7 +113,14 @@ class Workers:
         kafka_host, http_host = cfg.listen_address[0], cfg.http_address[0]
         self.listen = _address(kafka_host, self._reserved[0])
         self.http_listen = _address(http_host, self._reserved[1])
-        settings = cfg.model_dump(mode="json")
+        # Secrets (SecretStr settings: passwords) go by environment only, never to the file,
+        # which would hold them masked anyway (model_dump shows **********).
+        secrets = {
+            name: value.get_secret_value()
+            for name in type(cfg).model_fields
+            if isinstance(value := getattr(cfg, name), SecretStr)
+        }
+        settings = cfg.model_dump(mode="json", exclude=set(secrets))
         settings.update(
             workers=1, reuse_port=True, listen=self.listen, http_listen=self.http_listen
         )
@@ -120,6 +129,7 @@ class Workers:
         with os.fdopen(fd, "w") as out:
             json.dump(settings, out)
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("KDELAY_PROXY_")}
+        self._env.update({f"KDELAY_PROXY_{name.upper()}": v for name, v in secrets.items()})
         self._env["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir)
         self._workers = [_Worker(i) for i in range(cfg.workers)]
         self._stop = threading.Event()

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kdelay import logs, stats
+from kdelay import acl_check, logs, stats
+from kdelay.acls import VERIFIER_GROUPS, Acl, verifier_acls
 from kdelay.config_loader import load
 from kdelay.options import config_options
 from kdelay.stop_signals import on_stop_signals
@@ -88,6 +89,22 @@ def verify_once(
     return outcome
 
 
+def check_acls(cfg: VerifierConfig) -> list[Acl] | None:
+    """With SASL, raise kdelay.acl_check.MissingAclsError naming each ACL the verifier's
+    principal lacks (kdelay/acls.py); return those Kafka cannot be asked about, or None without
+    SASL. Spark's group ids are random under ``groupIdPrefix``: one of them is asked."""
+    principal = cfg.kafka_principal()
+    if principal is None:
+        return None
+    return acl_check.require(
+        "verifier",
+        principal,
+        verifier_acls(cfg.buffer_topic, output_topic=cfg.output_topic),
+        cfg.kafka_connection(cfg.bootstrap_servers),
+        probes={VERIFIER_GROUPS: f"{VERIFIER_GROUPS}-acl-check"},
+    )
+
+
 def verify_continuous(
     spark: SparkSession, cfg: VerifierConfig, stop: threading.Event, metrics: Metrics
 ) -> None:
@@ -137,6 +154,7 @@ def command(
         raise click.UsageError("--report needs --once")
     cfg = load(VerifierConfig, flags, config_file)
     logs.configure(cfg.log_level, json=False)
+    check_acls(cfg)
     slo = Slo(max_p99_ms, max_early, max_missing, max_duplicates)
 
     try:

@@ -114,6 +114,9 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.sql.adaptive.enabled", "false")
+        # Plans and logs show the Kafka source's options: the JAAS login holds the password
+        # (Spark already redacts a value matching spark.redaction.regex, "password").
+        .config("spark.sql.redaction.options.regex", "(?i)url|jaas|password")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -40,7 +40,7 @@ class Sinks:
         self._producer: Producer | None = None
         if cfg.output_topic:
             self._producer = Producer(
-                {"bootstrap.servers": cfg.bootstrap_servers, "acks": "all", "linger.ms": 5}
+                {**cfg.kafka_connection(cfg.bootstrap_servers), "acks": "all", "linger.ms": 5}
             )
         self._errors: list[str] = []
 

@@ -26,6 +26,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import headers as h
+from kdelay.acls import VERIFIER_GROUPS
 from kdelay.buffer import (
     OP_CANCEL,
     OP_SCHEDULE,
@@ -49,7 +50,46 @@ def _kafka_options(cfg: VerifierConfig) -> dict[str, str]:
         "includeHeaders": "true",
         # The buffer topic is compacted: offsets have gaps by design.
         "failOnDataLoss": "false",
+        # Group ids kdelay names, so one PREFIXED ACL covers them (kdelay/acls.py).
+        "groupIdPrefix": VERIFIER_GROUPS,
+        **kafka_security_options(cfg),
     }
+
+
+#: The JAAS login module of each SASL mechanism (the Java client's sasl.jaas.config).
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _jaas_quoted(value: str) -> str:
+    """A JAAS option value: double-quoted, backslash and quote escaped (Kafka's JaasConfig
+    tokenizer reads them so)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def kafka_security_options(cfg: VerifierConfig) -> dict[str, str]:
+    """The verifier's Kafka security settings as options of Spark's Kafka source (the Java
+    client's names with ``kafka.``): the CA as a PEM truststore (KIP-651), SASL as a JAAS
+    login. The JAAS value holds the password: Spark redacts an option whose key or value
+    matches ``spark.redaction.regex`` (``password``) in plans and logs, and the Java client
+    logs ``sasl.jaas.config`` as ``[hidden]``."""
+    conf = cfg.kafka_client_config()
+    out = {"kafka.security.protocol": conf["security.protocol"]}
+    if "ssl.ca.location" in conf:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.location"] = conf["ssl.ca.location"]
+    if cfg.kafka_sasl:
+        mechanism = conf["sasl.mechanism"]
+        out["kafka.sasl.mechanism"] = mechanism
+        out["kafka.sasl.jaas.config"] = (
+            f"{_LOGIN_MODULES[mechanism]} required "
+            f"username={_jaas_quoted(conf['sasl.username'])} "
+            f"password={_jaas_quoted(conf['sasl.password'])};"
+        )
+    return out
 
 
 def read_batch(spark: SparkSession, cfg: VerifierConfig, **source: str) -> DataFrame:
