@@ -37,6 +37,7 @@ from proxy.http import create_app
 from proxy.idempotence import ProducerRegistry
 from proxy.login_backoff import LoginBackoff
 from proxy.metrics import ProxyMetrics
+from proxy.owners import Owners
 from proxy.restarts import ComponentStoppedError, Supervisor
 from proxy.server import KafkaServer, Limits, reuse_port_socket
 from proxy.topics import Advertised, Topics
@@ -186,6 +187,7 @@ class Proxy:
             sasl=cfg.sasl_enabled,
             order=order,
             cancel_acks=cancel_acks,
+            owners=Owners(lambda: self.replicas),
         )
         await self.kafka.serve(broker)
 

@@ -80,14 +80,21 @@ class BatchRouter:
         partition: int,
         parts: tuple[bytes | memoryview, ...],
         origin: Origin | None,
+        owner: str | None = None,
     ) -> tuple[list[Outgoing], dict[Kind, int]]:
-        """The batch's records parsed and routed; raises BatchError. The buffer topic's
-        partition count comes from the topic cache, and from upstream only when a record needs
-        it and the cache has none."""
+        """The batch's records parsed and routed, delayed ones and cancels stamped with
+        ``owner`` (the connection's principal; None without SASL); raises BatchError. The
+        buffer topic's partition count comes from the topic cache, and from upstream only when
+        a record needs it and the cache has none."""
         records = rec.read_records(parts)
         try:
             return self._routed(
-                topic, partition, records, origin, self.topics.partitions_cached(BUFFER_TOPIC)
+                topic,
+                partition,
+                records,
+                origin,
+                self.topics.partitions_cached(BUFFER_TOPIC),
+                owner=owner,
             )
         except BufferUnavailableError as exc:
             unavailable = str(exc)
@@ -107,7 +114,7 @@ class BatchRouter:
             raise rec.BatchError(
                 kerr.LeaderNotAvailableError.errno, unavailable, reason="buffer_unavailable"
             )
-        return self._routed(topic, partition, records, origin, info.partitions)
+        return self._routed(topic, partition, records, origin, info.partitions, owner=owner)
 
     def _routed(
         self,
@@ -116,6 +123,8 @@ class BatchRouter:
         records: list[rec.Record],
         origin: Origin | None,
         buffer_partitions: int,
+        *,
+        owner: str | None,
     ) -> tuple[list[Outgoing], dict[Kind, int]]:
         """``route`` with the proxy's policy and limits; RejectedRecordError as BatchError."""
         try:
@@ -129,6 +138,7 @@ class BatchRouter:
                 buffer_partitions=buffer_partitions,
                 origin=origin,
                 order=self.order,
+                owner=owner,
             )
         except RejectedRecordError as exc:
             raise rec.BatchError(

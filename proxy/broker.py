@@ -20,6 +20,8 @@ limits and routed (proxy/routing.py, proxy/limits.py); upstream gets them (proxy
 A request's cancels reach upstream after every other record of the request, in the order the
 request lists them: so a message sent in the same request as its cancel always precedes it in
 the buffer topic and is cancelled whatever the clocks (README "Cancelling a message").
+Behind SASL, delayed records and cancels carry the connection's principal, and a cancel or
+replace of another principal's message is refused (proxy/owners.py, README "Message owners").
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from proxy.cancel_acks import CancelAcks, Cancels, after_cancels, submit_cancels
 from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
+from proxy.owners import Owners
 from proxy.refusals import APIS as CONSUMER_APIS
 from proxy.refusals import (
     TRANSACTIONAL_DENIED,
@@ -106,6 +109,7 @@ class Broker:
         order: AcceptanceOrder = ACCEPTANCE_ORDER,
         cancel_acks: CancelAcks | None = None,
         sasl: bool = False,
+        owners: Owners | None = None,
     ) -> None:
         self.upstream = upstream
         self.topics = topics
@@ -120,6 +124,8 @@ class Broker:
         self.cancel_acks = cancel_acks
         #: The listener speaks SASL (proxy/auth_session.py): ApiVersions lists its APIs.
         self.sasl = sasl
+        #: Who owns a message, asked of the replicas (None: owners are never asked).
+        self.owners = owners or Owners(lambda: None)
 
     async def handle(self, req: p.Request, access: TopicAccess | None = None) -> Awaitable[Reply]:
         """Stage 1 of ``req``; the returned awaitable is stage 2 (see the module docstring).
@@ -191,7 +197,7 @@ class Broker:
                         parts.append((td.name, pd.index, resolved(result)))
                         continue
                     fut = await self._produce_partition(
-                        td.name, pd.index, pd.records, kinds, cancels
+                        td.name, pd.index, pd.records, kinds, cancels, access=access
                     )
                     parts.append((td.name, pd.index, fut))
         finally:
@@ -259,9 +265,12 @@ class Broker:
         raw: bytes | None,
         kinds: set[Kind],
         cancels: list[Cancels],
+        *,
+        access: TopicAccess | None = None,
     ) -> Awaitable[PartitionResult]:
         """Stage 1 of one partition; its cancels are put on ``cancels`` (``_produce`` submits
-        them after the request's other records)."""
+        them after the request's other records). ``access``: the SASL principal's, whose
+        cancels and replaces are held to the messages' owners (proxy/owners.py)."""
         loop = asyncio.get_running_loop()
         try:
             batch, parts = await self.batches.admit(topic, partition, raw)
@@ -299,8 +308,15 @@ class Broker:
         origin = None
         if pid is not None and pid != NO_PRODUCER_ID:
             origin = Origin(pid, batch.producer_epoch, batch.base_sequence)
+        owner = None if access is None else str(access.principal)
         try:
-            routed, counts = await self.batches.route(topic, partition, parts, origin)
+            routed, counts = await self.batches.route(topic, partition, parts, origin, owner)
+            # A cancel, or a replace (a delayed record: immediate-only batches never look).
+            cancelling = counts[Kind.CANCEL] or (
+                counts[Kind.DELAYED] and any(r.replace for r in routed)
+            )
+            if access is not None and cancelling:
+                routed = await self.owners.check_batch(routed, access)
         except rec.BatchError as exc:
             return settle(self._rejected(exc, topic, partition, count))
         kinds.update(k for k, n in counts.items() if n)
@@ -311,10 +327,6 @@ class Broker:
             cancels.append(([r for r in routed if r.kind is Kind.CANCEL], slot))
             first = await self.upstream.submit([r for r in routed if r.kind is not Kind.CANCEL])
             acked = after_cancels(first, slot)
-        # A cancel, or a replace (a delayed record: immediate-only batches never look).
-        cancelling = counts[Kind.CANCEL] or (
-            counts[Kind.DELAYED] and any(r.replace for r in routed)
-        )
         if self.cancel_acks is not None and cancelling:
             acked = self.cancel_acks.held(acked)
         return loop.create_task(self._finish(counts, acked, settle))

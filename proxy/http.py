@@ -30,6 +30,7 @@ from proxy.http_messages import install_message_routes
 from proxy.http_queries import install_replica_queries
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
+from proxy.owners import Owners
 from proxy.routing import DEFAULT_LIMITS
 from proxy.topics import Topics
 from proxy.upstream import Upstream
@@ -105,6 +106,7 @@ def create_app(
         availability=availability,
         order=order,
         cancel_acks=cancel_acks,
+        owners=Owners(lambda: replicas),
     )
     install_replica_queries(app, replicas, pending_timeout_s)
 

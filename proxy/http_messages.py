@@ -8,6 +8,14 @@ value, 403 for an internal topic, 413 for a size over a limit (the proxy's, prox
 upstream's), 503 only while upstream Kafka is unavailable. A record is acknowledged (202) only
 once upstream Kafka has it.
 
+Owners (README "Message owners", proxy/owners.py): each route acts for the request's caller
+(proxy/http_auth.py). A posted or put message records the caller's principal as its owner; a
+topic the caller may not WRITE is 403; ``PUT`` and ``DELETE`` of another principal's message
+are 403 unless the caller is a kdelay administrator, whose replaces and cancels then carry
+``"a": true``. An open API (``http_auth = "none"``) has no principal: it is refused nothing,
+stamps no owner, and the replicas apply its cancels and replaces to messages without an owner
+only.
+
 A posted message with an ``id`` gets a buffer key derived from every field of its body (README
 "HTTP API"): the same POST sent again (a client retrying after a timeout) writes the same buffer
 record again, which the replicas keep once, while a message that differs in any field (another
@@ -23,10 +31,10 @@ import binascii
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from confluent_kafka import KafkaException
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay import buffer
@@ -37,7 +45,9 @@ from proxy import internal_topics
 from proxy.availability import UpstreamAvailability
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
 from proxy.cancel_acks import CancelAcks
+from proxy.http_auth import Caller, current_caller
 from proxy.http_errors import (
+    ApiError,
     BadRequestError,
     ForbiddenTopicError,
     OverLimitError,
@@ -48,6 +58,7 @@ from proxy.http_errors import (
 from proxy.internal_topics import RefusedTopicError
 from proxy.limits import RecordLimits
 from proxy.metrics import ProxyMetrics
+from proxy.owners import Owners, refusal
 from proxy.routing import (
     DEFAULT_LIMITS,
     Incoming,
@@ -69,6 +80,14 @@ _FIELD_OF_HEADER = {
     h.CANCEL: "id",
 }
 TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+#: The request's caller (proxy/http_auth.py), for a route's parameters.
+CallerParam = Annotated[Caller, Depends(current_caller)]
+
+
+class NotOwnerError(ApiError):
+    """The message belongs to another principal and the caller is no administrator (403)."""
+
+    status = 403
 
 
 class MessageIn(BaseModel):
@@ -185,9 +204,12 @@ def _route_message(
     *,
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
     replace: bool = False,
+    owner: str | None = None,
+    admin: bool = False,
 ) -> Outgoing:
     """The buffer record for a posted message (``replace``: one put in place of what its id
-    has pending); BadRequestError names the bad field, OverLimitError the limit it is over,
+    has pending; ``owner``: the caller's principal, ``admin``: a kdelay administrator's);
+    BadRequestError names the bad field, OverLimitError the limit it is over,
     ForbiddenTopicError refuses an internal topic."""
     value = _value(msg)
     key = utf8("key", msg.key)
@@ -212,6 +234,8 @@ def _route_message(
             buffer_partitions=buffer_partitions,
             origin=origin,
             order=order,
+            owner=owner,
+            admin=admin,
         )
     except RejectedRecordError as exc:
         if exc.limit is not None:
@@ -271,6 +295,34 @@ async def _write(
         raise upstream_refusal(exc.code, str(exc)) from None
 
 
+async def _writable(caller: Caller, topic: str) -> None:
+    """ForbiddenTopicError (403) when Kafka does not allow the caller WRITE on ``topic``."""
+    if caller.principal is not None and not await caller.writable(topic):
+        raise ForbiddenTopicError(
+            f"topic: Kafka's ACLs do not allow {caller.principal} to WRITE topic {topic}",
+            field="topic",
+        )
+
+
+class _Sender(TypedDict):
+    """Who sends a cancel or replace: the routing functions' ``owner`` and ``admin``."""
+
+    owner: str | None
+    admin: bool
+
+
+async def _as_owner(owners: Owners | None, caller: Caller, msg_id: str, action: str) -> _Sender:
+    """The caller as the sender of a cancel or replace of message ``msg_id`` (``admin``: a
+    kdelay administrator); NotOwnerError (403) when it may not ``action`` it (module
+    docstring). ``owners`` None: owners are unknown, the replicas decide."""
+    if caller.principal is None:
+        return _Sender(owner=None, admin=False)
+    admin = await caller.admin()
+    if owners is not None and not await owners.allowed(caller.principal, admin, msg_id):
+        raise NotOwnerError(refusal(msg_id, action), field="id")
+    return _Sender(owner=caller.principal, admin=admin)
+
+
 def install_message_routes(
     app: FastAPI,
     topics: Topics,
@@ -283,8 +335,10 @@ def install_message_routes(
     availability: UpstreamAvailability | None,
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
     cancel_acks: CancelAcks | None = None,
+    owners: Owners | None = None,
 ) -> None:
-    """``POST /v1/messages`` and ``DELETE /v1/messages/{id}`` on ``app`` (module docstring)."""
+    """``POST /v1/messages``, ``PUT`` and ``DELETE /v1/messages/{id}`` on ``app`` (module
+    docstring); ``owners`` says who owns a message (None: unknown, the replicas decide)."""
 
     async def check_target(topic: str, partition: int | None) -> None:
         # Internal topics never get here: route() refused them (ForbiddenTopicError, 403).
@@ -311,12 +365,15 @@ def install_message_routes(
     errors = _ERRORS
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
-    async def post_message(msg: MessageIn) -> Accepted:
+    async def post_message(msg: MessageIn, caller: CallerParam) -> Accepted:
         """Schedule one message for delivery at a later time. ``deliver_at`` in the answer is
         exact for ``deliver_at``; for a delay it is the proxy's estimate (the due time counts
         from the buffer record's append time; the delivered ``kdelay-deliver-at`` is exact)."""
         partitions = await _buffer_partitions(topics)
-        routed = _route_message(msg, now_ms(), policy, limits, partitions, order=order)
+        routed = _route_message(
+            msg, now_ms(), policy, limits, partitions, order=order, owner=caller.principal
+        )
+        await _writable(caller, msg.topic)
         assert routed.kind is Kind.DELAYED
         assert routed.id is not None
         assert routed.deliver_at_ms is not None
@@ -328,7 +385,7 @@ def install_message_routes(
     @app.put(
         "/v1/messages/{message_id}", status_code=202, response_model=Accepted, responses=errors
     )
-    async def put_message(message_id: str, msg: MessageIn) -> Accepted:
+    async def put_message(message_id: str, msg: MessageIn, caller: CallerParam) -> Accepted:
         """Replace the pending message ``message_id`` (due time, value, headers, target) with
         this one, in one step, whatever else is in flight; with nothing pending, schedule it
         (the body of a POST, without ``id``: the path names it). Answered once durable."""
@@ -337,8 +394,16 @@ def install_message_routes(
             raise BadRequestError(f"id: the path names the message ({msg_id!r}); leave id out")
         msg = msg.model_copy(update={"id": msg_id})
         partitions = await _buffer_partitions(topics)
+        await _writable(caller, msg.topic)
         routed = _route_message(
-            msg, now_ms(), policy, limits, partitions, order=order, replace=True
+            msg,
+            now_ms(),
+            policy,
+            limits,
+            partitions,
+            order=order,
+            replace=True,
+            **await _as_owner(owners, caller, msg_id, "replace"),
         )
         assert routed.deliver_at_ms is not None
         await check_target(msg.topic, msg.partition)
@@ -352,11 +417,12 @@ def install_message_routes(
         response_model=CancelAccepted,
         responses=errors,
     )
-    async def delete_message(message_id: str) -> CancelAccepted:
-        """Cancel a pending message; answered once the cancel is durable."""
+    async def delete_message(message_id: str, caller: CallerParam) -> CancelAccepted:
+        """Cancel a pending message; answered once the cancel is durable. 403: it belongs to
+        another principal (and the caller is no kdelay administrator)."""
         msg_id = path_id(message_id)
-        await write_cancel(
-            [cancel(msg_id, uid=h.new_id(), buffer_partitions=await _buffer_partitions(topics))]
-        )
+        admin = await _as_owner(owners, caller, msg_id, "cancel")
+        partitions = await _buffer_partitions(topics)
+        await write_cancel([cancel(msg_id, uid=h.new_id(), buffer_partitions=partitions, **admin)])
         metrics.records.labels(Kind.CANCEL.value).inc()
         return CancelAccepted(id=msg_id)

@@ -7,6 +7,13 @@ and its document, freshness included, is passed on as it is. 404: no replica kno
 with ``Retry-After``: no replica answered in ``replica_timeout_ms`` / ``pending_timeout_ms``;
 503 without it: ``zk_connect`` is not set, so the proxy cannot find them.
 
+Owners (README "Message owners"): a message's status is for its owner (the principal that
+scheduled it, ``owner`` in the answer) and kdelay administrators (ALTER on the buffer topic);
+another caller gets 403. A status without an owner (a message scheduled without
+authentication, or one that left the store: the replicas keep no owner in an outcome) is
+shown to any authenticated caller. The timeline counts every principal's messages: it is for
+administrators only (403 otherwise). An open API (``http_auth = "none"``) answers everyone.
+
 Runs on the proxy's asyncio loop; the questions themselves on worker threads.
 """
 
@@ -20,9 +27,11 @@ from fastapi import FastAPI, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from kdelay.buffer import BUFFER_TOPIC
 from kdelay.durations import duration_ms
 from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
-from proxy.http_messages import path_id
+from proxy.http_messages import CallerParam, NotOwnerError, path_id
+from proxy.owners import refusal
 from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
 #: Replica questions (status, timeline) in flight at once; more wait their turn.
@@ -66,6 +75,10 @@ class MessageStatus(Freshness):
     source: str | None = Field(
         default=None, description="how the replica knows of the outcome (master, tombstone, ...)"
     )
+    owner: str | None = Field(
+        default=None,
+        description="pending: the principal that scheduled it (User:alice); absent: none",
+    )
     repeat: str | None = Field(default=None, description="a recurring message's kdelay-repeat")
     occurrence: int | None = Field(default=None, description="which occurrence of a series")
     buffer: dict[str, Any] | None = Field(
@@ -108,6 +121,12 @@ class MessageNotFoundError(ApiError):
     status = 404
 
 
+class AdministratorsOnlyError(ApiError):
+    """The timeline is for kdelay administrators (403)."""
+
+    status = 403
+
+
 class ReplicasNotConfiguredError(ApiError):
     """The proxy was not told where the replicas are (503, no Retry-After: retrying is futile
     until ``zk_connect`` is set)."""
@@ -136,23 +155,33 @@ def install_replica_queries(
             raise BadRequestError(str(answer.body.get("error", "bad request")))
         return answer
 
-    lookups: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 404, 503)}
-    timelines: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 503)}
+    lookups: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 403, 404, 503)}
+    timelines: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 403, 503)}
 
     @app.get("/v1/messages/{message_id}", response_model=MessageStatus, responses=lookups)
-    async def get_message(message_id: str) -> Response:
-        """The status of a message: pending (due time, target), delivered (offset, release
-        time), cancelled or dead_lettered, as a delay-service replica knows it (the master
-        when it answers), with the answer's freshness. 404: no replica knows the id."""
+    async def get_message(message_id: str, caller: CallerParam) -> Response:
+        """The status of a message: pending (due time, target, owner), delivered (offset,
+        release time), cancelled or dead_lettered, as a delay-service replica knows it (the
+        master when it answers), with the answer's freshness. 404: no replica knows the id;
+        403: it belongs to another principal (and the caller is no kdelay administrator)."""
         msg_id = path_id(message_id)
         answer = await ask(lambda api: api.message(msg_id))
         if answer.status == 404:
             error = answer.body.get("error") or f"id: no message {msg_id!r} is known"
             raise MessageNotFoundError(str(error), field="id")
+        owner = answer.body.get("owner")
+        if (
+            caller.principal is not None
+            and owner is not None
+            and owner != caller.principal
+            and not await caller.admin()
+        ):
+            raise NotOwnerError(refusal(msg_id, "read"), field="id")
         return JSONResponse(answer.body)
 
     @app.get("/v1/pending", response_model=PendingTimeline, responses=timelines)
     async def get_pending(
+        caller: CallerParam,
         bucket: Annotated[
             str, Query(description=f"bucket width, {DURATION}", pattern=DURATION_PATTERN)
         ] = "1m",
@@ -162,7 +191,13 @@ def install_replica_queries(
     ) -> Response:
         """Pending messages per due-time bucket (aligned to multiples of ``bucket``) and per
         target topic, due before now + ``horizon`` (overdue ones included), from a
-        delay-service replica's store, with the answer's freshness."""
+        delay-service replica's store, with the answer's freshness. Every principal's
+        messages: for kdelay administrators only (403)."""
+        if not await caller.admin():
+            raise AdministratorsOnlyError(
+                f"the pending timeline counts every principal's messages: only a principal "
+                f"with ALTER on {BUFFER_TOPIC} (a kdelay administrator) may read it"
+            )
         for name, text in (("bucket", bucket), ("horizon", horizon)):
             try:
                 if duration_ms(text) <= 0:

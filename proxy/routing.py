@@ -11,7 +11,10 @@ Buffer records (CONTRACT.md, ``kdelay/buffer/``): each delayed record and cancel
 buffer partition of its *id*, under a buffer key of its own (proxy/buffer_keys.py: derived from
 an idempotent producer's identity, so a retried batch writes the same keys; random for other
 producers and the HTTP API). Each delayed record also carries its acceptance order
-(proxy/buffer_keys.py), which orders messages due at the same millisecond.
+(proxy/buffer_keys.py), which orders messages due at the same millisecond, and, behind
+authentication, its owner: the principal that sent it (route field ``w``; README "Message
+owners", proxy/owners.py), on cancels too, with ``"a": true`` for a kdelay administrator's
+cancel or replace.
 
 Functions of their arguments; safe from any thread.
 """
@@ -165,10 +168,13 @@ def scheduled(
     repeat: str | None = None,
     buffer_partition: int | None = None,
     replace: bool = False,
+    owner: str | None = None,
+    admin: bool = False,
 ) -> Outgoing:
     """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
     ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate). ``buffer_partition``:
-    the id's, when the caller knows it (a pinned id's); else computed from the id."""
+    the id's, when the caller knows it (a pinned id's); else computed from the id. ``owner``:
+    the principal that sent it; ``admin``: a kdelay administrator's replace."""
     value, routed_headers = buffer.encode_schedule(
         msg_id,
         topic=topic,
@@ -181,6 +187,8 @@ def scheduled(
         seq=seq,
         repeat=repeat,
         replace=replace,
+        owner=owner,
+        admin=admin and replace,
     )
     return Outgoing(
         Kind.DELAYED,
@@ -198,9 +206,17 @@ def scheduled(
     )
 
 
-def cancel(msg_id: str, *, uid: str, buffer_partitions: int) -> Outgoing:
-    """The buffer-topic record that cancels ``msg_id``: in the id's partition, after it."""
-    enc = buffer.encode(buffer.Cancel(msg_id, uid))
+def cancel(
+    msg_id: str,
+    *,
+    uid: str,
+    buffer_partitions: int,
+    owner: str | None = None,
+    admin: bool = False,
+) -> Outgoing:
+    """The buffer-topic record that cancels ``msg_id``: in the id's partition, after it;
+    ``owner``: the principal that sent it, ``admin``: a kdelay administrator."""
+    enc = buffer.encode(buffer.Cancel(msg_id, uid, owner=owner, admin=admin))
     return Outgoing(
         Kind.CANCEL,
         buffer.BUFFER_TOPIC,
@@ -222,6 +238,8 @@ def _delayed(
     uid: str,
     buffer_partitions: int,
     seq: int,
+    owner: str | None,
+    admin: bool,
 ) -> Outgoing:
     """The buffer record of ``r``, delayed as ``asked``; without an id, one pinned to the
     target partition's buffer partition."""
@@ -243,6 +261,8 @@ def _delayed(
         repeat=asked.repeat,
         buffer_partition=pin,
         replace=asked.replace,
+        owner=owner,
+        admin=admin,
     )
 
 
@@ -263,6 +283,8 @@ def route(
     buffer_partitions: int = 0,
     origin: Origin | None = None,
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
+    owner: str | None = None,
+    admin: bool = False,
 ) -> tuple[list[Outgoing], dict[Kind, int]]:
     """The records to write upstream for ``records`` produced to ``topic``/``partition``, in
     order, and how many of each kind; raises RejectedRecordError for the first record that
@@ -270,7 +292,9 @@ def route(
     one), RefusedTopicError when ``topic`` is internal (proxy/internal_topics.py: only a cancel
     may be addressed to the buffer topic), BufferUnavailableError when a record is for the
     buffer and ``buffer_partitions`` is unknown (0). ``origin``: the batch's idempotent
-    producer, from which buffer keys derive (see the module docstring)."""
+    producer, from which buffer keys derive (see the module docstring). ``owner``: the
+    principal that sent the records (None: no authentication), stamped on delayed records and
+    cancels; ``admin``: it is a kdelay administrator, stamped on cancels and replaces."""
     out: list[Outgoing] = []
     append = out.append
     immediate = Kind.IMMEDIATE
@@ -329,7 +353,13 @@ def route(
                               ts if ts is not None and ts >= 0 else None)  # fmt: skip
         elif isinstance(asked, CancelRequest):
             uid = keys.key(i, r)
-            routed = cancel(asked.id, uid=uid, buffer_partitions=buffer_partitions)
+            routed = cancel(
+                asked.id,
+                uid=uid,
+                buffer_partitions=buffer_partitions,
+                owner=owner,
+                admin=admin,
+            )
         else:
             assert isinstance(asked, Delay)
             routed = _delayed(
@@ -340,6 +370,8 @@ def route(
                 uid=keys.key(i, r),
                 buffer_partitions=buffer_partitions,
                 seq=seqs.take(len(records) - i),
+                owner=owner,
+                admin=admin,
             )
         counts[routed.kind] += 1
         append(routed)

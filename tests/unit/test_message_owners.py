@@ -15,9 +15,14 @@ import pytest
 from delay_service.entry import decode_entry, encode_entry, entry_owner
 from delay_service.store import Store
 from kdelay import buffer
+from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled, may_cancel
+from proxy import records as rec
 from proxy.authorization import Access, AclCache, TopicAccess
+from proxy.owners import Owners
+from proxy.routing import Incoming, Outgoing, route
 from proxy.sasl import Principal
+from zk.replica_api import NoReplicaError, ReplicaAnswer
 
 BUFFER = "__kdelay_buffer"
 
@@ -210,3 +215,112 @@ def test_without_owners_nothing_changes(store: Store) -> None:
     store.apply([(0, 0, sched("x", "s1", None), T0)], {0: 1})
     result = store.apply([(0, 1, Cancel("x", "c1"), T0 + 1)], {0: 2})
     assert (result.cancelled, result.refused) == (1, [])
+
+
+# -- the proxy: the routing stamp and the owners' check -----------------------------------
+
+POLICY = h.DelayPolicy()
+NOW = 1_700_000_000_000
+
+
+def _routed(*records: Incoming, owner: str | None = None, admin: bool = False) -> list[Outgoing]:
+    out, _ = route("t", 0, list(records), NOW, POLICY, buffer_partitions=4, owner=owner,
+                   admin=admin)  # fmt: skip
+    return out
+
+
+def _decoded(out: Outgoing) -> buffer.BufferRecord:
+    assert out.key is not None
+    return buffer.decode(out.key, out.value, out.headers, NOW)
+
+
+DELAYED = Incoming(None, b"v", [(h.DELAY_MS, b"1000"), (h.ID, b"x")])
+CANCELS = Incoming(None, None, [(h.CANCEL, b"x")])
+REPLACES = Incoming(None, b"v", [(h.DELAY_MS, b"1000"), (h.ID, b"x"), (h.REPLACE, b"true")])
+PLAIN = Incoming(None, b"v", [])
+
+
+def test_routing_stamps_the_owner_on_delayed_records_and_cancels() -> None:
+    delayed, cancel, replace, plain = _routed(DELAYED, CANCELS, REPLACES, PLAIN, owner=ALICE)
+    scheduled = _decoded(delayed)
+    assert isinstance(scheduled, Scheduled)
+    assert (scheduled.owner, scheduled.admin) == (ALICE, False)
+    assert _decoded(cancel) == Cancel("x", _decoded(cancel).buffer_key, owner=ALICE)
+    decoded = _decoded(replace)
+    assert isinstance(decoded, Scheduled)
+    assert (decoded.owner, decoded.replace, decoded.admin) == (ALICE, True, False)
+    assert plain.headers == []  # an immediate record is not touched
+    # An administrator's flag goes on cancels and replaces only.
+    delayed, cancel, replace = _routed(DELAYED, CANCELS, REPLACES, owner=ADMIN, admin=True)
+    assert [getattr(_decoded(r), "admin", None) for r in (delayed, cancel, replace)] == [
+        False,
+        True,
+        True,
+    ]
+    # Without a principal nothing is stamped: the route header is what it was.
+    for out in _routed(DELAYED, CANCELS, REPLACES):
+        assert b'"w"' not in (out.headers[-1][1] or b"")
+        assert b'"a"' not in (out.headers[-1][1] or b"")
+
+
+class _Replicas:
+    """A ReplicaApi answering each id's status from ``owners`` (absent: 404)."""
+
+    def __init__(self, owners: dict[str, str | None]) -> None:
+        self.owners = owners
+        self.asked: list[str] = []
+
+    def message(self, msg_id: str) -> ReplicaAnswer:
+        self.asked.append(msg_id)
+        if msg_id not in self.owners:
+            return ReplicaAnswer(404, {"error": "unknown"}, "r1")
+        owner = self.owners[msg_id]
+        doc: dict[str, Any] = {"id": msg_id, "state": "pending"}
+        if owner is not None:
+            doc["owner"] = owner
+        return ReplicaAnswer(200, doc, "r1")
+
+
+def _access(principal: str, operations: set[int]) -> TopicAccess:
+    link = _Link(0, operations)
+    return TopicAccess(Principal(principal), link, AclCache(60.0))  # type: ignore[arg-type]
+
+
+def test_another_principals_cancel_or_replace_is_refused_with_a_record_error() -> None:
+    replicas = _Replicas({"x": ALICE})
+    owners = Owners(lambda: replicas)  # type: ignore[arg-type,return-value]
+    routed = _routed(PLAIN, CANCELS, owner="User:bob")
+    with pytest.raises(rec.BatchError) as refused:
+        asyncio.run(owners.check_batch(routed, _access("bob", {4})))
+    assert refused.value.code == 87  # INVALID_RECORD
+    assert refused.value.reason == "not_owner"
+    ((index, message),) = refused.value.record_errors
+    assert index == 1
+    assert message is not None
+    assert "'x' belongs to another principal" in message
+    assert "ALTER on __kdelay_buffer" in message
+    assert "alice" not in message  # the owner is not disclosed
+    with pytest.raises(rec.BatchError, match="may replace it"):
+        asyncio.run(owners.check_batch(_routed(REPLACES, owner=BOB), _access("bob", {4})))
+    # Its owner may; so may an administrator, whose records then carry "a": true.
+    mine = _routed(CANCELS, owner=ALICE)
+    assert asyncio.run(owners.check_batch(mine, _access("alice", {4}))) == mine
+    replicas.asked.clear()
+    stamped = asyncio.run(owners.check_batch(_routed(CANCELS, REPLACES, owner=ADMIN),
+                                             _access("admin", {4, 7})))  # fmt: skip
+    assert [getattr(_decoded(r), "admin", None) for r in stamped] == [True, True]
+    assert replicas.asked == []  # an administrator's needs no owner
+
+
+def test_an_unknown_owner_lets_the_cancel_through_for_the_replicas_to_decide() -> None:
+    unknown = _routed(CANCELS, owner=BOB)
+    for replicas in (_Replicas({}), _Replicas({"x": None}), None):
+        owners = Owners(lambda r=replicas: r)  # type: ignore[misc]
+        assert asyncio.run(owners.check_batch(unknown, _access("bob", {4}))) == unknown
+
+    class _Down:
+        def message(self, msg_id: str) -> ReplicaAnswer:
+            raise NoReplicaError("no replica registered")
+
+    owners = Owners(_Down)  # type: ignore[arg-type]
+    assert asyncio.run(owners.check_batch(unknown, _access("bob", {4}))) == unknown
