@@ -24,7 +24,7 @@ from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.errors import InfrastructureError
 from kdelay.topics import ensure_internal_topics
-from proxy import upstream_acls
+from proxy import http_login, upstream_acls
 from proxy.auth_session import AuthSettings
 from proxy.authorization import AclCache
 from proxy.broker import Broker
@@ -34,6 +34,7 @@ from proxy.buffer_keys import AcceptanceOrder
 from proxy.cancel_acks import CancelAcks
 from proxy.config import ProxyConfig
 from proxy.http import create_app
+from proxy.http_login import HttpAuthenticator
 from proxy.idempotence import ProducerRegistry
 from proxy.login_backoff import LoginBackoff
 from proxy.metrics import ProxyMetrics
@@ -93,6 +94,19 @@ def _auth_settings(cfg: ProxyConfig, metrics: ProxyMetrics) -> AuthSettings | No
         timeout_s=cfg.sasl_authentication_timeout_ms / 1000,
         max_receive_bytes=cfg.sasl_max_receive_bytes,
         principal_claim=cfg.sasl_principal_claim,
+    )
+
+
+def _http_authenticator(
+    cfg: ProxyConfig, metrics: ProxyMetrics, listener: AuthSettings | None
+) -> HttpAuthenticator | None:
+    """The HTTP API's authentication (proxy/http_login.py), sharing the Kafka listener's ACL
+    cache and login backoff when it has SASL."""
+    return http_login.authenticator(
+        cfg,
+        metrics,
+        cache=listener.cache if listener else None,
+        backoff=listener.backoff if listener else None,
     )
 
 
@@ -212,9 +226,17 @@ class Proxy:
             pending_timeout_s=cfg.pending_timeout_ms / 1000,
             order=order,
             cancel_acks=cancel_acks,
+            auth=_http_authenticator(cfg, self.metrics, self.kafka.auth),
         )
+        # HTTPS when http_tls_cert and http_tls_key are set (uvicorn loads them at each start).
         self._http_config = uvicorn.Config(
-            app, host=http_host, port=http_port, log_config=None, lifespan="off"
+            app,
+            host=http_host,
+            port=http_port,
+            log_config=None,
+            lifespan="off",
+            ssl_certfile=cfg.http_tls_cert,
+            ssl_keyfile=cfg.http_tls_key,
         )
         first = await self._start_http()
         assert self._http is not None
@@ -228,7 +250,8 @@ class Proxy:
             ),
         ]
         self.addresses = Addresses(
-            f"{advertised.host}:{advertised.port}", f"http://{sock[0]}:{sock[1]}"
+            f"{advertised.host}:{advertised.port}",
+            f"{'https' if cfg.https else 'http'}://{sock[0]}:{sock[1]}",
         )
         log.info(
             "proxy.started",

@@ -17,6 +17,9 @@ from zk.security import ZkSecurity
 
 #: What the Kafka listener may speak (Kafka's security.protocol names).
 LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: Who may call the HTTP API (``http_auth``) and how Basic credentials are checked.
+HTTP_AUTH_MODES = ("none", "kafka")
+HTTP_SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 
 def _host_port(value: str, setting: str) -> tuple[str, int]:
@@ -348,3 +351,82 @@ class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity
     def policy(self) -> DelayPolicy:
         """How delay headers are interpreted."""
         return DelayPolicy(levels_ms=self.delay_levels_ms, max_horizon_ms=self.max_horizon_ms)
+
+    # -- the HTTP API's HTTPS and authentication (proxy/http_auth.py) -----------------------
+
+    http_tls_cert: Path | None = Field(
+        default=None, description="PEM certificate of the HTTP API: HTTPS with http_tls_key"
+    )
+    http_tls_key: Path | None = Field(default=None, description="PEM key of the HTTP API")
+    http_auth: str = Field(
+        default="none",
+        description="who may call the HTTP API: none (anyone) or kafka (HTTP Basic, and Bearer "
+        "JWTs with http_jwks_file, checked by logging in to upstream Kafka as that principal; "
+        "/healthz, /readyz and /metrics stay open)",
+    )
+    http_sasl_mechanism: str = Field(
+        default="SCRAM-SHA-512",
+        description="SASL mechanism Basic credentials are checked with at upstream Kafka: "
+        "SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN",
+    )
+    http_jwks_file: Path | None = Field(
+        default=None,
+        description="JWKS file (JSON) whose keys sign the Bearer JWTs the HTTP API accepts "
+        "(http_auth=kafka; upstream Kafka must accept them for OAUTHBEARER too)",
+    )
+    http_jwt_audience: str | None = Field(
+        default=None, description="the aud claim a Bearer JWT must carry [not checked]"
+    )
+    http_allow_plaintext_auth: bool = Field(
+        default=False,
+        description="accept passwords and tokens over plain HTTP (http_auth=kafka without "
+        "http_tls_cert; a trusted network only)",
+    )
+
+    @field_validator("http_auth")
+    @classmethod
+    def _http_auth(cls, value: str) -> str:
+        if value.lower() not in HTTP_AUTH_MODES:
+            raise ValueError(f"must be one of {', '.join(HTTP_AUTH_MODES)}, got {value!r}")
+        return value.lower()
+
+    @field_validator("http_sasl_mechanism")
+    @classmethod
+    def _http_mechanism(cls, value: str) -> str:
+        if value.upper() not in HTTP_SASL_MECHANISMS:
+            raise ValueError(f"must be one of {', '.join(HTTP_SASL_MECHANISMS)}, got {value!r}")
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _http_security(self) -> ProxyConfig:
+        if (self.http_tls_cert is None) != (self.http_tls_key is None):
+            raise ValueError("http_tls_cert and http_tls_key must be given together")
+        for name in ("http_tls_cert", "http_tls_key", "http_jwks_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file {str(path)!r}")
+        if self.http_auth == "none":
+            if self.http_jwks_file is not None:
+                raise ValueError("http_jwks_file is used only with http_auth=kafka")
+            return self
+        if not self.https and not self.http_allow_plaintext_auth:
+            raise ValueError(
+                "http_auth=kafka sends passwords and tokens with every request: set "
+                "http_tls_cert and http_tls_key (HTTPS), or http_allow_plaintext_auth=true to "
+                "accept them over plain HTTP on a trusted network"
+            )
+        upstream = self.upstream_config.get(
+            "security.protocol", self.kafka_security_protocol
+        ).upper()
+        if not upstream.startswith("SASL_"):
+            raise ValueError(
+                "http_auth=kafka logs each caller in to upstream Kafka, so upstream must be "
+                f"SASL_SSL or SASL_PLAINTEXT (kafka_security_protocol or upstream_config's "
+                f"security.protocol; it is {upstream})"
+            )
+        return self
+
+    @property
+    def https(self) -> bool:
+        """Whether the HTTP API serves HTTPS (``http_tls_cert`` and ``http_tls_key``)."""
+        return self.http_tls_cert is not None and self.http_tls_key is not None

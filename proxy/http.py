@@ -4,7 +4,10 @@ Runs on the same asyncio loop as the Kafka listener (uvicorn). :func:`create_app
 application: the body limits and request counting every route shares, the message routes
 (proxy/http_messages.py: schedule and cancel, written upstream), the query routes that a
 delay-service replica answers (proxy/http_queries.py: a message's status, the pending
-timeline), and ``/healthz``, ``/readyz`` and ``/metrics`` (here). Every error is JSON
+timeline), and ``/healthz``, ``/readyz`` and ``/metrics`` (here). With an ``auth`` authenticator
+(``http_auth = "kafka"``, proxy/http_login.py) every other path needs credentials Kafka accepts,
+checked before the body is read; the routes act for ``proxy.http_auth.current_caller``. Every
+error is JSON
 ``{"error": ...}`` naming the field or setting at fault, with the statuses of
 proxy/http_errors.py; the application never uses the Kafka listener's broker.
 """
@@ -25,7 +28,9 @@ from proxy.availability import UpstreamAvailability
 from proxy.budget import RequestBudget
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
 from proxy.cancel_acks import CancelAcks
+from proxy.http_auth import STATE_AUTHENTICATES
 from proxy.http_errors import BodyLimit, Problem, UnavailableError
+from proxy.http_login import Authenticate, HttpAuthenticator
 from proxy.http_messages import install_message_routes
 from proxy.http_queries import install_replica_queries
 from proxy.limits import RecordLimits
@@ -44,10 +49,19 @@ class Status(BaseModel):
 
 
 def _install_common(
-    app: FastAPI, metrics: ProxyMetrics, max_body_bytes: int, budget: RequestBudget | None
+    app: FastAPI,
+    metrics: ProxyMetrics,
+    max_body_bytes: int,
+    budget: RequestBudget | None,
+    auth: HttpAuthenticator | None,
 ) -> None:
-    """The body limits, request counting, and the one error shape (proxy/http_errors.py)."""
+    """The body limits, authentication, request counting, and the one error shape
+    (proxy/http_errors.py). Authentication runs outside the body limits (an unauthenticated
+    body is never read nor budgeted) and inside the request counting (a 401 is counted)."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, budget=budget)
+    if auth is not None:
+        app.add_middleware(Authenticate, authenticator=auth)
+        setattr(app.state, STATE_AUTHENTICATES, True)
     http_errors.install(app, metrics)
 
     @app.middleware("http")
@@ -77,6 +91,7 @@ def create_app(
     pending_timeout_s: float = 60.0,
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
     cancel_acks: CancelAcks | None = None,
+    auth: HttpAuthenticator | None = None,
 ) -> FastAPI:
     """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
     listener's cache) and writes through ``upstream``; ``not_ready`` says why the proxy is not
@@ -86,14 +101,15 @@ def create_app(
     for answering writes 503 at once meanwhile; ``replicas`` answers the status and timeline
     questions (None: they answer 503 naming ``zk_connect``), a timeline within
     ``pending_timeout_s``; ``order`` stamps acceptance (the proxy's: on the broker's clock) and
-    ``cancel_acks`` holds a cancel's answer (proxy/cancel_acks.py)."""
+    ``cancel_acks`` holds a cancel's answer (proxy/cancel_acks.py); ``auth`` authenticates
+    every request but ``/healthz``, ``/readyz`` and ``/metrics`` (None: the API is open)."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
         description="Delayed and scheduled messages for Apache Kafka: the proxy's HTTP API.",
     )
 
-    _install_common(app, metrics, max_body_bytes, budget)
+    _install_common(app, metrics, max_body_bytes, budget, auth)
 
     install_message_routes(
         app,

@@ -1,0 +1,443 @@
+"""HTTP API authentication (``http_auth = "kafka"``): each request's credentials checked by Kafka.
+
+The proxy keeps no users. For a request's ``Authorization`` header it logs in to upstream Kafka
+as that principal, on a connection of its own (proxy/broker_link.py, as the Kafka listener's
+SASL relay does), and asks Kafka on that connection what the principal may do
+(proxy/authorization.TopicAccess, with an AclCache):
+
+- ``Basic <base64(user:password)>``: a SASL login with ``http_sasl_mechanism`` (SCRAM-SHA-512 by
+  default, SCRAM-SHA-256 or PLAIN; proxy/sasl_client.py); the principal is ``User:<user>``.
+- ``Bearer <JWT>`` (with ``http_jwks_file``): the token validated first against the JWKS file
+  (proxy/jwks.py: signature, ``exp``, ``nbf``; the principal ``User:<sasl_principal_claim>``),
+  then an OAUTHBEARER login with the same token, so Kafka accepts it too and says what it may do.
+
+A successful login is reused for ``acl_cache_ms`` (never past a token's ``exp`` or Kafka's
+session lifetime), keyed by an HMAC of the credentials under a key made at start: no password or
+token is kept, only the open connection and the principal. Its connection closes when it
+expires. A failed login (no, malformed or wrong credentials, an invalid token) is answered 401
+after the address's wait of proxy/login_backoff.py, with ``WWW-Authenticate: Basic
+realm="kdelay"`` (and ``Bearer realm="kdelay"`` with a JWKS file), and counts in
+``kdelay_proxy_auth_failures_total{mechanism,reason}`` with ``http_`` reasons; a request without
+credentials is not a failed login (no wait). Kafka unreachable: 503 with ``Retry-After``.
+
+:class:`Authenticate` is the ASGI middleware that does this before any route: every path needs
+credentials but ``/healthz``, ``/readyz`` and ``/metrics`` (probes and Prometheus), so the
+console (``/ui/``) and the OpenAPI pages do too. The caller it establishes is what routes get
+from ``proxy.http_auth.current_caller``.
+
+Concurrency: on the proxy's asyncio loop only. Two requests with the same new credentials may
+both log in (the second login replaces the first in the cache); a login's connection serialises
+its Metadata requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, NoReturn
+
+from kdelay import logs
+from kdelay.buffer import BUFFER_TOPIC
+from proxy import sasl
+from proxy.authorization import AclCache, TopicAccess
+from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
+from proxy.config import ProxyConfig
+from proxy.http_auth import STATE_CALLER, Caller, UnauthenticatedError
+from proxy.http_errors import ApiError, ASGIApp, Receive, Scope, Send, UnavailableError
+from proxy.jwks import InvalidTokenError, JwksFile
+from proxy.login_backoff import LoginBackoff
+from proxy.metrics import ProxyMetrics
+from proxy.sasl_client import LoginRefusedError, login
+
+log = logs.get(__name__)
+
+#: Paths every caller may use: probes and Prometheus scrape them without credentials.
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+REALM: Final = "kdelay"
+#: How many logins are kept at most (each holds a connection to Kafka); oldest go first.
+MAX_LOGINS: Final = 10_000
+#: The mechanism label of a request whose credentials name none (absent or malformed).
+NO_MECHANISM: Final = "none"
+
+
+class MalformedCredentialsError(ValueError):
+    """The ``Authorization`` header cannot be read; the message says why, quoting nothing."""
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Basic:
+    """``Authorization: Basic`` credentials (repr hides the password)."""
+
+    username: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"Basic(username={self.username!r})"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Bearer:
+    """``Authorization: Bearer`` credentials (repr hides the token)."""
+
+    token: str
+
+    def __repr__(self) -> str:
+        return "Bearer(...)"
+
+
+def parse_authorization(value: str | None) -> Basic | Bearer | None:
+    """The credentials of an ``Authorization`` header (RFC 7617 Basic, RFC 6750 Bearer), None
+    when there is none; raises MalformedCredentialsError. Schemes are case-insensitive."""
+    if value is None or not value.strip():
+        return None
+    scheme, _, rest = value.strip().partition(" ")
+    rest = rest.strip()
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(rest, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise MalformedCredentialsError(
+                "the Basic credentials are not base64 of UTF-8 text"
+            ) from None
+        username, colon, password = decoded.partition(":")
+        if not colon or not username:
+            raise MalformedCredentialsError("the Basic credentials are not user:password")
+        return Basic(username, password)
+    if scheme.lower() == "bearer":
+        if not rest or " " in rest:
+            raise MalformedCredentialsError("the Bearer credentials are not one token")
+        return Bearer(rest)
+    raise MalformedCredentialsError(
+        f"the Authorization scheme {scheme[:32]!r} is not accepted (Basic or Bearer)"
+    )
+
+
+class KafkaCaller:
+    """A caller Kafka authenticated: what it may do is asked on its own login's connection."""
+
+    def __init__(
+        self,
+        principal: sasl.Principal,
+        access: TopicAccess,
+        buffer_topic: str,
+        lost: Callable[[], None],
+    ) -> None:
+        self._principal = principal
+        self.access = access
+        self.buffer_topic = buffer_topic
+        self._lost = lost
+        #: The connection of a login not kept for reuse (``acl_cache_ms`` 0), closed once the
+        #: request is answered.
+        self.transient_link: Link | None = None
+
+    @property
+    def principal(self) -> str:
+        return str(self._principal)
+
+    async def writable(self, topic: str) -> bool:
+        try:
+            refused = await self.access.unwritable([topic])
+        except LinkError as exc:
+            raise self._unavailable(exc) from None
+        return topic not in refused
+
+    async def admin(self) -> bool:
+        try:
+            return await self.access.admin(self.buffer_topic)
+        except LinkError as exc:
+            raise self._unavailable(exc) from None
+
+    def _unavailable(self, exc: LinkError) -> UnavailableError:
+        self._lost()
+        log.warning("proxy.http_auth_link_lost", principal=self.principal, error=str(exc))
+        return UnavailableError(
+            f"upstream Kafka cannot be asked what {self.principal} may do: {exc}"
+        )
+
+
+@dataclass
+class _Login:
+    caller: KafkaCaller
+    link: Link
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(frozen=True)
+class HttpAuthSettings:
+    """What the authenticator needs (built from ProxyConfig by ``proxy.http_auth.settings``)."""
+
+    mechanism: str
+    link: LinkSettings
+    cache: AclCache
+    backoff: LoginBackoff
+    metrics: ProxyMetrics
+    login_ttl_s: float
+    jwks: JwksFile | None = None
+    buffer_topic: str = BUFFER_TOPIC
+    link_factory: Callable[[LinkSettings], Link] = BrokerLink
+    clock: Callable[[], float] = time.time
+    #: The HMAC key of the login cache: made at start, never stored.
+    salt: bytes = field(default_factory=lambda: os.urandom(32))
+
+
+class HttpAuthenticator:
+    """Turns a request's ``Authorization`` header into its caller (see the module docstring)."""
+
+    def __init__(self, settings: HttpAuthSettings) -> None:
+        self.settings = settings
+        self.metrics = settings.metrics
+        self._logins: OrderedDict[bytes, _Login] = OrderedDict()
+        challenges = [f'Basic realm="{REALM}", charset="UTF-8"']
+        if settings.jwks is not None:
+            challenges.append(f'Bearer realm="{REALM}"')
+        self.challenge = ", ".join(challenges)
+
+    def __len__(self) -> int:
+        return len(self._logins)
+
+    async def caller(self, authorization: str | None, address: str) -> Caller:
+        """The caller of a request from ``address``; raises UnauthenticatedError (401) or
+        UnavailableError (503)."""
+        try:
+            credentials = parse_authorization(authorization)
+        except MalformedCredentialsError as exc:
+            await self._failed(NO_MECHANISM, "http_malformed", str(exc), address)
+        if credentials is None:
+            self.metrics.auth_failures.labels(NO_MECHANISM, "http_missing_credentials").inc()
+            raise self._unauthenticated("this request carries no credentials (Authorization)")
+        if isinstance(credentials, Bearer):
+            return await self._bearer(credentials, address)
+        return await self._basic(credentials, address)
+
+    async def _basic(self, cred: Basic, address: str) -> Caller:
+        mechanism = self.settings.mechanism
+        key = self._key("basic", mechanism, cred.username, cred.password)
+        found = self._logins.get(key)
+        if found is not None:
+            return found.caller
+        principal = sasl.Principal(cred.username)
+        return await self._login(
+            key,
+            principal,
+            mechanism,
+            username=cred.username,
+            secret=cred.password,
+            address=address,
+            expires_at=None,
+        )
+
+    async def _bearer(self, cred: Bearer, address: str) -> Caller:
+        mechanism = sasl.OAUTHBEARER
+        jwks = self.settings.jwks
+        if jwks is None:
+            await self._failed(
+                mechanism,
+                "http_unsupported_scheme",
+                "Bearer tokens are not accepted: http_jwks_file is not set",
+                address,
+            )
+        key = self._key("bearer", mechanism, "", cred.token)
+        found = self._logins.get(key)
+        if found is not None:
+            return found.caller
+        try:
+            valid = jwks.validate(cred.token)
+        except InvalidTokenError as exc:
+            await self._failed(mechanism, "http_invalid_token", str(exc), address)
+        _, _, name = valid.principal.partition(":")
+        return await self._login(
+            key,
+            sasl.Principal(name),
+            mechanism,
+            username="",
+            secret=cred.token,
+            address=address,
+            expires_at=valid.expires_at,
+        )
+
+    async def _login(
+        self,
+        key: bytes,
+        principal: sasl.Principal,
+        mechanism: str,
+        *,
+        username: str,
+        secret: str,
+        address: str,
+        expires_at: float | None,
+    ) -> Caller:
+        link = self.settings.link_factory(self.settings.link)
+        try:
+            await link.connect()
+            lifetime_ms = await login(link, mechanism, username, secret)
+        except LoginRefusedError as exc:
+            await link.close()
+            await self._failed(mechanism, f"http_{exc.reason}", str(exc), address)
+        except LinkError as exc:
+            await link.close()
+            self.metrics.auth_failures.labels(mechanism, "http_upstream_unavailable").inc()
+            log.warning("proxy.http_auth_unavailable", mechanism=mechanism, error=str(exc))
+            raise UnavailableError(
+                f"upstream Kafka cannot check the credentials now: {exc}"
+            ) from None
+        ttl = self.settings.login_ttl_s
+        if lifetime_ms > 0:
+            ttl = min(ttl, lifetime_ms / 1000)
+        if expires_at is not None:
+            ttl = min(ttl, expires_at - self.settings.clock())
+        access = TopicAccess(principal, link, self.settings.cache)
+        caller = KafkaCaller(
+            principal, access, self.settings.buffer_topic, lambda: self._forget(key, entry)
+        )
+        entry = _Login(caller, link)
+        self.metrics.authentications.labels(mechanism, "http").inc()
+        log.info(
+            "proxy.http_authenticated",
+            principal=str(principal),
+            mechanism=mechanism,
+            peer=address,
+            reused_for_s=round(max(ttl, 0.0), 3),
+        )
+        if ttl > 0:
+            self._remember(key, entry, ttl)
+        else:
+            # Not reusable: the connection serves this request's questions, then closes.
+            caller.transient_link = link
+        return caller
+
+    async def done(self, caller: Caller) -> None:
+        """The request of ``caller`` is answered: close its login's connection unless kept."""
+        if isinstance(caller, KafkaCaller) and caller.transient_link is not None:
+            await caller.transient_link.close()
+
+    def _remember(self, key: bytes, entry: _Login, ttl_s: float) -> None:
+        old = self._logins.pop(key, None)
+        if old is not None:
+            self._drop(old)
+        self._logins[key] = entry
+        entry.timer = asyncio.get_running_loop().call_later(ttl_s, self._forget, key, entry)
+        while len(self._logins) > MAX_LOGINS:
+            _, oldest = self._logins.popitem(last=False)
+            self._drop(oldest)
+
+    def _forget(self, key: bytes, entry: _Login) -> None:
+        """``entry`` expired or its connection failed: the next request logs in again."""
+        if self._logins.get(key) is entry:
+            del self._logins[key]
+        self._drop(entry)
+
+    def _drop(self, entry: _Login) -> None:
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+        self._close_soon(entry.link)
+
+    def _close_soon(self, link: Link) -> None:
+        asyncio.get_running_loop().create_task(link.close())
+
+    async def close(self) -> None:
+        """Close every login's connection."""
+        entries, self._logins = list(self._logins.values()), OrderedDict()
+        for entry in entries:
+            if entry.timer is not None:
+                entry.timer.cancel()
+            await entry.link.close()
+
+    def _key(self, scheme: str, mechanism: str, username: str, secret: str) -> bytes:
+        text = "\0".join((scheme, mechanism, username, secret)).encode()
+        return hmac.new(self.settings.salt, text, hashlib.sha256).digest()
+
+    async def _failed(self, mechanism: str, reason: str, message: str, address: str) -> NoReturn:
+        """Count a failed login, wait the address's backoff, and raise its 401."""
+        self.metrics.auth_failures.labels(mechanism, reason).inc()
+        delay = self.settings.backoff.failed(address)
+        log.info(
+            "proxy.http_authentication_failed",
+            mechanism=mechanism,
+            reason=reason,
+            error=message,
+            peer=address,
+            delay_s=round(delay, 3),
+        )
+        if delay > 0:
+            await asyncio.sleep(delay)
+        raise self._unauthenticated(message)
+
+    def _unauthenticated(self, message: str) -> UnauthenticatedError:
+        return UnauthenticatedError(message, headers={"WWW-Authenticate": self.challenge})
+
+
+class Authenticate:
+    """ASGI middleware: every request but those of OPEN_PATHS gets its caller or an error."""
+
+    def __init__(self, app: ASGIApp, authenticator: HttpAuthenticator) -> None:
+        self.app = app
+        self.authenticator = authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        authorization = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        try:
+            caller = await self.authenticator.caller(authorization, address)
+        except ApiError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        scope.setdefault("state", {})[STATE_CALLER] = caller
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            await self.authenticator.done(caller)
+
+
+def authenticator(
+    cfg: ProxyConfig,
+    metrics: ProxyMetrics,
+    *,
+    cache: AclCache | None = None,
+    backoff: LoginBackoff | None = None,
+) -> HttpAuthenticator | None:
+    """The HTTP API's authenticator for ``cfg`` (None with ``http_auth = "none"``); ``cache`` and
+    ``backoff`` are the Kafka listener's when it has them, so both share Kafka's answers and an
+    address's failed logins. Links connect as the proxy's upstream does (TLS and its CA), from
+    ``upstream_config`` or else the ``kafka_*`` settings; its SASL user is never used."""
+    if cfg.http_auth == "none":
+        return None
+    conf = dict(cfg.upstream_config)
+    if "security.protocol" not in conf:
+        conf["security.protocol"] = cfg.kafka_security_protocol.upper()
+        if cfg.kafka_ssl_ca_file is not None:
+            conf["ssl.ca.location"] = str(cfg.kafka_ssl_ca_file)
+    jwks = None
+    if cfg.http_jwks_file is not None:
+        jwks = JwksFile(
+            cfg.http_jwks_file, cfg.sasl_principal_claim, audience=cfg.http_jwt_audience
+        )
+    settings = HttpAuthSettings(
+        mechanism=cfg.http_sasl_mechanism,
+        link=LinkSettings.from_upstream(
+            cfg.bootstrap_servers, conf, timeout_s=cfg.broker_link_timeout_ms / 1000
+        ),
+        cache=cache or AclCache(cfg.acl_cache_ms / 1000),
+        backoff=backoff
+        or LoginBackoff(cfg.auth_failure_delay_ms / 1000, cfg.auth_failure_max_delay_ms / 1000),
+        metrics=metrics,
+        login_ttl_s=cfg.acl_cache_ms / 1000,
+        jwks=jwks,
+    )
+    return HttpAuthenticator(settings)
