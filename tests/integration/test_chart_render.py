@@ -6,6 +6,7 @@ binary; pytest needs nothing beyond helm itself).
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.support.deploy_tools import (
 )
 
 CI = CHART / "ci"
+SECURED = CHART / "examples" / "secured-values.yaml"
 
 
 def _container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -134,19 +136,6 @@ def test_config_checksum_changes_with_config(tools: Tools) -> None:
     assert checksums({"proxy.podAnnotations.team": "data"}) == base
 
 
-def test_secret_checksum_changes_with_credentials(tools: Tools) -> None:
-    def secret_checksum(password: str) -> str:
-        docs = helm_template(
-            tools,
-            values=[CI / "external-zookeeper-values.yaml"],
-            sets={"kafka.sasl.password": password},
-        )
-        pod = one(docs, "StatefulSet")["spec"]["template"]["metadata"]
-        return str(pod["annotations"]["checksum/secret"])
-
-    assert secret_checksum("one") != secret_checksum("two")
-
-
 def test_config_files_carry_settings_and_pod_values_come_from_env(
     tools: Tools,
 ) -> None:
@@ -170,8 +159,8 @@ def test_config_files_carry_settings_and_pod_values_come_from_env(
     assert env["KDELAY_REPLICA_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     advertised = env["KDELAY_REPLICA_ADVERTISED_HOST"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert advertised == "status.podIP"
-    secret = one(docs, "Secret", "-kafka")
-    assert secret["stringData"]["sasl-username"] == "kdelay"
+    assert not find(docs, "Secret"), "the chart makes no Secret: passwords are referenced"
+    assert env["KDELAY_REPLICA_KAFKA_SASL_USERNAME"]["value"] == "kdelay-replica"
     mounts = {
         m["name"]: m["mountPath"] for m in _container(one(docs, "StatefulSet"))["volumeMounts"]
     }
@@ -304,6 +293,17 @@ def test_dashboards_rendered_as_sidecar_configmaps(tools: Tools) -> None:
         ({"unknownKey": "1"}, "unknownKey"),
         ({"proxy.livenessProbe.enabeld": "false"}, "enabeld"),
         ({"metrics.serviceMonitor.interval": "often"}, "interval"),
+        ({"kafka.securityProtocol": "SASL"}, "securityProtocol"),
+        ({"kafka.sasl.mechanism": "OAUTHBEARER"}, "mechanism"),
+        ({"proxy.kafkaListener.securityProtocol": "TLS"}, "securityProtocol"),
+        ({"proxy.kafkaListener.saslMechanisms[0]": "GSSAPI"}, "saslMechanisms"),
+        ({"proxy.httpApi.auth": "basic"}, "auth"),
+        ({"networkPolicy.kafkaExtraPorts[0]": "0"}, "kafkaExtraPorts"),
+        # A password is never a value (the old kafka.sasl.password is gone).
+        ({"kafka.sasl.password": "x"}, "password"),
+        ({"kafka.sasl.proxy.password": "x"}, "password"),
+        ({"zookeeper.auth.password": "x"}, "password"),
+        ({"zookeeper.auth.username": "a:b"}, "username"),
     ],
 )
 def test_schema_rejects_bad_values(tools: Tools, sets: dict[str, str], message: str) -> None:
@@ -391,3 +391,321 @@ def test_shards_render_a_statefulset_and_a_budget_each(tools: Tools) -> None:
     assert sts["metadata"]["name"] == "kd-kdelay-delay-service"
     assert "kdelay.io/shard" not in sts["spec"]["selector"]["matchLabels"]
     assert "KDELAY_REPLICA_SHARDS" not in {e["name"] for e in _container(sts)["env"]}
+
+
+# ---- security (issue 36): secrets by reference, listener and HTTP API, NetworkPolicy ----------
+
+#: A password the secured tests write into the "mounted" files; no manifest may ever hold it.
+PASSWORD = f"chart-test-{secrets.token_hex(8)}"
+#: Environment names of the security settings (prefix + upper-case setting name).
+_SECURITY_ENV = ("KAFKA_", "ZK_AUTH", "ZK_TLS", "TLS_", "LISTENER_", "SASL_", "HTTP_")
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def _file_source(workload: dict[str, Any], path: str) -> tuple[str, str, str]:
+    """(volume kind, object name, key) a file in the container comes from, via its mount."""
+    container = _container(workload)
+    mount = next(
+        m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")
+    )
+    assert mount.get("readOnly") is True, f"{mount['name']} is mounted writable"
+    volume = next(v for v in _pod(workload)["volumes"] if v["name"] == mount["name"])
+    kind = "secret" if "secret" in volume else "configMap"
+    source = volume[kind]
+    name = source["secretName"] if kind == "secret" else source["name"]
+    relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    keys = [i["key"] for i in source["items"] if i["path"] == relative]
+    assert len(keys) == 1, f"{path}: no item of volume {mount['name']} is {relative}"
+    assert source["defaultMode"] == 0o440
+    return kind, name, keys[0]
+
+
+def test_default_render_has_no_security_objects_env_or_volumes(tools: Tools) -> None:
+    """Security is opt-in: without it the chart renders what it did before issue 36."""
+    docs = helm_template(tools)
+    assert not find(docs, "NetworkPolicy")
+    assert not find(docs, "Secret")
+    for kind, prefix in (("Deployment", "KDELAY_PROXY_"), ("StatefulSet", "KDELAY_REPLICA_")):
+        workload = one(docs, kind)
+        names = [e["name"] for e in _container(workload)["env"]]
+        leaked = [n for n in names if n.removeprefix(prefix).startswith(_SECURITY_ENV)]
+        assert not leaked, f"{kind}: {leaked}"
+        assert {v["name"] for v in _pod(workload)["volumes"]} <= {"config", "tmp", "data"}
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert "scheme" not in _container(workload)[probe]["httpGet"]
+    monitors = find(
+        helm_template(tools, values=[CI / "servicemonitor-values.yaml"]), "ServiceMonitor"
+    )
+    assert all("scheme" not in m["spec"]["endpoints"][0] for m in monitors)
+
+
+def test_secured_passwords_reach_pods_only_as_files_from_secrets(tools: Tools) -> None:
+    """Every password is a key of an existing Secret, mounted read-only and named to the
+    component by a *_PASSWORD_FILE variable: no password variable, no secretKeyRef (it would
+    show in `kubectl describe`), no chart-made Secret; one Kafka user per component."""
+    docs = helm_template(tools, values=[SECURED])
+    assert not find(docs, "Secret")
+    expected = {
+        ("Deployment", "KDELAY_PROXY_"): ("kdelay-proxy", "kdelay-kafka-proxy"),
+        ("StatefulSet", "KDELAY_REPLICA_"): ("kdelay-replica", "kdelay-kafka-replica"),
+    }
+    for (kind, prefix), (user, secret) in expected.items():
+        workload = one(docs, kind)
+        env = {e["name"]: e for e in _container(workload)["env"]}
+        for name, entry in env.items():
+            assert "secretKeyRef" not in entry.get("valueFrom", {}), name
+            assert not name.endswith(("PASSWORD", "SECRET", "TOKEN")), name
+        value = {n: e.get("value") for n, e in env.items()}
+        assert value[f"{prefix}KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+        assert value[f"{prefix}KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
+        assert value[f"{prefix}KAFKA_SASL_USERNAME"] == user
+        password_file = value[f"{prefix}KAFKA_SASL_PASSWORD_FILE"]
+        assert _file_source(workload, password_file) == ("secret", secret, "password")
+        zk_file = value[f"{prefix}ZK_AUTH_PASSWORD_FILE"]
+        assert _file_source(workload, zk_file) == ("secret", "kdelay-zookeeper", "password")
+        assert value[f"{prefix}ZK_AUTH_USERNAME"] == "kdelay"
+        assert value[f"{prefix}ZK_TLS"] == "true"
+        for setting in ("KAFKA_SSL_CA_FILE", "ZK_TLS_CA_FILE"):
+            assert _file_source(workload, value[prefix + setting]) == (
+                "secret",
+                "kafka-ca",
+                "ca.crt",
+            )
+        # Each pod mounts only its own component's Kafka password.
+        secrets = {v["secret"]["secretName"] for v in _pod(workload)["volumes"] if "secret" in v}
+        assert secrets.isdisjoint(s for _, s in expected.values() if s != secret)
+    # The ConfigMap carries no credentials either.
+    config = one(docs, "ConfigMap", "-config")["data"]
+    assert "password" not in config["proxy.yaml"] + config["delay-service.yaml"]
+
+
+def test_secured_listener_and_http_api(tools: Tools) -> None:
+    docs = helm_template(tools, values=[SECURED])
+    proxy = one(docs, "Deployment", "-proxy")
+    container = _container(proxy)
+    value = {e["name"]: e.get("value") for e in container["env"]}
+    assert value["KDELAY_PROXY_LISTENER_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert _file_source(proxy, value["KDELAY_PROXY_TLS_CERT"]) == (
+        "secret",
+        "kdelay-proxy-tls",
+        "tls.crt",
+    )
+    assert _file_source(proxy, value["KDELAY_PROXY_TLS_KEY"])[2] == "tls.key"
+    import json
+
+    mechanisms = json.loads(value["KDELAY_PROXY_SASL_MECHANISMS"])  # pydantic's form for a tuple
+    assert mechanisms == ["SCRAM-SHA-512", "SCRAM-SHA-256", "OAUTHBEARER"]
+    assert _file_source(proxy, value["KDELAY_PROXY_HTTP_TLS_CERT"])[1:] == (
+        "kdelay-proxy-tls",
+        "tls.crt",
+    )
+    assert _file_source(proxy, value["KDELAY_PROXY_HTTP_TLS_KEY"])[2] == "tls.key"
+    assert (value["KDELAY_PROXY_HTTP_AUTH"], value["KDELAY_PROXY_HTTP_SASL_MECHANISM"]) == (
+        "kafka",
+        "SCRAM-SHA-512",
+    )
+    jwks = value["KDELAY_PROXY_HTTP_JWKS_FILE"]
+    assert _file_source(proxy, jwks) == ("configMap", "kdelay-jwks", "jwks.json")
+    # HTTPS: the probes and the proxy's ServiceMonitor follow; the replicas' stay on HTTP.
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    replica_names = {e["name"] for e in _container(one(docs, "StatefulSet"))["env"]}
+    assert not {n for n in replica_names if n.startswith(("KDELAY_REPLICA_HTTP", "KDELAY_PROXY"))}
+    endpoints = {
+        m["metadata"]["name"]: m["spec"]["endpoints"][0] for m in find(docs, "ServiceMonitor")
+    }
+    assert endpoints["kd-kdelay-proxy"]["scheme"] == "https"
+    assert endpoints["kd-kdelay-proxy"]["tlsConfig"]["ca"]["secret"]["name"] == "kdelay-proxy-tls"
+    assert "scheme" not in endpoints["kd-kdelay-delay-service"]
+
+
+def test_secured_settings_are_what_the_components_load(
+    tools: Tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered environment and config files, with the mounted files stood in for under
+    tmp_path, build the proxy's and the replica's real settings: the variable names are the
+    components' own, and the password reaches librdkafka and ZooKeeper from its file only."""
+    import yaml
+
+    from delay_service.config import ReplicaConfig
+    from kdelay.config_loader import load
+    from proxy.config import ProxyConfig
+
+    docs = helm_template(tools, values=[SECURED])
+    rendered = "\n".join(yaml.safe_dump(d) for d in docs)
+    data = one(docs, "ConfigMap", "-config")["data"]
+    for kind, cls, config_name in (
+        ("Deployment", ProxyConfig, "proxy.yaml"),
+        ("StatefulSet", ReplicaConfig, "delay-service.yaml"),
+    ):
+        with monkeypatch.context() as env:
+            for entry in _container(one(docs, kind))["env"]:
+                value = entry.get("value")
+                if value is None:
+                    continue  # the downward API's pod name and IP
+                if value.startswith("/etc/kdelay/"):
+                    stand_in = tmp_path / value.lstrip("/")
+                    stand_in.parent.mkdir(parents=True, exist_ok=True)
+                    secret = PASSWORD if value.endswith("/password") else "{}"
+                    stand_in.write_text(secret + "\n")
+                    value = str(stand_in)
+                env.setenv(entry["name"], value)
+            config_file = tmp_path / config_name
+            config_file.write_text(data[config_name])
+            cfg = load(cls, config_file=config_file)
+        assert isinstance(cfg, ProxyConfig | ReplicaConfig)
+        client = cfg.kafka_client_config()
+        assert client["security.protocol"] == "SASL_SSL"
+        assert client["sasl.password"] == PASSWORD
+        assert client["ssl.ca.location"].endswith("/etc/kdelay/tls/kafka-ca/ca.crt")
+        assert cfg.zk_password() == PASSWORD
+        assert cfg.zk_tls is True
+        if isinstance(cfg, ProxyConfig):
+            assert cfg.listener_protocol == "SASL_SSL"
+            assert cfg.sasl_mechanisms == ("SCRAM-SHA-512", "SCRAM-SHA-256", "OAUTHBEARER")
+    assert PASSWORD not in rendered
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"kafka.securityProtocol": "SASL_SSL"},
+            "kafka.sasl.proxy.existingSecret is required when kafka.securityProtocol is SASL_SSL",
+        ),
+        (
+            {
+                "kafka.securityProtocol": "SASL_PLAINTEXT",
+                "kafka.sasl.proxy.existingSecret": "p",
+                "kafka.sasl.delayService.username": "",
+            },
+            "kafka.sasl.delayService.username is required",
+        ),
+        (
+            {
+                "kafka.tls.ca.existingSecret": "a",
+                "kafka.tls.ca.existingConfigMap": "b",
+                "kafka.securityProtocol": "SSL",
+            },
+            "kafka.tls.ca: set existingSecret or existingConfigMap, not both",
+        ),
+        (
+            {"proxy.kafkaListener.securityProtocol": "SSL"},
+            "proxy.kafkaListener.tls.existingSecret is required",
+        ),
+        (
+            {"proxy.kafkaListener.securityProtocol": "SASL_PLAINTEXT"},
+            "kafka.securityProtocol must be SASL_SSL or SASL_PLAINTEXT",
+        ),
+        ({"proxy.kafkaListener.tls.existingSecret": "t"}, "securityProtocol is PLAINTEXT"),
+        ({"proxy.httpApi.auth": "kafka"}, "set proxy.httpApi.tls.existingSecret"),
+        ({"proxy.httpApi.jwks.existingConfigMap": "j"}, "needs proxy.httpApi.auth=kafka"),
+        ({"zookeeper.auth.username": "kdelay"}, "zookeeper.auth.existingSecret is required"),
+        ({"zookeeper.auth.existingSecret": "z"}, "without zookeeper.auth.username"),
+        ({"zookeeper.tls.ca.existingSecret": "c"}, "zookeeper.tls.enabled is false"),
+    ],
+)
+def test_incomplete_security_fails_naming_the_value(
+    tools: Tools, sets: dict[str, str], message: str
+) -> None:
+    result = helm_template_text(tools, sets=sets)
+    assert result.returncode != 0, f"{sets} was accepted"
+    assert message in result.stderr, result.stderr
+
+
+def test_http_auth_without_tls_only_when_plaintext_auth_is_allowed(tools: Tools) -> None:
+    docs = helm_template(
+        tools,
+        sets={"proxy.httpApi.auth": "kafka", "proxy.extraConfig.http_allow_plaintext_auth": "true"},
+    )
+    env = {e["name"]: e.get("value") for e in _container(one(docs, "Deployment"))["env"]}
+    assert env["KDELAY_PROXY_HTTP_AUTH"] == "kafka"
+    assert "KDELAY_PROXY_HTTP_TLS_CERT" not in env
+
+
+def _policy_ports(rule: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(p["protocol"], p["port"]) for p in rule["ports"]}
+
+
+def test_network_policies_open_the_proxy_and_close_the_replicas(tools: Tools) -> None:
+    docs = helm_template(tools, values=[SECURED])
+    proxy_pods = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    replica_pods = one(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    proxy_np = one(docs, "NetworkPolicy", "-proxy")["spec"]
+    replica_np = one(docs, "NetworkPolicy", "-delay-service")["spec"]
+    # Each policy selects its component's pods and no other.
+    assert proxy_np["podSelector"]["matchLabels"].items() <= proxy_pods.items()
+    assert not proxy_np["podSelector"]["matchLabels"].items() <= replica_pods.items()
+    assert replica_np["podSelector"]["matchLabels"].items() <= replica_pods.items()
+    assert not replica_np["podSelector"]["matchLabels"].items() <= proxy_pods.items()
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    # The proxy: Kafka and HTTP from the labelled clients and the producer namespaces only.
+    clients, scrape = proxy_np["ingress"]
+    assert _policy_ports(clients) == {("TCP", 9092), ("TCP", 8080)}
+    assert clients["from"] == [
+        {"podSelector": {"matchLabels": {"kd-kdelay-client": "true"}}},
+        {"namespaceSelector": {"matchLabels": {"kdelay-access": "producer"}}},
+    ]
+    assert _policy_ports(scrape) == {("TCP", 8080)}
+    assert scrape["from"] == [monitoring]
+    # The replicas: their metrics (and query) port from the proxy pods, the replicas (kdelay
+    # status --id in a replica pod) and monitoring only.
+    (only,) = replica_np["ingress"]
+    assert _policy_ports(only) == {("TCP", 9400)}
+    proxy_peer, replica_peer, monitoring_peer = only["from"]
+    assert proxy_peer["podSelector"]["matchLabels"].items() <= proxy_pods.items()
+    assert replica_peer["podSelector"]["matchLabels"] == replica_np["podSelector"]["matchLabels"]
+    assert "namespaceSelector" not in proxy_peer
+    assert "namespaceSelector" not in replica_peer
+    assert monitoring_peer == monitoring
+    # Egress: DNS, Kafka's and ZooKeeper's ports from the connect strings, and (proxy) replicas.
+    for policy in (proxy_np, replica_np):
+        assert policy["policyTypes"] == ["Ingress", "Egress"]
+        ports = [_policy_ports(rule) for rule in policy["egress"]]
+        assert ports[:3] == [{("UDP", 53), ("TCP", 53)}, {("TCP", 9093)}, {("TCP", 2281)}]
+        assert all("to" not in rule for rule in policy["egress"][:3])
+    for policy in (proxy_np, replica_np):
+        (to_replicas,) = policy["egress"][3:]
+        assert _policy_ports(to_replicas) == {("TCP", 9400)}
+        matched = to_replicas["to"][0]["podSelector"]["matchLabels"]
+        assert matched.items() <= replica_pods.items()
+
+
+def test_network_policy_defaults_allow_every_client_and_all_egress(tools: Tools) -> None:
+    docs = helm_template(
+        tools,
+        sets={
+            "networkPolicy.enabled": "true",
+            "networkPolicy.kafkaEgressTo[0].ipBlock.cidr": "10.1.0.0/16",
+        },
+    )
+    proxy_np = one(docs, "NetworkPolicy", "-proxy")["spec"]
+    assert proxy_np["policyTypes"] == ["Ingress"]
+    assert "egress" not in proxy_np
+    (clients,) = proxy_np["ingress"]
+    assert "from" not in clients, "allowExternal: any client reaches the Kafka and HTTP ports"
+    replica_np = one(docs, "NetworkPolicy", "-delay-service")["spec"]
+    (only,) = replica_np["ingress"]
+    assert len(only["from"]) == 2, "no monitoring selector: only the proxy pods and replicas"
+    # Egress limited, Kafka where told, extra ports and rules kept.
+    docs = helm_template(
+        tools,
+        sets={
+            "networkPolicy.enabled": "true",
+            "networkPolicy.allowExternalEgress": "false",
+            "networkPolicy.kafkaEgressTo[0].ipBlock.cidr": "10.1.0.0/16",
+            "networkPolicy.kafkaExtraPorts[0]": "9094",
+            "networkPolicy.extraEgress[0].ports[0].port": "443",
+        },
+    )
+    egress = one(docs, "NetworkPolicy", "-delay-service")["spec"]["egress"]
+    assert egress[1]["to"] == [{"ipBlock": {"cidr": "10.1.0.0/16"}}]
+    assert _policy_ports(egress[1]) == {("TCP", 9092), ("TCP", 9094)}
+    assert egress[-1] == {"ports": [{"port": 443}]}

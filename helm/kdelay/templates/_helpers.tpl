@@ -76,11 +76,6 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 {{- end -}}
 
-{{/* Name of the Secret holding the Kafka SASL credentials. */}}
-{{- define "kdelay.kafkaSecretName" -}}
-{{- default (printf "%s-kafka" (include "kdelay.fullname" .)) .Values.kafka.sasl.existingSecret -}}
-{{- end -}}
-
 {{/* The proxy's advertised host (empty in podIP mode: it comes from the downward API). */}}
 {{- define "kdelay.proxy.advertisedHost" -}}
 {{- $adv := .Values.proxy.advertised -}}
@@ -140,26 +135,15 @@ Pass (dict "probe" .Values.x.livenessProbe "custom" .Values.x.customLivenessProb
 {{/* Checksums of the rendered config, so pods roll when it changes. */}}
 {{- define "kdelay.configChecksums" -}}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
-checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
 {{- end -}}
 
-{{/* Volumes and mounts shared by both components. */}}
+{{/* Volumes and mounts shared by both components (security ones: _security.tpl). */}}
 {{- define "kdelay.commonVolumes" -}}
 - name: config
   configMap:
     name: {{ include "kdelay.fullname" . }}-config
 - name: tmp
   emptyDir: {}
-{{- if .Values.kafka.sasl.enabled }}
-- name: kafka-sasl
-  secret:
-    secretName: {{ include "kdelay.kafkaSecretName" . }}
-{{- end }}
-{{- if .Values.kafka.tls.enabled }}
-- name: kafka-tls
-  secret:
-    secretName: {{ required "kafka.tls.existingSecret is required when kafka.tls.enabled" .Values.kafka.tls.existingSecret }}
-{{- end }}
 {{- end -}}
 
 {{- define "kdelay.commonVolumeMounts" -}}
@@ -168,14 +152,4 @@ checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256
   readOnly: true
 - name: tmp
   mountPath: /tmp
-{{- if .Values.kafka.sasl.enabled }}
-- name: kafka-sasl
-  mountPath: /etc/kdelay/secrets/kafka
-  readOnly: true
-{{- end }}
-{{- if .Values.kafka.tls.enabled }}
-- name: kafka-tls
-  mountPath: /etc/kdelay/tls
-  readOnly: true
-{{- end }}
 {{- end -}}
