@@ -251,6 +251,8 @@ class LocalKafka:
         )
         argv.insert(1, f"-Dlog4j2.configurationFile={node.data_dir / 'log4j2.properties'}")
         argv.insert(1, f"-Dkafka.logs.dir={node.data_dir}")
+        if self.settings.security is not None:
+            argv[1:1] = self.settings.security.jvm_options()
         node.process = ManagedProcess(f"kafka-{node.node_id}", argv, node.data_dir / "kafka.log")
         node.process.start()
 

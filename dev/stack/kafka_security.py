@@ -5,8 +5,12 @@ The secured listener (``SECURE``) speaks ``KafkaSecurity.protocol`` with the ena
 PLAIN (users in the listener's JAAS entry, so they are fixed at start), SCRAM-SHA-256/512 (users
 created once the broker runs, with AlterUserScramCredentials from a super user: any Kafka admin
 client can add more), and OAUTHBEARER with Kafka's unsecured JWS validator (the default when no
-JWKS endpoint is configured: tokens are trusted unsigned, for tests only). KRaft's
-StandardAuthorizer enforces ACLs on every listener; ``super_users`` bypass them.
+JWKS endpoint is configured: tokens are trusted unsigned, for tests only), or, with
+``jwks_file``, Kafka's own validator checking signed JWTs against that JWKS file
+(``sasl.oauthbearer.jwks.endpoint.url=file:...``; Kafka 4 reads only URLs and files its JVM
+allows: :meth:`KafkaSecurity.jvm_options` gives the ``-Dorg.apache.kafka.sasl.oauthbearer.*``
+properties). KRaft's StandardAuthorizer enforces ACLs on every listener; ``super_users`` bypass
+them.
 
 ``open_listener`` keeps the PLAINTEXT listener beside it, whose anonymous principal is made a
 super user: the tests' own helpers, the replicas and anything not under test keep working
@@ -49,6 +53,12 @@ _LOGIN_MODULES = {
 }
 
 
+#: Kafka 4's OAUTHBEARER validator of signed JWTs (a JWKS endpoint, here a file).
+_SECURED_VALIDATOR = (
+    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+)
+
+
 @dataclass(frozen=True)
 class KafkaSecurity:
     """A secured listener: protocol, mechanisms, users (name -> password, each for PLAIN and
@@ -61,6 +71,9 @@ class KafkaSecurity:
     open_listener: bool = True
     #: ``connections.max.reauth.ms`` per mechanism (0 or absent: sessions never expire).
     max_reauth_ms: dict[str, int] = field(default_factory=dict)
+    #: A JWKS file (absolute path) whose keys sign the OAUTHBEARER tokens Kafka accepts; None:
+    #: the unsecured validator (unsigned tokens).
+    jwks_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -79,6 +92,16 @@ class KafkaSecurity:
     @property
     def scram(self) -> tuple[str, ...]:
         return tuple(m for m in self.mechanisms if m in _SCRAM)
+
+    def jvm_options(self) -> list[str]:
+        """System properties the broker's JVM needs: Kafka 4 fetches an OAUTHBEARER JWKS only
+        from a URL (and a file) these allow."""
+        if self.jwks_file is None or "OAUTHBEARER" not in self.mechanisms:
+            return []
+        return [
+            f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.jwks_file.as_uri()}",
+            f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.files={self.jwks_file}",
+        ]
 
 
 def _jaas(module: str, options: dict[str, str]) -> str:
@@ -122,6 +145,10 @@ def listener_properties(
                 options = {"username": admin, "password": sec.users[admin], **options}
         elif mech == "OAUTHBEARER":
             options = {"unsecuredLoginStringClaim_sub": sec.super_users[0]}
+            if sec.jwks_file is not None:
+                prefix = f"listener.name.{name}.oauthbearer"
+                props[f"{prefix}.sasl.server.callback.handler.class"] = _SECURED_VALIDATOR
+                props["sasl.oauthbearer.jwks.endpoint.url"] = sec.jwks_file.as_uri()
         props[f"listener.name.{name}.{mech.lower()}.sasl.jaas.config"] = _jaas(
             _LOGIN_MODULES[mech], options
         )

@@ -146,8 +146,12 @@ def _binding(user: str, topic: str, operation: str) -> AclBinding:
 
 
 @contextmanager
-def secured_kafka(base: Path, protocol: str = "SASL_SSL") -> Iterator[SecureKafka]:
-    """A secured single-broker Kafka in ``base`` (see the module docstring)."""
+def secured_kafka(
+    base: Path, protocol: str = "SASL_SSL", *, jwks_file: Path | None = None
+) -> Iterator[SecureKafka]:
+    """A secured single-broker Kafka in ``base`` (see the module docstring); with ``jwks_file``
+    its OAUTHBEARER accepts only JWTs signed by a key of that JWKS file (Kafka's own validator)
+    instead of unsecured ones."""
     if infra.backend() != "local":
         pytest.skip("the secured Kafka is started from the pinned jars (KDELAY_TEST_INFRA=local)")
     users = {u: secrets.token_urlsafe(18) for u in USERS}
@@ -157,6 +161,7 @@ def secured_kafka(base: Path, protocol: str = "SASL_SSL") -> Iterator[SecureKafk
         mechanisms=MECHANISMS,
         super_users=("admin", "kdelay"),
         max_reauth_ms={"PLAIN": PLAIN_REAUTH_MS},
+        jwks_file=jwks_file,
     )
     settings = KafkaSettings(num_partitions=1, auto_create_topics=True, security=security)
     launcher = LocalKafka(base / f"kafka-{protocol.lower()}", settings=settings)
