@@ -542,6 +542,15 @@ def test_secured_settings_are_what_the_components_load(
         ("Deployment", ProxyConfig, "proxy.yaml"),
         ("StatefulSet", ReplicaConfig, "delay-service.yaml"),
     ):
+        prefix = str(cls.model_config.get("env_prefix"))
+        names = [e["name"] for e in _container(one(docs, kind))["env"]]
+        unknown = [
+            n
+            for n in names
+            if n != "PYTHONDONTWRITEBYTECODE"
+            and n.removeprefix(prefix).lower() not in cls.model_fields
+        ]
+        assert not unknown, f"{kind}: no such setting: {unknown}"
         with monkeypatch.context() as env:
             for entry in _container(one(docs, kind))["env"]:
                 value = entry.get("value")
@@ -567,6 +576,13 @@ def test_secured_settings_are_what_the_components_load(
         if isinstance(cfg, ProxyConfig):
             assert cfg.listener_protocol == "SASL_SSL"
             assert cfg.sasl_mechanisms == ("SCRAM-SHA-512", "SCRAM-SHA-256", "OAUTHBEARER")
+            assert cfg.tls_cert is not None
+            assert str(cfg.tls_cert).endswith("/etc/kdelay/tls/listener/tls.crt")
+            assert (cfg.http_auth, cfg.http_sasl_mechanism) == ("kafka", "SCRAM-SHA-512")
+            assert cfg.http_tls_cert is not None
+            assert str(cfg.http_tls_cert).endswith("/etc/kdelay/tls/http/tls.crt")
+            assert cfg.http_jwks_file is not None
+            assert cfg.http_jwks_file.name == "jwks.json"
     assert PASSWORD not in rendered
 
 
