@@ -36,7 +36,7 @@ from proxy.app import Proxy
 from tests.support.infra import ZooKeeperInfra
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.replicas import ReplicaSet
-from tests.support.secure_kafka import SecureKafka, secured_kafka
+from tests.support.secure_kafka import PLAIN_REAUTH_MS, SecureKafka, secured_kafka
 
 ROOT = Path(__file__).parents[2]
 FRANZ_SRC = ROOT / "tests" / "support" / "franz"
@@ -175,6 +175,10 @@ def _addr(px: Proxy) -> str:
     return px.addresses.kafka
 
 
+def _metric(px: Proxy, name: str, labels: dict[str, str]) -> float:
+    return px.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def _topic(secure: SecureKafka, prefix: str, user: str, *operations: str) -> str:
     topic = unique_topic(prefix)
     create_topic(secure.plain, topic, partitions=2)
@@ -215,6 +219,27 @@ def test_franz_go_produces_immediate_and_delayed_with_each_mechanism(
         f"ms after sent; delayed ({DELAY_MS} ms) due {due - sent} ms and read "
         f"{delivered['received_ms'] - sent} ms after sent"
     )
+
+
+def test_reauthentication_keeps_a_franz_go_producer_going(
+    franz: Path, secure: SecureKafka, proxy: Proxy
+) -> None:
+    """PLAIN sessions last PLAIN_REAUTH_MS on this Kafka (KIP-368): producing one record at a
+    time for three lifetimes, franz-go logs in again on its connections before they expire
+    (at least twice in all), the proxy relays that, and no record fails."""
+    topic = _topic(secure, "franz-reauth", "alice")
+    reauths = {"mechanism": "PLAIN", "kind": "reauthentication"}
+    expired = {"mechanism": "PLAIN", "reason": "session_expired"}
+    before = _metric(proxy, "kdelay_proxy_authentications_total", reauths)
+    expired_before = _metric(proxy, "kdelay_proxy_auth_failures_total", expired)
+    run = _franz(franz, secure, _addr(proxy), "alice", "PLAIN", topic=topic,
+                 extra=("-repeat-for", f"{3 * PLAIN_REAUTH_MS}ms"))  # fmt: skip
+    assert run.error is None, run.out
+    after = _metric(proxy, "kdelay_proxy_authentications_total", reauths)
+    print(f"{run.out['repeated']} records, {after - before:.0f} re-authentications")
+    assert run.out["repeated"] > 0
+    assert after >= before + 2
+    assert _metric(proxy, "kdelay_proxy_auth_failures_total", expired) == expired_before
 
 
 def test_without_a_go_toolchain_the_tests_fail_saying_so(

@@ -6,7 +6,9 @@
 // partition of -topic through -brokers, one ProduceSync per kind so each kind is a batch of its
 // own (a mixed batch's answer carries the first immediate record's offset). With
 // -consume-brokers it then reads that partition from the start, with the same security settings,
-// until it has seen every record it produced or -timeout passes. It prints one JSON line:
+// until it has seen every record it produced or -timeout passes. With -repeat-for it first keeps
+// one connection busy, producing one record at a time, across SASL session lifetimes (KIP-368
+// re-authentication). It prints one JSON line:
 // what each record was acknowledged with, what was read back and when, and the first error
 // with franz-go's exact text and Kafka error code.
 //
@@ -52,7 +54,7 @@ type settings struct {
 	topic, delayHeader, runID                                     string
 	partition                                                     int
 	count, delayed                                                int
-	timeout, deliveryTimeout                                      time.Duration
+	timeout, deliveryTimeout, repeatFor, repeatEvery              time.Duration
 	ping                                                          bool
 }
 
@@ -86,6 +88,8 @@ type result struct {
 	Code      string `json:"code,omitempty"`
 	Stage     string `json:"stage,omitempty"`
 	ElapsedMs int64  `json:"elapsed_ms"`
+	// Repeated counts the records of -repeat-for acknowledged, one at a time.
+	Repeated int `json:"repeated"`
 	// The first failed connection (OnBrokerConnect: dial, TLS, ApiVersions or SASL), its Kafka
 	// error code and when it came; the first line franz-go logged at level ERROR.
 	ConnectError     string `json:"connect_error,omitempty"`
@@ -147,6 +151,8 @@ func main() {
 	flag.StringVar(&s.runID, "run-id", "", "prefix of values and ids (default: the time)")
 	flag.DurationVar(&s.timeout, "timeout", 60*time.Second, "deadline of the whole run")
 	flag.DurationVar(&s.deliveryTimeout, "delivery-timeout", 0, "kgo.RecordDeliveryTimeout (0: franz-go's default, unlimited)")
+	flag.DurationVar(&s.repeatFor, "repeat-for", 0, "then produce one immediate record every -repeat-every for this long")
+	flag.DurationVar(&s.repeatEvery, "repeat-every", 200*time.Millisecond, "the pace of -repeat-for")
 	flag.BoolVar(&s.ping, "ping", false, "Ping (a Metadata request) before producing, reporting its error")
 	flag.Parse()
 	if s.runID == "" {
@@ -243,7 +249,19 @@ func run(s settings) (out result) {
 			out.Produced = append(out.Produced, p)
 		}
 	}
-	if out.Error != "" || s.consumeBrokers == "" {
+	if out.Error != "" {
+		return out
+	}
+	// One record at a time for -repeat-for: a connection kept busy across SASL session
+	// lifetimes (KIP-368 re-authentication).
+	for until := time.Now().Add(s.repeatFor); time.Now().Before(until); time.Sleep(s.repeatEvery) {
+		r := &kgo.Record{Topic: s.topic, Partition: int32(s.partition), Value: []byte("repeat")}
+		if err := producer.ProduceSync(ctx, r).FirstErr(); err != nil {
+			return fail("repeat", err)
+		}
+		out.Repeated++
+	}
+	if s.consumeBrokers == "" {
 		return out
 	}
 	out.Consumed, err = readBack(ctx, s, opts)
