@@ -6,11 +6,11 @@
 // partition of -topic through -brokers, one ProduceSync per kind so each kind is a batch of its
 // own (a mixed batch's answer carries the first immediate record's offset). With
 // -consume-brokers it then reads that partition from the start, with the same security settings,
-// until it has seen every record it produced or -timeout passes. With -repeat-for it first keeps
-// one connection busy, producing one record at a time, across SASL session lifetimes (KIP-368
-// re-authentication). It prints one JSON line:
-// what each record was acknowledged with, what was read back and when, and the first error
-// with franz-go's exact text and Kafka error code.
+// until it has seen every record it produced or -timeout passes. With -repeat-for, before reading
+// back, it keeps its connections busy, producing one record at a time, across SASL session
+// lifetimes (KIP-368 re-authentication). It prints one JSON line: what each record was
+// acknowledged with, what was read back and when, and the first error with franz-go's exact
+// text and Kafka error code, besides the first failed connection and ERROR log line.
 //
 // Why: an unchanged producer configured for a secured cluster must work through the proxy by
 // changing only the bootstrap servers; the Python tests (tests/integration/
@@ -21,7 +21,8 @@
 // is read from the environment variable named by -password-env only, never from a flag. TLS is
 // on when -ca-file is given (the CA that signed the listener's certificate).
 //
-// Concurrency: one goroutine drives everything; franz-go runs its own goroutines per broker.
+// Concurrency: one goroutine drives everything; franz-go runs its own goroutines per broker and
+// calls the observer's hook and logger from them (it takes a lock).
 // The exit status is 0 whenever the JSON line was printed, failures included: the caller judges.
 package main
 
