@@ -96,6 +96,9 @@ def franz() -> Path:
             pytrace=False,
         )
     partial.replace(binary)  # atomic: a concurrent build of the same key writes the same file
+    for stale in BIN_DIR.glob("franz-*"):  # builds of older sources
+        if stale != binary and not stale.name.endswith(".tmp"):
+            stale.unlink(missing_ok=True)
     return binary
 
 
