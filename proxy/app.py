@@ -122,6 +122,7 @@ class Proxy:
         self.clock: BrokerClock | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_config: uvicorn.Config | None = None
+        self._http_auth: HttpAuthenticator | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stop_requested: asyncio.Event | None = None
         self.addresses: Addresses | None = None
@@ -212,6 +213,7 @@ class Proxy:
             self.replicas = ReplicaApi(
                 cfg.zk_connect, cfg.zk_root, timeout_s=cfg.replica_timeout_ms / 1000
             )
+        self._http_auth = _http_authenticator(cfg, self.metrics, self.kafka.auth)
         app = create_app(
             topics,
             self.upstream,
@@ -226,7 +228,7 @@ class Proxy:
             pending_timeout_s=cfg.pending_timeout_ms / 1000,
             order=order,
             cancel_acks=cancel_acks,
-            auth=_http_authenticator(cfg, self.metrics, self.kafka.auth),
+            auth=self._http_auth,
         )
         # HTTPS when http_tls_cert and http_tls_key are set (uvicorn loads them at each start).
         self._http_config = uvicorn.Config(
@@ -361,6 +363,8 @@ class Proxy:
                 await task
         if self.kafka is not None:
             await self.kafka.close()
+        if self._http_auth is not None:  # the HTTP callers' own connections to Kafka
+            await self._http_auth.close()
         if self.upstream is not None:
             await asyncio.to_thread(self.upstream.close)
         if self.replicas is not None:

@@ -415,9 +415,7 @@ class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity
                 "http_tls_cert and http_tls_key (HTTPS), or http_allow_plaintext_auth=true to "
                 "accept them over plain HTTP on a trusted network"
             )
-        upstream = self.upstream_config.get(
-            "security.protocol", self.kafka_security_protocol
-        ).upper()
+        upstream = self.upstream_client_config().get("security.protocol", "PLAINTEXT").upper()
         if not upstream.startswith("SASL_"):
             raise ValueError(
                 "http_auth=kafka logs each caller in to upstream Kafka, so upstream must be "

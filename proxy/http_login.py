@@ -25,9 +25,9 @@ credentials but ``/healthz``, ``/readyz`` and ``/metrics`` (probes and Prometheu
 console (``/ui/``) and the OpenAPI pages do too. The caller it establishes is what routes get
 from ``proxy.http_auth.current_caller``.
 
-Concurrency: on the proxy's asyncio loop only. Two requests with the same new credentials may
-both log in (the second login replaces the first in the cache); a login's connection serialises
-its Metadata requests.
+Concurrency: on the proxy's asyncio loop only. Requests with the same new credentials at the
+same time share one login (and its outcome); a login's connection serialises its Metadata
+requests.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ log = logs.get(__name__)
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 REALM: Final = "kdelay"
 #: How many logins are kept at most (each holds a connection to Kafka); oldest go first.
-MAX_LOGINS: Final = 10_000
+MAX_LOGINS: Final = 1_000
 #: The mechanism label of a request whose credentials name none (absent or malformed).
 NO_MECHANISM: Final = "none"
 
@@ -134,9 +134,22 @@ class KafkaCaller:
         self.access = access
         self.buffer_topic = buffer_topic
         self._lost = lost
-        #: The connection of a login not kept for reuse (``acl_cache_ms`` 0), closed once the
-        #: request is answered.
-        self.transient_link: Link | None = None
+        #: Requests using this login now; its connection closes only once it is retired (out
+        #: of the cache) and unused, so no request loses it half-way.
+        self.users = 0
+        self.retired = False
+        self.closed = False
+
+    def acquire(self) -> bool:
+        """Count a request using this login; False when its connection is already closed."""
+        if self.closed:
+            return False
+        self.users += 1
+        return True
+
+    @property
+    def link(self) -> Link:
+        return self.access.link
 
     @property
     def principal(self) -> str:
@@ -166,7 +179,6 @@ class KafkaCaller:
 @dataclass
 class _Login:
     caller: KafkaCaller
-    link: Link
     timer: asyncio.TimerHandle | None = None
 
 
@@ -195,6 +207,10 @@ class HttpAuthenticator:
         self.settings = settings
         self.metrics = settings.metrics
         self._logins: OrderedDict[bytes, _Login] = OrderedDict()
+        #: Connections being closed (kept referenced until they are).
+        self._closing: set[asyncio.Task[None]] = set()
+        #: Logins in progress, by the same key.
+        self._pending: dict[bytes, asyncio.Future[KafkaCaller]] = {}
         challenges = [f'Basic realm="{REALM}", charset="UTF-8"']
         if settings.jwks is not None:
             challenges.append(f'Bearer realm="{REALM}"')
@@ -213,11 +229,18 @@ class HttpAuthenticator:
         if credentials is None:
             self.metrics.auth_failures.labels(NO_MECHANISM, "http_missing_credentials").inc()
             raise self._unauthenticated("this request carries no credentials (Authorization)")
-        if isinstance(credentials, Bearer):
-            return await self._bearer(credentials, address)
-        return await self._basic(credentials, address)
+        # A shared login can be retired and closed before a request that waited for it
+        # resumes (its lifetime was a token's last milliseconds): that request logs in again.
+        for _ in range(3):
+            if isinstance(credentials, Bearer):
+                caller = await self._bearer(credentials, address)
+            else:
+                caller = await self._basic(credentials, address)
+            if caller.acquire():
+                return caller
+        raise UnavailableError("the login to upstream Kafka kept expiring before it was used")
 
-    async def _basic(self, cred: Basic, address: str) -> Caller:
+    async def _basic(self, cred: Basic, address: str) -> KafkaCaller:
         mechanism = self.settings.mechanism
         key = self._key("basic", mechanism, cred.username, cred.password)
         found = self._logins.get(key)
@@ -234,7 +257,7 @@ class HttpAuthenticator:
             expires_at=None,
         )
 
-    async def _bearer(self, cred: Bearer, address: str) -> Caller:
+    async def _bearer(self, cred: Bearer, address: str) -> KafkaCaller:
         mechanism = sasl.OAUTHBEARER
         jwks = self.settings.jwks
         if jwks is None:
@@ -273,7 +296,34 @@ class HttpAuthenticator:
         secret: str,
         address: str,
         expires_at: float | None,
-    ) -> Caller:
+    ) -> KafkaCaller:
+        """The caller, logged in once for requests that bring the same new credentials at the
+        same time (a SCRAM login costs Kafka thousands of hash iterations): they wait for the
+        login in progress and share its outcome, its 401 included."""
+        if self.settings.login_ttl_s <= 0:  # nothing is shared: each request logs in
+            return await self._log_in(
+                key, principal, mechanism, username, secret, address, expires_at
+            )
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(
+                self._log_in(key, principal, mechanism, username, secret, address, expires_at)
+            )
+            self._pending[key] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(key, None))
+        # A waiter that goes away (its client disconnected) leaves the login to the others.
+        return await asyncio.shield(pending)
+
+    async def _log_in(  # noqa: PLR0917 - private, called twice above
+        self,
+        key: bytes,
+        principal: sasl.Principal,
+        mechanism: str,
+        username: str,
+        secret: str,
+        address: str,
+        expires_at: float | None,
+    ) -> KafkaCaller:
         link = self.settings.link_factory(self.settings.link)
         try:
             await link.connect()
@@ -297,7 +347,7 @@ class HttpAuthenticator:
         caller = KafkaCaller(
             principal, access, self.settings.buffer_topic, lambda: self._forget(key, entry)
         )
-        entry = _Login(caller, link)
+        entry = _Login(caller)
         self.metrics.authentications.labels(mechanism, "http").inc()
         log.info(
             "proxy.http_authenticated",
@@ -310,13 +360,17 @@ class HttpAuthenticator:
             self._remember(key, entry, ttl)
         else:
             # Not reusable: the connection serves this request's questions, then closes.
-            caller.transient_link = link
+            caller.retired = True
         return caller
 
     async def done(self, caller: Caller) -> None:
-        """The request of ``caller`` is answered: close its login's connection unless kept."""
-        if isinstance(caller, KafkaCaller) and caller.transient_link is not None:
-            await caller.transient_link.close()
+        """The request of ``caller`` is answered: its login's connection closes if it was
+        retired meanwhile and no other request uses it."""
+        if isinstance(caller, KafkaCaller):
+            caller.users -= 1
+            if caller.retired and caller.users <= 0 and not caller.closed:
+                caller.closed = True
+                await caller.link.close()
 
     def _remember(self, key: bytes, entry: _Login, ttl_s: float) -> None:
         old = self._logins.pop(key, None)
@@ -335,21 +389,29 @@ class HttpAuthenticator:
         self._drop(entry)
 
     def _drop(self, entry: _Login) -> None:
+        """Retire ``entry`` (out of the cache): its connection closes now if unused, else when
+        its last request is answered (``done``)."""
         if entry.timer is not None:
             entry.timer.cancel()
             entry.timer = None
-        self._close_soon(entry.link)
-
-    def _close_soon(self, link: Link) -> None:
-        asyncio.get_running_loop().create_task(link.close())
+        caller = entry.caller
+        caller.retired = True
+        if caller.users <= 0 and not caller.closed:
+            caller.closed = True
+            task = asyncio.get_running_loop().create_task(caller.link.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        """Close every login's connection."""
+        """Close every kept login's connection (the proxy stops)."""
         entries, self._logins = list(self._logins.values()), OrderedDict()
         for entry in entries:
             if entry.timer is not None:
                 entry.timer.cancel()
-            await entry.link.close()
+            entry.caller.retired = entry.caller.closed = True
+            await entry.caller.link.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     def _key(self, scheme: str, mechanism: str, username: str, secret: str) -> bytes:
         text = "\0".join((scheme, mechanism, username, secret)).encode()
@@ -414,15 +476,11 @@ def authenticator(
 ) -> HttpAuthenticator | None:
     """The HTTP API's authenticator for ``cfg`` (None with ``http_auth = "none"``); ``cache`` and
     ``backoff`` are the Kafka listener's when it has them, so both share Kafka's answers and an
-    address's failed logins. Links connect as the proxy's upstream does (TLS and its CA), from
-    ``upstream_config`` or else the ``kafka_*`` settings; its SASL user is never used."""
+    address's failed logins. Links connect as the proxy's upstream does (TLS and its CA:
+    ``upstream_client_config``); its SASL user is never used."""
     if cfg.http_auth == "none":
         return None
-    conf = dict(cfg.upstream_config)
-    if "security.protocol" not in conf:
-        conf["security.protocol"] = cfg.kafka_security_protocol.upper()
-        if cfg.kafka_ssl_ca_file is not None:
-            conf["ssl.ca.location"] = str(cfg.kafka_ssl_ca_file)
+    conf = cfg.upstream_client_config()
     jwks = None
     if cfg.http_jwks_file is not None:
         jwks = JwksFile(

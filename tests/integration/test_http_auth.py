@@ -31,6 +31,7 @@ import pytest
 from dev.stack import KDELAY, ManagedProcess, free_port, wait_until
 from kdelay import buffer
 from kdelay import headers as h
+from proxy import running_proxy
 from tests.support.infra import ZooKeeperInfra
 from tests.support.jwt_keys import SigningKey, write_jwks
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
@@ -267,3 +268,34 @@ def test_no_password_or_token_reaches_the_log_or_metrics(
     for secret in secrets:
         assert secret not in text
         assert secret not in metrics
+
+
+def test_an_embedded_proxy_serves_https_and_closes_its_callers_connections_when_it_stops(
+    secure: SecureKafka, keys: Keys
+) -> None:
+    ca = secure.local.ca
+    assert ca is not None
+    cfg = secure.proxy_config(
+        http_auth="kafka",
+        http_tls_cert=ca.server_cert,
+        http_tls_key=ca.server_key,
+        http_jwks_file=keys.jwks,
+    )
+    topic = _topic(secure, "alice")
+    with running_proxy(cfg) as px:
+        assert px.addresses is not None
+        assert px.addresses.http.startswith("https://127.0.0.1:")
+        verify = ssl.create_default_context(cafile=str(ca.ca_cert))
+        with httpx.Client(verify=verify, timeout=30) as client:
+            resp = client.post(
+                f"{px.addresses.http}/v1/messages",
+                json={"topic": topic, "value": "v", "delay_ms": 600_000},
+                headers={"authorization": _basic("alice", secure.password("alice"))},
+            )
+        assert resp.status_code == 202, resp.text
+        auth = px._http_auth
+        assert auth is not None
+        assert len(auth) == 1  # alice's login, kept for acl_cache_ms
+        [login] = auth._logins.values()
+    assert login.caller.closed
+    assert not login.caller.link.open

@@ -21,7 +21,7 @@ from kdelay import buffer
 from kdelay.headers import DelayPolicy
 from proxy import http_errors
 from proxy.authorization import AclCache
-from proxy.broker_link import LinkSettings
+from proxy.broker_link import Link, LinkSettings
 from proxy.http import create_app
 from proxy.http_auth import Caller, current_caller
 from proxy.http_login import (
@@ -38,7 +38,7 @@ from proxy.login_backoff import LoginBackoff
 from proxy.metrics import ProxyMetrics
 from proxy.topics import Topics
 from proxy.upstream import Upstream
-from tests.support.fake_broker_link import WRITE, FakeKafka
+from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink
 from tests.support.fakes import FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks
 
@@ -88,7 +88,9 @@ def test_a_malformed_header_says_why_without_quoting_it(header: str, why: str) -
 class Harness:
     """The proxy's HTTP API with an authenticator on a fake Kafka, on a loop of its own."""
 
-    def __init__(self, tmp: Path, *, ttl_s: float = 5.0, jwks: bool = True) -> None:
+    def __init__(
+        self, tmp: Path, *, ttl_s: float = 5.0, jwks: bool = True, slow: bool = False
+    ) -> None:
         self.kafka = FakeKafka(
             users={"alice": "pw-a", "carol": "pw-c", "dave": ""},  # dave: OAUTHBEARER
             acls={("alice", "orders"): {WRITE}, ("dave", "orders"): {WRITE}},
@@ -106,7 +108,7 @@ class Harness:
             metrics=self.metrics,
             login_ttl_s=ttl_s,
             jwks=JwksFile(write_jwks(tmp / "jwks.json", self.key)) if jwks else None,
-            link_factory=self.kafka.factory,
+            link_factory=self._slow_link if slow else self.kafka.factory,
         )
         self.auth = HttpAuthenticator(self.settings)
         self.app = create_app(
@@ -120,6 +122,11 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
         self.client = httpx.AsyncClient(transport=transport, base_url="http://proxy")
+
+    def _slow_link(self, _settings: LinkSettings) -> Link:
+        link = SlowLink(self.kafka)
+        self.kafka.links.append(link)
+        return link
 
     def request(self, method: str, url: str, auth: str | None = None, **kw: Any) -> httpx.Response:
         headers = {"authorization": auth} if auth is not None else {}
@@ -140,6 +147,14 @@ class Harness:
         self.loop.run_until_complete(self.client.aclose())
         self.loop.run_until_complete(self.auth.close())
         self.loop.close()
+
+
+class SlowLink(FakeLink):
+    """A link whose connection takes a while (other requests arrive meanwhile)."""
+
+    async def connect(self) -> None:
+        await asyncio.sleep(0.05)
+        await super().connect()
 
 
 @pytest.fixture
@@ -275,5 +290,57 @@ def test_with_no_cache_each_request_logs_in_and_closes_its_connection(tmp_path: 
         assert len(api.kafka.links) == 2
         assert not any(link.open for link in api.kafka.links)
         assert len(api.auth) == 0
+    finally:
+        api.close()
+
+
+def test_requests_with_the_same_new_credentials_share_one_login(tmp_path: Path) -> None:
+    api = Harness(tmp_path, slow=True)
+
+    async def burst(auth: str, n: int) -> list[int]:
+        body = {"topic": "orders", "value": "v", "delay_ms": 60_000}
+        answers = await asyncio.gather(
+            *(
+                api.client.post("/v1/messages", json=body, headers={"authorization": auth})
+                for _ in range(n)
+            )
+        )
+        return [a.status_code for a in answers]
+
+    try:
+        assert api.loop.run_until_complete(burst(_basic("alice", "pw-a"), 5)) == [202] * 5
+        assert len(api.kafka.links) == 1
+        assert api.loop.run_until_complete(burst(_basic("carol", "bad"), 4)) == [401] * 4
+        assert len(api.kafka.links) == 2
+        assert api.backoff.failures(PEER) == 1  # one failed login, answered four times
+    finally:
+        api.close()
+
+
+def test_close_closes_every_kept_login(api: Harness) -> None:
+    assert api.post(_basic("alice", "pw-a")).status_code == 202
+    assert api.post("Bearer " + api.key.token("dave")).status_code == 202
+    assert [link.open for link in api.kafka.links] == [True, True]
+    api.loop.run_until_complete(api.auth.close())
+    assert [link.open for link in api.kafka.links] == [False, False]
+    assert len(api.auth) == 0
+
+
+def test_a_login_that_expires_while_a_request_uses_it_closes_after_that_request(
+    tmp_path: Path,
+) -> None:
+    api = Harness(tmp_path)
+
+    async def request_outliving_its_login() -> tuple[bool, bool, bool]:
+        caller = await api.auth.caller(_basic("alice", "pw-a"), PEER)
+        [(key, entry)] = api.auth._logins.items()
+        api.auth._forget(key, entry)  # what its timer does when the login's time runs out
+        retired_but_open = len(api.auth) == 0 and api.kafka.links[0].open
+        writable = await caller.writable("orders")
+        await api.auth.done(caller)
+        return retired_but_open, writable, api.kafka.links[0].open
+
+    try:
+        assert api.loop.run_until_complete(request_outliving_its_login()) == (True, True, False)
     finally:
         api.close()
