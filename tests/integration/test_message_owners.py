@@ -76,9 +76,10 @@ class _HeaderCaller:
 
     principal: str | None
     is_admin: bool
+    may_write: bool
 
     async def writable(self, topic: str) -> bool:
-        return True
+        return self.may_write
 
     async def admin(self) -> bool:
         return self.is_admin
@@ -86,7 +87,9 @@ class _HeaderCaller:
 
 def _caller(request: Request) -> _HeaderCaller:
     return _HeaderCaller(
-        request.headers.get("x-test-principal"), request.headers.get("x-test-admin") == "1"
+        request.headers.get("x-test-principal"),
+        request.headers.get("x-test-admin") == "1",
+        request.headers.get("x-test-write") != "0",
     )
 
 
@@ -252,6 +255,14 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     )
     assert posted.status_code == 202, posted.text
     assert _pending_owner(stack, msg_id) == "User:alice"
+    # A caller Kafka does not allow WRITE on the topic: 403 for POST and PUT.
+    unwritable = {**bob, "x-test-write": "0"}
+    for method, url in (("POST", "/v1/messages"), ("PUT", f"/v1/messages/other-{msg_id}")):
+        denied = httpx.request(method, f"{stack.http}{url}", json=body, headers=unwritable)
+        assert denied.status_code == 403, denied.text
+        assert denied.json()["error"] == (
+            f"topic: Kafka's ACLs do not allow User:bob to WRITE topic {stack.topic}"
+        )
 
     # Another principal: 403 for status, replace and cancel, naming the id and who may.
     status = _status(stack, msg_id, **bob)
