@@ -62,9 +62,10 @@ def check_acls(cfg: ReplicaConfig) -> list[Acl] | None:
 
 
 def ensure_topics(cfg: ReplicaConfig) -> None:
-    """Check the replica's ACLs (:func:`check_acls`), then create the internal topics (and a
-    buffer topic of the shard's own) when missing."""
-    check_acls(cfg)
+    """Check the replica's ACLs (:func:`check_acls`), create the internal topics (and a
+    buffer topic of the shard's own) when missing, and check again what could not be asked
+    of the topics before they existed."""
+    unchecked = check_acls(cfg)
     client = cfg.kafka_client_config()
     ensure_internal_topics(
         cfg.bootstrap_servers,
@@ -82,6 +83,8 @@ def ensure_topics(cfg: ReplicaConfig) -> None:
             min_insync=cfg.buffer_min_insync_replicas,
             client_config=client,
         )
+    if unchecked and acl_check.awaiting_topics(unchecked):
+        check_acls(cfg)
 
 
 def check_layout(cfg: ReplicaConfig, session: Session) -> None:

@@ -23,6 +23,7 @@ Blocking (a few admin requests); call it from a start-up thread, never from an e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -111,16 +112,31 @@ def _may_create(admin: AdminClient, topic: str, timeout: float) -> bool:
     return True
 
 
+#: Answers while the group coordinator is not ready (a new cluster creates
+#: __consumer_offsets on the first question): asked again.
+_COORDINATOR_NOT_READY = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
+
+
 def _group_ops(admin: AdminClient, group: str, timeout: float) -> set[str] | None:
-    future = admin.describe_consumer_groups(
-        [group], include_authorized_operations=True, request_timeout=timeout
-    )[group]
-    try:
-        return _op_names(future.result(timeout=timeout).authorized_operations)
-    except KafkaException as exc:
-        if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            return set()
-        raise InfrastructureError(f"cannot describe group {group}: {exc}") from None
+    """The operations allowed on ``group`` (a group that does not exist is answered too)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        future = admin.describe_consumer_groups(
+            [group], include_authorized_operations=True, request_timeout=timeout
+        )[group]
+        try:
+            return _op_names(future.result(timeout=timeout).authorized_operations)
+        except KafkaException as exc:
+            code = _code(exc)
+            if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                return set()
+            if code not in _COORDINATOR_NOT_READY or time.monotonic() > deadline:
+                raise InfrastructureError(f"cannot describe group {group}: {exc}") from None
+        time.sleep(0.2)
 
 
 def missing_acls(
@@ -172,6 +188,14 @@ def _topic_verdict(acl: Acl, state: set[str] | str | None) -> bool | None:
     if isinstance(state, set):
         return _allowed(state, acl.operation)
     return None  # missing (whoever creates it: asked once it exists), or not answered
+
+
+def awaiting_topics(unchecked: list[Acl]) -> bool:
+    """Whether some of ``unchecked`` are about named topics that did not exist yet: ask again
+    once they are created."""
+    return any(
+        a.resource == "TOPIC" and a.pattern == "LITERAL" and a.name != TARGETS for a in unchecked
+    )
 
 
 def require(
