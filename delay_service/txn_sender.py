@@ -45,6 +45,7 @@ from delay_service.config import ReplicaConfig
 from delay_service.producer import ProducerLike
 from delay_service.sender import Sender
 from kdelay import logs
+from kdelay.acls import kafka_acls_command, replica_acls
 from kdelay.clock import SYSTEM_CLOCK, Clock
 from kdelay.errors import InfrastructureError
 from kdelay.topics import CHECKPOINT_TOPIC
@@ -106,6 +107,9 @@ def make_txn_producer(cfg: ReplicaConfig) -> Producer:
     )
 
 
+_TXN_DENIED = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
 def fenced(err: KafkaError) -> bool:
     """Whether ``err`` means another master holds the transactional id now."""
     return bool(err.fatal()) or err.code() in _FENCING
@@ -123,6 +127,7 @@ class TxnSender(Sender):
         checkpoint_key: str,
         clock: Clock = SYSTEM_CLOCK,
         timeout_s: float = 30.0,
+        principal: str | None = None,
     ) -> None:
         super().__init__(
             producer_factory,
@@ -133,6 +138,7 @@ class TxnSender(Sender):
         self._txn_factory = producer_factory
         self._checkpoint_key = checkpoint_key.encode()
         self._timeout_s = timeout_s
+        self._principal = principal or "User:<the replica's user>"
         self._open = False
         self._pause_s = float(os.environ.get(PAUSE_BEFORE_COMMIT_ENV, "0") or 0)
 
@@ -145,6 +151,7 @@ class TxnSender(Sender):
             produce_timeout_ms=cfg.produce_timeout_ms,
             checkpoint_key=set_key(cfg),
             clock=clock,
+            principal=cfg.kafka_principal(),
         )
 
     @property
@@ -257,6 +264,15 @@ class TxnSender(Sender):
             op()
         except KafkaException as exc:
             err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == _TXN_DENIED:
+                # Not a fencing, though fatal: the one ACL start-up could not ask (acl_check.py).
+                self._drop()
+                acl = next(a for a in replica_acls() if a.resource == "TRANSACTIONAL_ID")
+                raise InfrastructureError(
+                    f"{what}: Kafka denies {self._principal} {acl.describe()} "
+                    f"({err.str()}), which exactly-once releases need; grant it: "
+                    f"{kafka_acls_command(self._principal, acl)}"
+                ) from None
             if isinstance(err, KafkaError) and fenced(err):
                 self._drop()
                 raise FencedError(f"{what} fenced: {err.str()}") from None

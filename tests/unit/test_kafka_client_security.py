@@ -12,8 +12,10 @@ from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
 from delay_service.config import ReplicaConfig
+from delay_service.txn_sender import TxnSender
 from kdelay import acl_check, acls
 from kdelay.acls import Acl, kafka_acls_command
+from kdelay.errors import InfrastructureError
 from kdelay.kafka_security import merge_client_config
 from proxy.client import ClientSecurity, send_command
 from proxy.config import ProxyConfig
@@ -288,3 +290,26 @@ def test_require_raises_only_for_required_acls(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(acl_check.MissingAclsError) as err:
         acl_check.require("c", "User:u", [optional, required], {"bootstrap.servers": "k"})
     assert err.value.missing == [required]
+
+
+class _DeniedTxnProducer:
+    def init_transactions(self, timeout: float = -1) -> None:
+        raise KafkaException(
+            KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied", fatal=True)
+        )
+
+
+def test_a_denied_transactional_id_is_named_with_its_grant_not_taken_for_a_fencing() -> None:
+    """The one ACL start-up cannot ask: init_transactions names it (not FencedError)."""
+    sender = TxnSender(
+        _DeniedTxnProducer,  # type: ignore[arg-type]
+        buffer_topic="__kdelay_buffer",
+        produce_timeout_ms=1000,
+        checkpoint_key="set",
+        principal="User:rep",
+    )
+    with pytest.raises(InfrastructureError) as err:
+        sender.start()
+    text = str(err.value)
+    assert "Kafka denies User:rep WRITE on TRANSACTIONAL_ID kdelay-release:*" in text
+    assert "--allow-principal User:rep --operation Write --transactional-id kdelay-release:" in text
