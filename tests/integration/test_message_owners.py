@@ -9,13 +9,13 @@ the proxy accepts a cancel before the replicas know its message): the replica le
 message pending and counts the refusal. alice cancels her own; carol, with ALTER on the buffer
 topic (a kdelay administrator), cancels anyone's. Over HTTP, the owner's and an administrator's
 cancel, replace and status are allowed and another principal gets 403; the pending timeline is
-for administrators. The HTTP routes act for ``proxy.http_auth.current_caller``; here a test
-dependency stands in for the authentication middleware (principal and administrator from
-request headers), which is the http-auth work's.
+for administrators. The HTTP API authenticates with the same principals (``http_auth=kafka``,
+HTTP Basic checked against Kafka; plain HTTP here, ``http_allow_plaintext_auth``).
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +25,12 @@ import httpx
 import kafka.errors as kerr
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
-from fastapi import FastAPI, Request
 
 from dev.stack import wait_until
 from kdelay import buffer
 from kdelay import headers as h
 from proxy import running_proxy
 from proxy.app import Proxy
-from proxy.http_auth import current_caller
 from tests.support.infra import ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
 from tests.support.raw_client import (
@@ -70,29 +68,6 @@ class Stack:
         return self.proxy.addresses.http
 
 
-@dataclass(frozen=True)
-class _HeaderCaller:
-    """A test caller: the principal and administrator flag its request's headers name."""
-
-    principal: str | None
-    is_admin: bool
-    may_write: bool
-
-    async def writable(self, topic: str) -> bool:
-        return self.may_write
-
-    async def admin(self) -> bool:
-        return self.is_admin
-
-
-def _caller(request: Request) -> _HeaderCaller:
-    return _HeaderCaller(
-        request.headers.get("x-test-principal"),
-        request.headers.get("x-test-admin") == "1",
-        request.headers.get("x-test-write") != "0",
-    )
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperInfra) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("owners")
@@ -102,19 +77,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperInfra) -
         for user in ("alice", "bob", "carol"):
             secure.grant(user, topic, "WRITE", "DESCRIBE")
         secure.grant("carol", buffer.BUFFER_TOPIC, "ALTER")  # a kdelay administrator
+        secure.add_user("dave")
+        secure.grant("dave", topic, "DESCRIBE")  # dave may not WRITE it
         with ReplicaSet(
             base / "replicas", secure.plain, zookeeper.connect, count=1, partitions=3,
             buffer_topic=buffer.BUFFER_TOPIC,
         ) as rs:  # fmt: skip
-            config = secure.proxy_config(zk_connect=zookeeper.connect, zk_root=rs.root)
+            config = secure.proxy_config(
+                zk_connect=zookeeper.connect,
+                zk_root=rs.root,
+                http_auth="kafka",
+                http_allow_plaintext_auth=True,
+            )
             with running_proxy(config) as px:
                 rs.start_all()
                 rs.wait_master(timeout=90)
-                assert px._http_config is not None
-                app = px._http_config.app
-                assert isinstance(app, FastAPI)
-                app.dependency_overrides[current_caller] = _caller
                 yield Stack(secure, px, rs, topic)
+
+
+def _as(stack: Stack, user: str) -> dict[str, str]:
+    """HTTP Basic credentials of ``user``."""
+    pair = f"{user}:{stack.secure.password(user)}".encode()
+    return {"authorization": "Basic " + base64.b64encode(pair).decode()}
 
 
 def _produce(stack: Stack, user: str, records: list[tuple[bytes, list[tuple[str, bytes]]]]) -> None:
@@ -147,8 +131,9 @@ def _raw_produce(stack: Stack, user: str, headers: list[tuple[str, bytes]]) -> A
     return response.responses[0].partition_responses[0]
 
 
-def _status(stack: Stack, msg_id: str, **headers: str) -> httpx.Response:
-    return httpx.get(f"{stack.http}/v1/messages/{msg_id}", headers=headers, timeout=30)
+def _status(stack: Stack, msg_id: str, user: str = "carol") -> httpx.Response:
+    """The status of ``msg_id`` as ``user`` sees it (carol: an administrator)."""
+    return httpx.get(f"{stack.http}/v1/messages/{msg_id}", headers=_as(stack, user), timeout=30)
 
 
 def _pending_owner(stack: Stack, msg_id: str) -> str | None:
@@ -228,12 +213,9 @@ def test_only_the_owner_and_administrators_cancel_or_replace_over_kafka(stack: S
     )
     assert _state(stack, x) == "pending"
     # w is cancelled over HTTP by an administrator, after bob was refused (below).
-    bob = {"x-test-principal": "User:bob"}
-    assert httpx.delete(f"{stack.http}/v1/messages/{w}", headers=bob, timeout=30).status_code == 403
-    carol = {"x-test-principal": "User:carol", "x-test-admin": "1"}
-    assert (
-        httpx.delete(f"{stack.http}/v1/messages/{w}", headers=carol, timeout=30).status_code == 202
-    )
+    url = f"{stack.http}/v1/messages/{w}"
+    assert httpx.delete(url, headers=_as(stack, "bob"), timeout=30).status_code == 403
+    assert httpx.delete(url, headers=_as(stack, "carol"), timeout=30).status_code == 202
     wait_until(lambda: _state(stack, w) == "cancelled", timeout=60, what="w cancelled")
 
     records = consume_until(
@@ -246,9 +228,7 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     stack: Stack,
 ) -> None:
     msg_id = f"h-{uuid.uuid4().hex[:8]}"
-    alice = {"x-test-principal": "User:alice"}
-    bob = {"x-test-principal": "User:bob"}
-    admin = {"x-test-principal": "User:carol", "x-test-admin": "1"}
+    alice, bob, admin = _as(stack, "alice"), _as(stack, "bob"), _as(stack, "carol")
     body = {"topic": stack.topic, "partition": 0, "value": "h", "delay_ms": 600_000}
     posted = httpx.post(
         f"{stack.http}/v1/messages", json={**body, "id": msg_id}, headers=alice, timeout=30
@@ -256,16 +236,16 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     assert posted.status_code == 202, posted.text
     assert _pending_owner(stack, msg_id) == "User:alice"
     # A caller Kafka does not allow WRITE on the topic: 403 for POST and PUT.
-    unwritable = {**bob, "x-test-write": "0"}
+    dave = _as(stack, "dave")
     for method, url in (("POST", "/v1/messages"), ("PUT", f"/v1/messages/other-{msg_id}")):
-        denied = httpx.request(method, f"{stack.http}{url}", json=body, headers=unwritable)
+        denied = httpx.request(method, f"{stack.http}{url}", json=body, headers=dave, timeout=30)
         assert denied.status_code == 403, denied.text
         assert denied.json()["error"] == (
-            f"topic: Kafka's ACLs do not allow User:bob to WRITE topic {stack.topic}"
+            f"topic: Kafka's ACLs do not allow User:dave to WRITE topic {stack.topic}"
         )
 
     # Another principal: 403 for status, replace and cancel, naming the id and who may.
-    status = _status(stack, msg_id, **bob)
+    status = _status(stack, msg_id, "bob")
     assert status.status_code == 403
     assert status.json()["error"] == (
         f"message {msg_id!r} {REFUSED} {buffer.BUFFER_TOPIC} (a kdelay administrator) may read it"
@@ -273,7 +253,7 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     url = f"{stack.http}/v1/messages/{msg_id}"
     assert httpx.put(url, json=body, headers=bob, timeout=30).status_code == 403
     assert httpx.delete(url, headers=bob, timeout=30).status_code == 403
-    assert _status(stack, msg_id, **alice).json()["state"] == "pending"
+    assert _status(stack, msg_id, "alice").json()["state"] == "pending"
     # The pending timeline counts everyone's messages: administrators only.
     assert httpx.get(f"{stack.http}/v1/pending", headers=bob, timeout=30).status_code == 403
     assert httpx.get(f"{stack.http}/v1/pending", headers=admin, timeout=60).status_code == 200
@@ -281,6 +261,6 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     # The owner replaces its message; an administrator reads and cancels it.
     replaced = httpx.put(url, json={**body, "value": "h2"}, headers=alice, timeout=30)
     assert replaced.status_code == 202, replaced.text
-    assert _status(stack, msg_id, **admin).status_code == 200
+    assert _status(stack, msg_id, "carol").status_code == 200
     assert httpx.delete(url, headers=admin, timeout=30).status_code == 202
     wait_until(lambda: _state(stack, msg_id) == "cancelled", timeout=60, what="cancelled")
