@@ -1,16 +1,26 @@
 """``kdelay delay-service`` (run one replica) and ``kdelay status`` (CONTRACT.md), whose
-``--id ID`` asks the replicas about one message (docs/status.md)."""
+``--id ID`` asks the replicas about one message (docs/status.md).
+
+``kdelay status`` and ``kdelay reshard`` log in to ZooKeeper as the replicas do (zk/security.py):
+``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and ``--zk-tls-ca-file``, each
+also read from the replicas' own variable (``KDELAY_REPLICA_ZK_AUTH_USERNAME`` ...), so they run
+unchanged beside a replica. The password is never a flag: ``KDELAY_ZK_AUTH_PASSWORD`` (else the
+replicas' ``KDELAY_REPLICA_ZK_AUTH_PASSWORD``) or the password file.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from pydantic import SecretStr, ValidationError
 
 from delay_service.config import ReplicaConfig
 from kdelay import logs, memory
@@ -18,6 +28,15 @@ from kdelay.config_loader import load
 from kdelay.options import config_options
 from kdelay.stop_signals import on_stop_signals
 from zk.paths import DEFAULT_ROOT
+from zk.security import ZkSecurity
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Where ``kdelay status`` and ``kdelay reshard`` read the ZooKeeper password, first found wins.
+PASSWORD_ENV = ("KDELAY_ZK_AUTH_PASSWORD", "KDELAY_REPLICA_ZK_AUTH_PASSWORD")
 
 
 @click.command("delay-service")
@@ -42,9 +61,90 @@ def command(config_file: Path | None, **flags: Any) -> None:
     replica.run()
 
 
+def zk_security_options(func: F) -> F:
+    """The ZooKeeper login and TLS flags of ``kdelay status`` and ``kdelay reshard``."""
+    options = [
+        click.option(
+            "--zk-auth-username",
+            envvar="KDELAY_REPLICA_ZK_AUTH_USERNAME",
+            help="ZooKeeper digest user (the replicas' zk_auth_username); its password from "
+            f"{' or '.join(PASSWORD_ENV)}, or --zk-auth-password-file",
+        ),
+        click.option(
+            "--zk-auth-password-file",
+            envvar="KDELAY_REPLICA_ZK_AUTH_PASSWORD_FILE",
+            type=click.Path(path_type=Path),
+            help="file holding that user's password",
+        ),
+        click.option(
+            "--zk-tls/--no-zk-tls",
+            envvar="KDELAY_REPLICA_ZK_TLS",
+            default=False,
+            help="connect to ZooKeeper over TLS",
+        ),
+        click.option(
+            "--zk-tls-ca-file",
+            envvar="KDELAY_REPLICA_ZK_TLS_CA_FILE",
+            type=click.Path(path_type=Path),
+            help="PEM CA bundle that signed ZooKeeper's certificate [the system's CAs]",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def zk_security(
+    zk_auth_username: str | None,
+    zk_auth_password_file: Path | None,
+    zk_tls: bool,
+    zk_tls_ca_file: Path | None,
+) -> ZkSecurity:
+    """The ZooKeeper settings of a command's flags and the password's environment; a usage
+    error naming the setting when they do not fit together (never the password)."""
+    password = next((os.environ[n] for n in PASSWORD_ENV if os.environ.get(n)), None)
+    try:
+        return ZkSecurity(
+            zk_auth_username=zk_auth_username,
+            zk_auth_password=None if password is None else SecretStr(password),
+            zk_auth_password_file=zk_auth_password_file,
+            zk_tls=zk_tls,
+            zk_tls_ca_file=zk_tls_ca_file,
+        )
+    except ValidationError as exc:
+        why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise click.UsageError(f"ZooKeeper security: {why}") from None
+
+
+def _check_access(client: KazooClient, zk_root: str, security: ZkSecurity) -> None:
+    """Fail with what to give when ZooKeeper will not let this session read ``zk_root`` (a
+    root not created yet is not an error here)."""
+    from kazoo.exceptions import NoAuthError, NoNodeError
+
+    try:
+        client.get_children(zk_root)
+    except NoNodeError:
+        pass
+    except NoAuthError:
+        raise _no_auth(zk_root, security) from None
+
+
+def _no_auth(zk_root: str, security: ZkSecurity) -> click.ClickException:
+    """ZooKeeper said NoAuth: name what to give."""
+    if security.zk_auth_username is None:
+        hint = (
+            "its znodes are closed to anonymous clients: give the replicas' ZooKeeper user "
+            f"(--zk-auth-username, the password in {PASSWORD_ENV[0]} or --zk-auth-password-file)"
+        )
+    else:
+        hint = f"is the password of ZooKeeper user {security.zk_auth_username!r} right?"
+    return click.ClickException(f"ZooKeeper refused access under {zk_root} (NoAuth): {hint}")
+
+
 @click.command("status")
 @click.option("--zk-connect", envvar="KDELAY_REPLICA_ZK_CONNECT", default="127.0.0.1:2181")
 @click.option("--zk-root", envvar="KDELAY_REPLICA_ZK_ROOT", default=DEFAULT_ROOT)
+@zk_security_options
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option(
     "--timeout",
@@ -59,24 +159,37 @@ def command(config_file: Path | None, **flags: Any) -> None:
     "no replica knows it",
 )
 def status_command(
-    zk_connect: str, zk_root: str, as_json: bool, timeout: float, msg_id: str | None
+    zk_connect: str,
+    zk_root: str,
+    as_json: bool,
+    timeout: float,
+    msg_id: str | None,
+    **security_flags: Any,
 ) -> None:
     """Master, replicas with their lag and pending count, and the checkpoint; or, with
     --id, one message's status."""
+    from kazoo.exceptions import NoAuthError
+
     from zk import Paths, Session
     from zk.layout import delay_set_status
 
+    security = zk_security(**security_flags)
     try:
         paths = Paths(zk_root)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--zk-root") from None
     if msg_id is not None:
-        _message_status(zk_connect, zk_root, msg_id, as_json=as_json, timeout=timeout)
+        _message_status(
+            zk_connect, zk_root, msg_id, as_json=as_json, timeout=timeout, security=security
+        )
         return
-    session = Session(zk_connect, timeout)
+    session = Session(zk_connect, timeout, security=security)
     session.start(timeout=timeout)
     try:
+        _check_access(session.client, zk_root, security)
         status = delay_set_status(session.client, paths)
+    except NoAuthError:
+        raise _no_auth(zk_root, security) from None
     finally:
         session.stop()
     if as_json:
@@ -115,12 +228,18 @@ def _print_shard(shard: dict[str, Any], *, sharded: bool) -> None:
 
 
 def _message_status(
-    zk_connect: str, zk_root: str, msg_id: str, *, as_json: bool, timeout: float
+    zk_connect: str,
+    zk_root: str,
+    msg_id: str,
+    *,
+    as_json: bool,
+    timeout: float,
+    security: ZkSecurity,
 ) -> None:
     """``kdelay status --id``: ask the replicas (zk/replica_api.py), print the answer."""
     from zk.replica_api import NoReplicaError, ReplicaApi
 
-    api = ReplicaApi(zk_connect, zk_root, timeout_s=timeout)
+    api = ReplicaApi(zk_connect, zk_root, timeout_s=timeout, security=security)
     try:
         answer = api.message(msg_id)
     except NoReplicaError as exc:
@@ -189,20 +308,30 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
     "--shards", type=click.IntRange(1, 1024), required=True, help="the new number of shards"
 )
 @click.option("--timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
-def reshard_command(zk_connect: str, zk_root: str, shards: int, timeout: float) -> None:
+@zk_security_options
+def reshard_command(
+    zk_connect: str, zk_root: str, shards: int, timeout: float, **security_flags: Any
+) -> None:
     """Change the shard count of a delay set whose replicas are all stopped; then start them
     with the new --shards (docs/operations.md, "Shards")."""
+    from kazoo.exceptions import NoAuthError
+
     from delay_service.reshard import reshard
     from zk import Paths, Session
 
+    security = zk_security(**security_flags)
     try:
         paths = Paths(zk_root)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--zk-root") from None
-    session = Session(zk_connect, timeout)
+    # It writes the tree as a replica does: an open one is closed first (zk/acls.py).
+    session = Session(zk_connect, timeout, security=security, close_root=zk_root)
     session.start(timeout=timeout)
     try:
+        _check_access(session.client, zk_root, security)
         result = reshard(session.client, paths, shards)
+    except NoAuthError:
+        raise _no_auth(zk_root, security) from None
     finally:
         session.stop()
     if result.old == result.new:

@@ -131,7 +131,9 @@ class Replica:
         cfg = self.cfg
         log.info("replica.starting", name=cfg.name, data_dir=str(cfg.data_dir))
         startup.ensure_topics(cfg)
-        session = Session(cfg.zk_connect, cfg.zk_session_timeout)
+        session = Session(
+            cfg.zk_connect, cfg.zk_session_timeout, security=cfg, close_root=cfg.zk_root
+        )
         session.wakeup = self._wakeup
         session.start(timeout=max(15.0, cfg.zk_session_timeout))
         try:

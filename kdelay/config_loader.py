@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from kdelay.errors import ConfigError
 
@@ -80,8 +80,10 @@ def load(cls: type[S], flags: dict[str, Any] | None = None, config_file: Path | 
     file_values = _read_file(config_file) if config_file else {}
     explicit = {k: v for k, v in (flags or {}).items() if v is not None}
     try:
-        from_env = cls()  # defaults + environment
-        merged = {**file_values, **from_env.model_dump(exclude_unset=True), **explicit}
+        # The variables set, read but not validated on their own: a check across settings
+        # (a password from the environment, its user from a flag) sees them all at once.
+        from_env = EnvSettingsSource(cls)()
+        merged = {**file_values, **from_env, **explicit}
         return cls(**merged)
     except ValidationError as exc:
         prefix = str(cls.model_config.get("env_prefix", ""))

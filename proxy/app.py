@@ -211,7 +211,10 @@ class Proxy:
         # ZooKeeper session starts with the first question, so ZooKeeper never delays start-up.
         if cfg.zk_connect is not None:
             self.replicas = ReplicaApi(
-                cfg.zk_connect, cfg.zk_root, timeout_s=cfg.replica_timeout_ms / 1000
+                cfg.zk_connect,
+                cfg.zk_root,
+                timeout_s=cfg.replica_timeout_ms / 1000,
+                security=cfg,
             )
         self._http_auth = _http_authenticator(cfg, self.metrics, self.kafka.auth)
         app = create_app(

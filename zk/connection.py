@@ -10,6 +10,11 @@ Reconnecting: kazoo's default connection retry doubles its wait without a useful
 session it could still have restored. :data:`RECONNECT` caps the wait at half a second (0.7 s
 with jitter): a restarted server hears from every client within that, inside even a 2 s
 session, and a dead server costs two refused TCP connects a second per client.
+
+Security: ``security`` (``zk/security.py``) adds digest credentials, kdelay's ACL for every
+znode created through this session, and TLS. With ``close_root`` too, :meth:`Session.start`
+closes that tree if it was created open (``zk/acls.py``): the replicas and ``kdelay reshard``
+pass their delay set's root, readers (``kdelay status``) pass none.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import threading
 
 from kazoo.client import KazooClient, KazooState
 
+from zk.acls import close_tree
 from zk.errors import CoordinationError, zk_errors
+from zk.security import ZkSecurity
 
 CONNECTED = "connected"
 SUSPENDED = "suspended"
@@ -42,11 +49,26 @@ class Session:
     """A started KazooClient plus a queue of its state changes.
 
     ``timeout_s`` is the session timeout asked for; the server clamps it to its
-    [minSessionTimeout, maxSessionTimeout] (by default 2 and 20 tickTimes).
+    [minSessionTimeout, maxSessionTimeout] (by default 2 and 20 tickTimes). ``security``
+    and ``close_root``: see the module docstring.
     """
 
-    def __init__(self, hosts: str, timeout_s: float) -> None:
-        self.client = KazooClient(hosts=hosts, timeout=timeout_s, connection_retry=dict(RECONNECT))
+    def __init__(
+        self,
+        hosts: str,
+        timeout_s: float,
+        *,
+        security: ZkSecurity | None = None,
+        close_root: str | None = None,
+    ) -> None:
+        self.client = KazooClient(
+            hosts=hosts,
+            timeout=timeout_s,
+            connection_retry=dict(RECONNECT),
+            **(security.kazoo_kwargs() if security is not None else {}),
+        )
+        self._acl = security.zk_acl() if security is not None else None
+        self._close_root = close_root
         self._queue: queue.Queue[str] = queue.Queue()
         self._state = LOST
         self._lock = threading.Lock()
@@ -74,6 +96,12 @@ class Session:
             raise CoordinationError(f"ZooKeeper unreachable: {exc!r}") from None
         with self._lock:
             self._state = CONNECTED
+        if self._acl is not None and self._close_root is not None:
+            try:
+                close_tree(self.client, self._close_root, self._acl)
+            except CoordinationError:
+                self.stop()
+                raise
 
     def changes(self) -> list[str]:
         """State changes since the last call, oldest first (never blocks)."""

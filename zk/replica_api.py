@@ -18,7 +18,9 @@ time left (so a hung master, which accepts connections and never answers, leaves
 followers). When none answers: NoReplicaError, naming each replica and why.
 
 The replica list is read from ZooKeeper at most once per ``cache_s``; while ZooKeeper is
-unreachable the last list read is used (the replicas may well answer meanwhile).
+unreachable the last list read is used (the replicas may well answer meanwhile). ``security``
+(``zk/security.py``) logs the session in and connects over TLS as the replicas do: with ACLs
+on the replicas' znodes, an anonymous reader gets NoAuth.
 
 Threads: blocking calls (kazoo, http.client); the proxy runs them on worker threads
 (``asyncio.to_thread``). One :class:`ReplicaApi` serves any number of threads at once: kazoo's
@@ -44,6 +46,7 @@ from zk.errors import CoordinationError, zk_errors
 from zk.layout import shard_paths
 from zk.paths import DEFAULT_ROOT, Paths
 from zk.registry import members
+from zk.security import ZkSecurity
 from zk.shard_merge import merge_pending
 
 #: Replica statuses whose answers are returned (any other is passed over).
@@ -109,7 +112,7 @@ class ReplicaApi:
 
     ``timeout_s``: how long one question may take in all, connecting included (a timeline
     asks with its own, longer, timeout); ``connect_timeout_s``: how long one connection may
-    take. Call :meth:`close` when done.
+    take; ``security``: ZooKeeper credentials and TLS. Call :meth:`close` when done.
     """
 
     def __init__(
@@ -120,8 +123,10 @@ class ReplicaApi:
         timeout_s: float = 2.0,
         connect_timeout_s: float = 1.0,
         cache_s: float = 1.0,
+        security: ZkSecurity | None = None,
     ) -> None:
         self.zk_connect = zk_connect
+        self._kazoo = security.kazoo_kwargs() if security is not None else {}
         self.paths = Paths(zk_root)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -258,7 +263,10 @@ class ReplicaApi:
         """The ZooKeeper client, started on first use (kazoo reconnects it by itself)."""
         if self._client is None:
             client = KazooClient(
-                hosts=self.zk_connect, timeout=_ZK_SESSION_S, connection_retry=dict(RECONNECT)
+                hosts=self.zk_connect,
+                timeout=_ZK_SESSION_S,
+                connection_retry=dict(RECONNECT),
+                **self._kazoo,
             )
             # start() stops and closes the client when it times out: a new one next time.
             client.start(timeout=max(self.timeout_s, self.connect_timeout_s))
