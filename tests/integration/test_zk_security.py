@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
@@ -25,14 +26,18 @@ from kazoo.security import make_digest_acl
 from delay_service.cli import status_command
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Scheduled
+from proxy import running_proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
+from tests.support.proxies import loopback_config
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import create_target, delivered_ids, produce_buffer
 from tests.support.secure_zk import USER, SecureReplicaSet, SecureZooKeeper, secure_zookeeper
-from zk import Session
+from zk import CheckpointStore, Election, Paths, Registry, Session
 from zk.errors import CoordinationError
+from zk.layout import ensure_layout
 from zk.replica_api import NoReplicaError, ReplicaApi
+from zk.security import ZkSecurity
 
 OPEN = "world:anyone"
 
@@ -154,6 +159,20 @@ def test_replicas_with_digest_auth_elect_deliver_and_close_every_znode(
             assert refused.exit_code == 1
             assert "NoAuth" in refused.output
             assert "--zk-auth-username" in refused.output
+            unknown = f"unknown-{uuid.uuid4().hex}"
+            for login, expected_status in ((secure_zk.security(), 404), (ZkSecurity(), 503)):
+                cfg = loopback_config(
+                    kafka.bootstrap_servers,
+                    zk_connect=secure_zk.plain,
+                    zk_root=rs.root,
+                    **login.model_dump(),
+                )
+                with running_proxy(cfg) as proxy:
+                    assert proxy.addresses is not None
+                    with httpx.Client(base_url=proxy.addresses.http, timeout=30) as http:
+                        resp = http.get(f"/v1/messages/{unknown}")
+                print(f"proxy GET /v1/messages as {login.zk_auth_username}: {resp.status_code}")
+                assert resp.status_code == expected_status, resp.text
             api = ReplicaApi(secure_zk.plain, rs.root, security=secure_zk.security())
             anon_api = ReplicaApi(secure_zk.plain, rs.root)
             try:
@@ -219,6 +238,33 @@ def test_an_open_tree_is_closed_when_replicas_start_with_credentials(
             assert event["acl"] == f"digest:{USER}"
     finally:
         close_client(anon)
+        close_client(su)
+
+
+def test_every_znode_of_a_sharded_set_carries_the_acl(secure_zk: SecureZooKeeper) -> None:
+    """What a replica of shard 1 of 2 creates, through zk/'s own calls: the layout on the
+    set's root, the shard's root, its election candidate, status node, epoch and checkpoint,
+    and the parents ensure_path and makepath make on the way (three levels new here)."""
+    top = f"/kdelay-shards-{uuid.uuid4().hex[:10]}"
+    root = Paths(f"{top}/a/b")
+    shard = root.shard(1, 2)
+    session = Session(secure_zk.plain, 5.0, security=secure_zk.security(), close_root=root.root)
+    session.start(timeout=15)
+    su = secure_zk.super_client()
+    try:
+        ensure_layout(session.client, root, 2)
+        Registry(session.client, shard, "r1").publish({"role": "follower"})
+        Election(session.client, shard, "r1", lambda _leader: None).join()
+        store = CheckpointStore(session.client, shard, "r1")
+        store.claim_epoch()
+        store.write(b"{}")
+        nodes = tree(su, top)
+        assert {shard.root, shard.checkpoint, shard.epoch, root.layout} <= set(nodes)
+        assert len(su.get_children(shard.election)) == 1
+        acls = {path: acl_text(su, path) for path in nodes}
+        assert {p: a for p, a in acls.items() if a != [f"digest:{USER}:31"]} == {}
+    finally:
+        session.stop()
         close_client(su)
 
 
