@@ -23,7 +23,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
-from delay_service.cli import status_command
+from delay_service.cli import reshard_command, status_command
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Scheduled
 from proxy import running_proxy
@@ -265,6 +265,31 @@ def test_every_znode_of_a_sharded_set_carries_the_acl(secure_zk: SecureZooKeeper
         assert {p: a for p, a in acls.items() if a != [f"digest:{USER}:31"]} == {}
     finally:
         session.stop()
+        close_client(su)
+
+
+def test_kdelay_reshard_logs_in_and_its_new_shards_are_closed(secure_zk: SecureZooKeeper) -> None:
+    root = f"/kdelay-reshard/{uuid.uuid4().hex[:10]}"
+    session = Session(secure_zk.plain, 5.0, security=secure_zk.security(), close_root=root)
+    session.start(timeout=15)
+    ensure_layout(session.client, Paths(root), 1)
+    session.stop()
+    args = ["--zk-connect", secure_zk.plain, "--zk-root", root, "--shards", "2"]
+    refused = CliRunner().invoke(reshard_command, args, env={})
+    print(f"\nkdelay reshard without credentials: {refused.output.strip()}")
+    assert refused.exit_code == 1
+    assert "NoAuth" in refused.output
+    env = {"KDELAY_ZK_AUTH_PASSWORD": secure_zk.password}
+    done = CliRunner().invoke(reshard_command, [*args, "--zk-auth-username", USER], env=env)
+    assert done.exit_code == 0, done.output
+    assert "1 -> 2 shard(s)" in done.output
+    su = secure_zk.super_client()
+    try:
+        nodes = tree(su, root)
+        assert {f"{root}/shard-0/checkpoint", f"{root}/shard-1/checkpoint"} <= set(nodes)
+        acls = {path: acl_text(su, path) for path in nodes}
+        assert {p: a for p, a in acls.items() if a != [f"digest:{USER}:31"]} == {}
+    finally:
         close_client(su)
 
 
