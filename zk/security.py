@@ -13,17 +13,43 @@ kdelay makes (``zk/connection.py``, ``zk/replica_api.py``) takes them. kdelay's 
 an ``acl=`` of their own, so kazoo's ``default_acl`` covers every znode they create: plain,
 ephemeral and sequential nodes, and the parents ``ensure_path`` and ``makepath`` create.
 A root created before with open ACLs is closed by :func:`zk.acls.close_tree`.
+
+kazoo logs every request it sends at DEBUG, the digest login (``user:password``) included; the
+``kazoo.client`` logger, held at WARNING by ``kdelay/logs.py``, also gets a filter that hides that
+request's credentials before any handler sees them, whoever configures logging.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+from kazoo.protocol.serialization import Auth
 from kazoo.security import ACL, make_digest_acl
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from kdelay.secrets import read_secret_file
+
+
+class _HideAuth(logging.Filter):
+    """Replaces a logged kazoo ``Auth`` request by its scheme alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, Auth) for a in record.args):
+            record.args = tuple(
+                f"Auth(scheme={a.scheme!r}, auth=<hidden>)" if isinstance(a, Auth) else a
+                for a in record.args
+            )
+        return True
+
+
+_HIDE_AUTH = _HideAuth()
+
+
+def hide_credentials_in_kazoo_logs() -> None:
+    """Install the filter on kazoo's logger (idempotent)."""
+    logging.getLogger("kazoo.client").addFilter(_HIDE_AUTH)
 
 
 class ZkSecurity(BaseModel):
@@ -105,6 +131,7 @@ class ZkSecurity(BaseModel):
         out: dict[str, Any] = {}
         password = self.zk_password()
         if self.zk_auth_username is not None and password is not None:
+            hide_credentials_in_kazoo_logs()
             out["auth_data"] = [("digest", f"{self.zk_auth_username}:{password}")]
             out["default_acl"] = self.zk_acl()
         if self.zk_tls:

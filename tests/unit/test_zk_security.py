@@ -3,6 +3,7 @@ that name the setting, and every kazoo client of kdelay's built with them."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,6 +11,7 @@ from typing import Any, ClassVar
 import click
 import pytest
 from click.testing import CliRunner
+from kazoo.protocol.serialization import Auth
 from kazoo.security import Permissions, make_digest_acl
 from pydantic import SecretStr, ValidationError
 
@@ -140,6 +142,18 @@ def test_user_from_a_flag_password_from_the_environment(
     secret.write_text(PASSWORD)
     cfg = load(ReplicaConfig, {"zk_auth_password_file": secret}, None)
     assert cfg.kazoo_kwargs()["auth_data"] == [("digest", f"kdelay:{PASSWORD}")]
+
+
+def test_kazoo_debug_log_of_the_login_hides_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ZkSecurity(zk_auth_username="kdelay", zk_auth_password=SecretStr(PASSWORD)).kazoo_kwargs()
+    kazoo_log = logging.getLogger("kazoo.client")
+    with caplog.at_level(logging.DEBUG, logger="kazoo.client"):
+        # What kazoo's connection logs when it sends the login (kazoo/protocol/connection.py).
+        kazoo_log.debug("Sending request(xid=%s): %s", -4, Auth(0, "digest", f"kdelay:{PASSWORD}"))
+    assert "Auth(scheme='digest', auth=<hidden>)" in caplog.text
+    assert PASSWORD not in caplog.text
 
 
 class _RecordingKazoo:
