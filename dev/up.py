@@ -55,6 +55,13 @@ def _echo(line: str) -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path(".kdelay/data"))
 @click.option("--state-file", type=click.Path(path_type=Path), default=Path(".kdelay/up.json"))
 @click.option("--buffer-partitions", type=click.IntRange(1, 1024), default=6)
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Kafka on SASL_SSL (SCRAM-SHA-512, ACLs), ZooKeeper with ACLs, the proxy on SASL_SSL "
+    'and HTTPS with authentication; the state file\'s "security" gives the CA and the Kafka '
+    "super user (README, Security)",
+)
 def command(**options: Any) -> None:
     """Start ZooKeeper, Kafka, the proxy and N replicas per shard; print `kdelay ready`; keep
     them running (a child that exits is restarted with back-off) until SIGINT or SIGTERM."""
@@ -73,6 +80,8 @@ def command(**options: Any) -> None:
         stack.start()
         if not stop.is_set():
             _echo(f"    proxy {stack.state()['proxy']}  http {stack.state()['http']}")
+            if stack.secure is not None:
+                _echo(f"    secured: SASL_SSL, CA {stack.ca_file}, admin user in {opts.state_file}")
             _echo(f"    kafka {stack.bootstrap}  zookeeper {stack.zk_connect}")
             _echo(f"    logs in {opts.data_dir.resolve()}, state in {opts.state_file}")
             click.echo("kdelay ready", err=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ from dev.stack.process import (
 )
 from dev.stack.replica import ReplicaSpec
 from dev.stack.restarts import Component
+from dev.stack.secure import PROXY, REPLICA, SecureStack
 from dev.stack.zookeeper import LocalZooKeeper
 from kdelay import jars
 from kdelay.errors import InfrastructureError
@@ -67,6 +69,9 @@ class StackOptions:
     #: The replicas' ZooKeeper session timeout; None: the replica's default (2 s, which bounds
     #: a failover; the local ZooKeeper's tickTime of 500 ms lets it be that short).
     zk_session_timeout: float | None = None
+    #: Kafka on SASL_SSL with ACLs, ZooKeeper with ACLs, the proxy on SASL_SSL and HTTPS with
+    #: authentication, each component on its own least-privilege user (dev/stack/secure.py).
+    secure: bool = False
 
 
 @dataclass
@@ -96,6 +101,7 @@ class LocalStack:
     proxy_port: int = 0
     http_port: int = 0
     lock: StackLock | None = None
+    secure: SecureStack | None = None
 
     def start(self) -> None:
         opts = self.options
@@ -108,6 +114,13 @@ class LocalStack:
             self.progress("==> checking the pinned Kafka and ZooKeeper jars (first run: Maven)")
             jars.jar_dir("kafka", progress=True)
             jars.jar_dir("zookeeper", progress=True)
+        if opts.secure:
+            if opts.bootstrap_servers or opts.zk_connect:
+                raise InfrastructureError(
+                    "--secure runs its own secured Kafka and ZooKeeper: it cannot be combined "
+                    "with --bootstrap-servers or --zk-connect"
+                )
+            self.secure = SecureStack.load_or_create(data / "secrets")
         if opts.zk_connect:
             self.zk_connect = opts.zk_connect
         else:
@@ -117,13 +130,20 @@ class LocalStack:
         if opts.bootstrap_servers:
             self.bootstrap = opts.bootstrap_servers
         else:
-            self.progress("==> starting Kafka (KRaft)")
+            self.progress("==> starting Kafka (KRaft)" + (" on SASL_SSL" if self.secure else ""))
             self.kafka = LocalKafka(
                 data / "kafka",
                 ports=[opts.kafka_port],
-                settings=KafkaSettings(num_partitions=4, auto_create_topics=True),
+                settings=KafkaSettings(
+                    num_partitions=4,
+                    auto_create_topics=True,
+                    security=self.secure.kafka_security() if self.secure else None,
+                ),
             ).start()
             self.bootstrap = self.kafka.bootstrap_servers
+            if self.secure is not None:
+                self.progress("==> granting each kdelay component's Kafka user its ACLs")
+                self.secure.grant_components(self.bootstrap, self.kafka.admin_config())
         self._start_proxy(data)
         self._reshard()
         self._start_replicas(data)
@@ -170,6 +190,7 @@ class LocalStack:
                 self.zk_connect,
                 "--workers",
                 str(self.options.proxy_workers),
+                *self._proxy_security_args(),
             ),
             data / "proxy.log",
         )
@@ -180,7 +201,12 @@ class LocalStack:
         (a no-op when it has that many already; refused while other replicas run on it)."""
         self.progress(f"==> checking the shard layout ({self.options.shards} shard(s))")
         argv = python_argv(
-            "reshard", "--zk-connect", self.zk_connect, "--shards", str(self.options.shards)
+            "reshard",
+            "--zk-connect",
+            self.zk_connect,
+            "--shards",
+            str(self.options.shards),
+            *(self.secure.zk_args() if self.secure else ()),
         )
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
@@ -208,6 +234,7 @@ class LocalStack:
                     metrics_port=port,
                     buffer_partitions=self.options.buffer_partitions,
                     zk_session_timeout=self.options.zk_session_timeout,
+                    extra_args=tuple(self._replica_security_args()),
                 )
                 proc = ManagedProcess(name, python_argv(*spec.args()), data / f"{name}.log")
                 proc.start()
@@ -217,7 +244,7 @@ class LocalStack:
         assert self.proxy is not None
         timeout = self.options.start_timeout
         wait_until(
-            lambda: _http_ok(f"http://{HOST}:{self.http_port}/readyz"),
+            lambda: _http_ok(f"{self.http_url}/readyz", self.ca_file),
             timeout=timeout,
             what="the proxy's /readyz",
             interval=0.2,
@@ -242,6 +269,42 @@ class LocalStack:
             tails = log_tails((r.process for r in self.replicas), lines=15)
             raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
 
+    @property
+    def ca_file(self) -> Path | None:
+        """The local CA's certificate (``--secure``): it signed Kafka's and the proxy's."""
+        if self.kafka is None or self.kafka.ca is None:
+            return None
+        return self.kafka.ca.ca_cert
+
+    @property
+    def http_url(self) -> str:
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{HOST}:{self.http_port}"
+
+    def _proxy_security_args(self) -> list[str]:
+        """``--secure``: SASL_SSL listener, HTTPS with authentication, its own Kafka user."""
+        if self.secure is None:
+            return []
+        assert self.kafka is not None
+        assert self.kafka.ca is not None
+        ca = self.kafka.ca
+        return [
+            "--listener-security-protocol", "SASL_SSL",
+            "--tls-cert", str(ca.server_cert),
+            "--tls-key", str(ca.server_key),
+            "--http-tls-cert", str(ca.server_cert),
+            "--http-tls-key", str(ca.server_key),
+            "--http-auth", "kafka",
+            *self.secure.kafka_args(PROXY, ca.ca_cert),
+            *self.secure.zk_args(),
+        ]  # fmt: skip
+
+    def _replica_security_args(self) -> list[str]:
+        if self.secure is None:
+            return []
+        assert self.ca_file is not None
+        return [*self.secure.kafka_args(REPLICA, self.ca_file), *self.secure.zk_args()]
+
     def master(self) -> str | None:
         """The replica whose metrics say it is master (of shard 0), if any."""
         return self.masters().get(0)
@@ -260,9 +323,9 @@ class LocalStack:
 
     def state(self) -> dict[str, object]:
         """The state-file document of CONTRACT.md."""
-        return {
+        state: dict[str, object] = {
             "proxy": f"{HOST}:{self.proxy_port}",
-            "http": f"http://{HOST}:{self.http_port}",
+            "http": self.http_url,
             "kafka": self.bootstrap,
             "zookeeper": self.zk_connect,
             "replicas": [
@@ -270,6 +333,9 @@ class LocalStack:
                 for r in self.replicas
             ],
         }
+        if self.secure is not None and self.ca_file is not None:
+            state["security"] = self.secure.state(self.ca_file)
+        return state
 
     def write_state(self) -> None:
         """Write :meth:`state` to the state file atomically (readers never see half of it)."""
@@ -278,6 +344,7 @@ class LocalStack:
         path = self.options.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)  # --secure: it holds the admin's password
         tmp.write_text(json.dumps(self.state(), indent=2) + "\n")
         tmp.replace(path)
 
@@ -331,13 +398,14 @@ def _component(name: str, proc: ManagedProcess, *, essential: bool = False) -> C
     )
 
 
-def _http_get(url: str) -> str | None:
+def _http_get(url: str, ca_file: Path | None = None) -> str | None:
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback URLs we built
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
             return resp.read().decode("utf-8", "replace") if resp.status == 200 else None
     except (urllib.error.URLError, OSError):
         return None
 
 
-def _http_ok(url: str) -> bool:
-    return _http_get(url) is not None
+def _http_ok(url: str, ca_file: Path | None = None) -> bool:
+    return _http_get(url, ca_file) is not None
