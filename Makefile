@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install constraints jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo bench clean check-leftovers
+.PHONY: help install constraints jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 
@@ -98,6 +98,10 @@ check-leftovers: $(STAMP)
 
 demo: install
 	$(BIN)/python -m dev.demo
+
+# The same demo on `kdelay up --secure`: SASL_SSL, ACLs, a demo user allowed its topics only.
+demo-secure: install
+	$(BIN)/python -m dev.demo --secure
 
 # Not part of `make test`: each starts its own servers and prints ratios against plain Kafka.
 bench: install

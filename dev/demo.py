@@ -8,12 +8,19 @@
 3. wait until every message has come out (or a deadline passes);
 4. ``kdelay verify --once`` with the demo's SLO, print the report and the chart's path;
 5. stop everything. Exit status: the verifier's (0 when the SLO holds).
+
+``python -m dev.demo --secure`` (``make demo-secure``) runs the same demo on ``kdelay up
+--secure``, as a user of a secured cluster would: with the state file's super user it creates a
+Kafka user ``demo`` allowed to WRITE the demo topics only, and sends as ``demo`` through the
+proxy's SASL_SSL listener (SCRAM-SHA-512, the local CA).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -24,6 +31,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+from confluent_kafka.admin._scram import (
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from dev.stack.process import ManagedProcess, python_argv, wait_until
@@ -43,11 +57,14 @@ def say(line: str) -> None:
     print(line, flush=True)  # noqa: T201 - the demo talks to a person
 
 
-def start_stack() -> tuple[ManagedProcess, dict[str, object]]:
+def start_stack(*, secure: bool = False) -> tuple[ManagedProcess, dict[str, object]]:
     state_file = WORK / "up.json"
+    flags = ["--secure"] if secure else []
     up = ManagedProcess(
         "kdelay-up",
-        python_argv("up", "--data-dir", str(WORK / "data"), "--state-file", str(state_file)),
+        python_argv(
+            "up", "--data-dir", str(WORK / "data"), "--state-file", str(state_file), *flags
+        ),
         WORK / "up.log",
     )
     up.start()
@@ -66,10 +83,65 @@ def start_stack() -> tuple[ManagedProcess, dict[str, object]]:
     return up, json.loads(state_file.read_text())
 
 
-def create_topics(kafka: str) -> None:
-    admin = AdminClient({"bootstrap.servers": kafka})
+#: The Kafka user the secured demo sends as.
+DEMO_USER = "demo"
+
+
+def sasl_config(state: dict[str, object], user: str, password: str) -> dict[str, str]:
+    """librdkafka settings for ``user`` on the state file's secured listeners (none if open)."""
+    sec = state.get("security")
+    if not isinstance(sec, dict):
+        return {}
+    return {
+        "security.protocol": str(sec["protocol"]),
+        "sasl.mechanism": str(sec["mechanism"]),
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(sec["ca_file"]),
+    }
+
+
+def admin_config(state: dict[str, object]) -> dict[str, str]:
+    """The state file's Kafka super user (``kdelay up --secure``), or nothing."""
+    sec = state.get("security")
+    if not isinstance(sec, dict):
+        return {}
+    admin = sec["admin"]
+    return sasl_config(state, str(admin["username"]), str(admin["password"]))
+
+
+def create_demo_user(kafka: str, admin: dict[str, str]) -> str:
+    """A SCRAM user allowed to WRITE (and DESCRIBE) the demo topics only; its password."""
+    password = secrets.token_urlsafe(18)
+    client = AdminClient({"bootstrap.servers": kafka, **admin})
+    upsert = UserScramCredentialUpsertion(
+        DEMO_USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+    )
+    for future in client.alter_user_scram_credentials([upsert]).values():
+        future.result(timeout=30)
+    acls = [
+        AclBinding(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.LITERAL,
+            f"User:{DEMO_USER}",
+            "*",
+            op,
+            AclPermissionType.ALLOW,
+        )
+        for topic in TOPICS
+        for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
+    ]
+    for future in client.create_acls(acls).values():
+        future.result(timeout=30)
+    say(f"  Kafka user {DEMO_USER!r} may WRITE {', '.join(TOPICS)}, nothing else")
+    return password
+
+
+def create_topics(kafka: str, admin: dict[str, str] | None = None) -> None:
+    admin_client = AdminClient({"bootstrap.servers": kafka, **(admin or {})})
     topics = [NewTopic(t, PARTITIONS, 1, config=dict(TOPIC_CONFIG)) for t in TOPICS]
-    for future in admin.create_topics(topics).values():
+    for future in admin_client.create_topics(topics).values():
         future.result(timeout=30)
 
 
@@ -85,13 +157,14 @@ def timing_header(i: int, now_ms: int, rng: random.Random) -> tuple[str, bytes]:
     return h.DELAY_LEVEL, str(rng.randint(1, 3)).encode()  # 1 s, 5 s, 10 s
 
 
-def send(proxy: str) -> float:
+def send(proxy: str, security: dict[str, str] | None = None) -> float:
     producer = Producer(
         {
             "bootstrap.servers": proxy,
             "enable.idempotence": True,
             "linger.ms": 5,
             "compression.type": "lz4",
+            **(security or {}),
         }
     )
     # A long-lived producer has its producer id already: librdkafka's idempotent producer holds
@@ -136,9 +209,14 @@ def _header(msg: Message, name: str) -> bytes | None:
     return None
 
 
-def wait_delivered(kafka: str, deadline_s: float) -> int:
+def wait_delivered(kafka: str, deadline_s: float, admin: dict[str, str] | None = None) -> int:
     consumer = Consumer(
-        {"bootstrap.servers": kafka, "group.id": "kdelay-demo-watch", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": kafka,
+            "group.id": "kdelay-demo-watch",
+            "enable.auto.commit": False,
+            **(admin or {}),
+        }
     )
     consumer.assign([TopicPartition(t, p, -2) for t in TOPICS for p in range(PARTITIONS)])
     seen: set[bytes] = set()
@@ -159,8 +237,20 @@ def wait_delivered(kafka: str, deadline_s: float) -> int:
     return len(seen)
 
 
-def verify(kafka: str) -> int:
+def verify(kafka: str, state: dict[str, object]) -> int:
     report = WORK / "report.json"
+    env = None
+    security: list[str] = []
+    sec = state.get("security")
+    if isinstance(sec, dict):
+        # As the super user; its password by environment, never on the command line.
+        env = {**os.environ, "KDELAY_VERIFIER_KAFKA_SASL_PASSWORD": str(sec["admin"]["password"])}
+        security = [
+            "--kafka-security-protocol", str(sec["protocol"]),
+            "--kafka-sasl-mechanism", str(sec["mechanism"]),
+            "--kafka-sasl-username", str(sec["admin"]["username"]),
+            "--kafka-ssl-ca-file", str(sec["ca_file"]),
+        ]  # fmt: skip
     argv = python_argv(
         "verify",
         "--once",
@@ -173,9 +263,10 @@ def verify(kafka: str) -> int:
         "--report",
         str(report),
         *[x for pair in SLO.items() for x in pair],
+        *security,
     )
     say("==> kdelay verify --once (Spark Structured Streaming)")
-    code = subprocess.run(argv, check=False).returncode
+    code = subprocess.run(argv, check=False, env=env).returncode
     if report.exists():
         say(json.dumps(json.loads(report.read_text()), indent=2))
         say(f"report: {report}")
@@ -185,20 +276,25 @@ def verify(kafka: str) -> int:
 
 
 def main() -> None:
+    secure = "--secure" in sys.argv[1:]
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     began = time.monotonic()
-    say("==> kdelay up")
-    up, state = start_stack()
+    say("==> kdelay up" + (" --secure" if secure else ""))
+    up, state = start_stack(secure=secure)
     code = 1
     try:
         kafka, proxy = str(state["kafka"]), str(state["proxy"])
-        create_topics(kafka)
+        admin = admin_config(state)
+        create_topics(kafka, admin)
+        producer_security: dict[str, str] = {}
+        if secure:
+            producer_security = sasl_config(state, DEMO_USER, create_demo_user(kafka, admin))
         say(f"==> sending {MESSAGES} delayed messages through the proxy at {proxy}")
-        started = send(proxy)
+        started = send(proxy, producer_security)
         say("==> waiting for them to fall due and be delivered")
-        wait_delivered(kafka, started + MAX_DELAY_MS / 1000 + 60)
-        code = verify(kafka)
+        wait_delivered(kafka, started + MAX_DELAY_MS / 1000 + 60, admin)
+        code = verify(kafka, state)
     finally:
         say("==> stopping the stack")
         up.signal(signal.SIGTERM)
