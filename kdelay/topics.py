@@ -234,7 +234,9 @@ def ensure_internal_topics(
 ) -> list[WeakTopic]:
     """Create the buffer, dead-letter and checkpoint topics when missing (replication and
     min ISR: None is auto, see the module docstring); existing ones are left alone, and those
-    weaker than asked are logged and returned. ConfigError names an impossible setting."""
+    weaker than asked are logged and returned. ConfigError names an impossible setting.
+    ``client_config``: librdkafka settings of the admin client (the component's login,
+    kdelay/kafka_security.py)."""
     return _ensure(
         bootstrap,
         [

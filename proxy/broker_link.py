@@ -7,7 +7,8 @@ asks Kafka on it what that principal may do (Metadata with authorized operations
 The broker sees the proxy's address, so ACLs that name client hosts cannot apply to it.
 
 ``LinkSettings.from_upstream`` derives where and how to connect from the proxy's own upstream
-settings: the bootstrap servers, and TLS when ``upstream_config``'s ``security.protocol`` is
+settings (``ProxyConfig.upstream_client_config()``: the ``kafka_*`` settings merged with
+``upstream_config``): the bootstrap servers, and TLS when their ``security.protocol`` is
 SASL_SSL, with its ``ssl.ca.location``, client certificate (``ssl.certificate.location``,
 ``ssl.key.location``, ``ssl.key.password``) and ``ssl.endpoint.identification.algorithm``
 (``none`` turns host name checks off, as in librdkafka). The SASL user of the upstream config is
