@@ -6,7 +6,8 @@ resource, and the ``kafka-acls.sh`` command that grants it. How each kind is ask
 
 - a topic that exists: DescribeTopics with ``include_authorized_operations`` (KIP-430) gives
   the operations Kafka allows the principal there, implied ones included (WRITE implies
-  DESCRIBE); TOPIC_AUTHORIZATION_FAILED means not even DESCRIBE, so READ and WRITE are missing;
+  DESCRIBE); TOPIC_AUTHORIZATION_FAILED means not even DESCRIBE, so READ and WRITE are missing
+  (DESCRIBE_CONFIGS, which does not imply DESCRIBE, is then not known);
 - a topic that is missing (or hidden): its CREATE is asked with a CreateTopics request that only
   validates (``validate_only``), which Kafka authorizes like a real one and then discards;
 - a group: DescribeGroups with ``include_authorized_operations``, for the group id the component
@@ -179,12 +180,17 @@ def missing_acls(
     return missing, unchecked
 
 
+#: Topic operations Kafka allows only with DESCRIBE too (each implies it); CREATE and
+#: DESCRIBE_CONFIGS do not, so a topic hidden from DESCRIBE says nothing about them.
+_IMPLY_DESCRIBE = frozenset(("READ", "WRITE", "DESCRIBE", "DELETE", "ALTER", "ALL"))
+
+
 def _topic_verdict(acl: Acl, state: set[str] | str | None) -> bool | None:
     """Whether ``acl`` (not a CREATE of a missing topic) is allowed; None: cannot tell."""
     if acl.operation == "CREATE":
         return True  # the topic exists: it is never created
-    if state == "denied":
-        return False
+    if state == "denied":  # not even DESCRIBE: nothing that implies it is allowed
+        return False if acl.operation in _IMPLY_DESCRIBE else None
     if isinstance(state, set):
         return _allowed(state, acl.operation)
     return None  # missing (whoever creates it: asked once it exists), or not answered

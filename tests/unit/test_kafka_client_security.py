@@ -313,3 +313,16 @@ def test_a_denied_transactional_id_is_named_with_its_grant_not_taken_for_a_fenci
     text = str(err.value)
     assert "Kafka denies User:rep WRITE on TRANSACTIONAL_ID kdelay-release:*" in text
     assert "--allow-principal User:rep --operation Write --transactional-id kdelay-release:" in text
+
+
+def test_a_topic_hidden_from_describe_says_nothing_of_describe_configs() -> None:
+    """DESCRIBE_CONFIGS does not imply DESCRIBE: a principal holding it alone is not told it
+    lacks it (it was, before)."""
+    admin = FakeAdmin(
+        topics={"t": KafkaError.TOPIC_AUTHORIZATION_FAILED}, groups={}, creatable=set()
+    )
+    configs = Acl("TOPIC", "t", "LITERAL", "DESCRIBE_CONFIGS", "why", required=False)
+    write = Acl("TOPIC", "t", "LITERAL", "WRITE", "why")
+    missing, unchecked = acl_check.missing_acls(admin, [configs, write])  # type: ignore[arg-type]
+    assert missing == [write]
+    assert unchecked == [configs]
