@@ -34,7 +34,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from delay_service import startup
 from delay_service.config import ReplicaConfig
 from dev.kafka_tools import consume_until, create_topic
-from dev.stack import KDELAY, free_port
+from dev.stack import KDELAY, free_port, wait_until
 from kdelay import acls, buffer
 from kdelay import headers as h
 from kdelay.acl_check import MissingAclsError
@@ -305,6 +305,29 @@ def test_a_replica_without_read_on_the_buffer_refuses_to_start_naming_it(
         in done.stderr
     )
     assert user.password not in done.stderr + done.stdout
+
+
+def test_a_master_without_its_transactional_id_names_it(
+    secure: SecureKafka, zookeeper: ZooKeeperInfra, tmp_path: Path
+) -> None:
+    """The one ACL Kafka cannot be asked about at start (InitProducerId would fence the running
+    master): the new master's init_transactions names it, not a fencing."""
+    user = _user(secure, tmp_path, "lp-notxn")
+    table = _without(acls.replica_acls(), acls.RELEASE_TRANSACTIONAL_IDS, "WRITE")
+    _grant(secure, user.name, table, [])
+    with ReplicaSet(
+        tmp_path, secure.secure, zookeeper.connect, count=1, partitions=3,
+        buffer_topic=buffer.BUFFER_TOPIC, extra_args=_flags(secure, user),
+        wrap={"replica-1": ([], {"KDELAY_REPLICA_KAFKA_SASL_PASSWORD": user.password})},
+    ) as rs:  # fmt: skip
+        rs.start_all()
+        log = rs.replicas["replica-1"].log_path
+        wanted = f"Kafka denies User:{user.name} WRITE on TRANSACTIONAL_ID kdelay-release:*"
+        wait_until(lambda: wanted in log.read_text(), timeout=TIMEOUT_S, what="the denied id named")
+        text = log.read_text()
+    assert "--operation Write --transactional-id kdelay-release: --resource-pattern-type" in text
+    assert "FencedError" not in text  # librdkafka's error is fatal: it was taken for one
+    assert user.password not in text
 
 
 def test_a_proxy_without_write_on_the_buffer_refuses_to_start_naming_it(
