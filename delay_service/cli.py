@@ -1,11 +1,14 @@
-"""``kdelay delay-service`` (run one replica) and ``kdelay status`` (CONTRACT.md), whose
-``--id ID`` asks the replicas about one message (docs/status.md).
+"""``kdelay delay-service`` (run one replica), ``kdelay status`` (CONTRACT.md), whose
+``--id ID`` asks the replicas about one message (docs/status.md), and ``kdelay list``, the
+pending messages in due order as the replicas list them (``GET /v1/messages?state=pending``),
+following each page's ``next`` up to ``--limit``.
 
-``kdelay status`` and ``kdelay reshard`` log in to ZooKeeper as the replicas do (zk/security.py):
-``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and ``--zk-tls-ca-file``, each
-also read from the replicas' own variable (``KDELAY_REPLICA_ZK_AUTH_USERNAME`` ...), so they run
-unchanged beside a replica. The password is never a flag: ``KDELAY_ZK_AUTH_PASSWORD`` (else the
-replicas' ``KDELAY_REPLICA_ZK_AUTH_PASSWORD``) or the password file.
+``kdelay status``, ``kdelay list`` and ``kdelay reshard`` log in to ZooKeeper as the replicas
+do (zk/security.py): ``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and
+``--zk-tls-ca-file``, each also read from the replicas' own variable
+(``KDELAY_REPLICA_ZK_AUTH_USERNAME`` ...), so they run unchanged beside a replica. The password
+is never a flag: ``KDELAY_ZK_AUTH_PASSWORD`` (else the replicas'
+``KDELAY_REPLICA_ZK_AUTH_PASSWORD``) or the password file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Most messages one listing page holds (GET /v1/messages, CONTRACT.md v3).
+LIST_PAGE_MAX = 1000
 #: Where ``kdelay status`` and ``kdelay reshard`` read the ZooKeeper password, first found wins.
 PASSWORD_ENV = ("KDELAY_ZK_AUTH_PASSWORD", "KDELAY_REPLICA_ZK_AUTH_PASSWORD")
 
@@ -299,6 +304,104 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
         )
     )
     return rows
+
+
+@click.command("list")
+@click.option("--zk-connect", envvar="KDELAY_REPLICA_ZK_CONNECT", default="127.0.0.1:2181")
+@click.option("--zk-root", envvar="KDELAY_REPLICA_ZK_ROOT", default=DEFAULT_ROOT)
+@zk_security_options
+@click.option("--topic", help="only the messages for this target topic")
+@click.option("--id-prefix", help="only the messages whose id starts with this")
+@click.option("--due-before", help="only the messages due before: epoch ms or RFC 3339")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="most messages to print (pages of up to 1000 are followed to reach it)",
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+@click.option(
+    "--timeout", type=float, default=30.0, help="seconds to wait for ZooKeeper and each page"
+)
+def list_command(
+    *,
+    zk_connect: str,
+    zk_root: str,
+    topic: str | None,
+    id_prefix: str | None,
+    due_before: str | None,
+    limit: int,
+    as_json: bool,
+    timeout: float,
+    **security_flags: Any,
+) -> None:
+    """The pending messages in due order, as GET /v1/messages?state=pending lists them,
+    asking the replicas found through ZooKeeper (every principal's messages)."""
+    from zk.replica_api import NoReplicaError, ReplicaApi
+
+    security = zk_security(**security_flags)
+    params = _list_params(topic, id_prefix, due_before)
+    api = ReplicaApi(zk_connect, zk_root, timeout_s=timeout, security=security)
+    shown = 0
+    rows: list[tuple[str, str, str, str]] = [("ID", "DELIVER AT", "TOPIC", "PARTITION")]
+    try:
+        while shown < limit:
+            answer = api.list_pending(params, min(LIST_PAGE_MAX, limit - shown))
+            body = answer.body
+            if answer.status != 200:
+                raise click.ClickException(str(body.get("error", f"HTTP {answer.status}")))
+            for msg in body["messages"]:
+                shown += 1
+                if as_json:
+                    doc = {
+                        k: msg.get(k) for k in ("id", "state", "deliver_at", "topic", "partition")
+                    }
+                    click.echo(json.dumps(doc, sort_keys=True))
+                else:
+                    rows.append(_list_row(msg))
+            if not body.get("next"):
+                break
+            params["cursor"] = str(body["next"])
+    except NoReplicaError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        api.close()
+    if not as_json:
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        for row in rows:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _list_params(
+    topic: str | None, id_prefix: str | None, due_before: str | None
+) -> dict[str, str]:
+    """The replicas' listing parameters of ``kdelay list``'s filters."""
+    from kdelay.errors import InvalidHeaderError
+    from kdelay.headers import parse_deliver_at
+
+    params: dict[str, str] = {}
+    if topic:
+        params["topic"] = topic
+    if id_prefix:
+        params["id_prefix"] = id_prefix
+    if due_before:
+        try:
+            params["due_before"] = str(parse_deliver_at("due_before", due_before.encode()))
+        except InvalidHeaderError as exc:
+            raise click.BadParameter(exc.problem, param_hint="--due-before") from None
+    return params
+
+
+def _list_row(msg: dict[str, Any]) -> tuple[str, str, str, str]:
+    """A listed message's row of ``kdelay list``'s table."""
+    partition = msg.get("partition")
+    return (
+        str(msg["id"]),
+        _when(msg.get("deliver_at")),
+        str(msg.get("topic")),
+        "by key" if partition is None else str(partition),
+    )
 
 
 @click.command("reshard")

@@ -1,5 +1,6 @@
 """The replica's HTTP port: ``/metrics`` (prometheus_client, unchanged), ``/healthz``,
-``/readyz``, and the message queries ``/v1/messages/<id>`` and ``/v1/pending`` (queries.py).
+``/readyz``, and the message queries ``/v1/messages/<id>``, ``/v1/messages`` (the listing) and
+``/v1/pending`` (queries.py).
 
 :class:`Health` holds what the two checks read.
 
@@ -9,8 +10,9 @@ ingest making progress, no component waiting out a failure backoff. Both answer 
 ``{"status": "ok"|"fail", "reason": "..."}`` with 200 or 503; every other path is
 prometheus_client's own WSGI app, exactly as ``start_http_server`` serves it.
 
-``GET /v1/messages/<id>`` (the id percent-encoded, ``/`` as ``%2F``) and ``GET
-/v1/pending?bucket=1m&horizon=24h`` answer JSON from this replica's store with the freshness of
+``GET /v1/messages/<id>`` (the id percent-encoded, ``/`` as ``%2F``), ``GET
+/v1/pending?bucket=1m&horizon=24h`` and the listing ``GET /v1/messages?state=pending&...``
+answer JSON from this replica's store with the freshness of
 the answer (queries.py; docs/status.md), errors in the proxy's one shape ``{"error", "field"}``:
 400 a bad id or parameter, 404 an unknown id, 405 another method, 503 too many timelines at once.
 
@@ -119,6 +121,7 @@ _STATUS_LINES = {
 }
 #: The message queries' path prefixes.
 MESSAGES = "/v1/messages/"
+LISTING = "/v1/messages"
 PENDING = "/v1/pending"
 
 
@@ -138,11 +141,15 @@ def _query(answers: Answers, environ: WSGIEnvironment, path: str) -> tuple[int, 
     if environ.get("REQUEST_METHOD", "GET") != "GET":
         return 405, QueryError(405, f"{path}: only GET is served here").body()
     try:
+        params = {
+            k: v[-1] for k, v in urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).items()
+        }
+        if path == LISTING:
+            return answers.listing(params)
         if path.startswith(MESSAGES):
             # wsgiref decodes PATH_INFO's percent-escapes as ISO-8859-1 (PEP 3333): raw bytes.
             return answers.message(path[len(MESSAGES) :].encode("iso-8859-1"))
-        params = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
-        return answers.pending({k: v[-1] for k, v in params.items()})
+        return answers.pending(params)
     except StoreError as exc:  # closed: the replica is shutting down
         return 503, QueryError(503, f"the replica's store cannot answer: {exc}").body()
 
@@ -159,7 +166,7 @@ def app(
             return _answer(live, start_response)
         if path == "/readyz":
             return _answer(ready, start_response)
-        if answers is not None and (path.startswith(MESSAGES) or path == PENDING):
+        if answers is not None and (path.startswith(MESSAGES) or path in (LISTING, PENDING)):
             status, doc = _query(answers, environ, path)
             return _json(status, doc, start_response)
         body: Iterable[bytes] = metrics(environ, start_response)

@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "cancel": "proxy.client:cancel_command",
     "delay-service": "delay_service.cli:command",
     "status": "delay_service.cli:status_command",
+    "list": "delay_service.cli:list_command",
     "reshard": "delay_service.cli:reshard_command",
     "verify": "verifier.cli:command",
     "jvm": "kdelay.commands:jvm",

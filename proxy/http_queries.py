@@ -1,5 +1,6 @@
 """The HTTP API's query routes, answered by a delay-service replica (docs/status.md):
-``GET /v1/messages/{id}`` (a message's status) and ``GET /v1/pending`` (the pending timeline).
+``GET /v1/messages/{id}`` (a message's status), ``GET /v1/messages?state=pending&...`` (the
+listing, CONTRACT.md v3) and ``GET /v1/pending`` (the pending timeline).
 
 The proxy keeps no message state: a replica, found through ZooKeeper and asked over HTTP by
 ``zk/replica_api.py`` on a worker thread (at most :data:`REPLICA_QUESTIONS` at once), answers,
@@ -12,7 +13,9 @@ scheduled it, ``owner`` in the answer) and kdelay administrators (ALTER on the b
 another caller gets 403. A status without an owner (a message scheduled without
 authentication, or one that left the store: the replicas keep no owner in an outcome) is
 shown to any authenticated caller. The timeline counts every principal's messages: it is for
-administrators only (403 otherwise). An open API (``http_auth = "none"``) answers everyone.
+administrators only (403 otherwise). The listing shows a non-administrator only its own
+messages (the replica filters by ``owner``), an administrator every principal's. An open API
+(``http_auth = "none"``) answers everyone.
 
 Runs on the proxy's asyncio loop; the questions themselves on worker threads.
 """
@@ -29,12 +32,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.durations import duration_ms
+from kdelay.errors import InvalidHeaderError
+from kdelay.headers import parse_deliver_at
 from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
 from proxy.http_messages import CallerParam, NotOwnerError, path_id
 from proxy.owners import refusal
+from zk.list_merge import cursor_key
 from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
-#: Replica questions (status, timeline) in flight at once; more wait their turn.
+#: Messages per listing page: by default, and at most (delay_service/queries.py's).
+LIST_DEFAULT = 100
+LIST_MAX = 1000
+#: Replica questions (status, timeline, listing) in flight at once; more wait their turn.
 REPLICA_QUESTIONS = 8
 DURATION = "a duration: 500ms, 30s, 1m, 2h, 1d (a bare number is milliseconds)"
 #: kdelay/durations.py's grammar.
@@ -115,6 +124,34 @@ class PendingTimeline(Freshness):
     scanned_until: int | None = Field(description="the counts are exact for due times before it")
 
 
+class ListedMessage(BaseModel):
+    """A pending message of a listing page (CONTRACT.md v3 "Listing")."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    state: Literal["pending"]
+    deliver_at: int = Field(description="due time, epoch milliseconds")
+    topic: str = Field(description="target topic")
+    partition: int | None = Field(description="target partition; null: chosen by key at release")
+    cursor: str | None = Field(
+        default=None, description="the cursor of a listing that goes on after this message"
+    )
+
+
+class PendingPage(BaseModel):
+    """One page of the pending messages, in due order (CONTRACT.md v3 "Listing")."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[ListedMessage]
+    next: str | None = Field(
+        description="the cursor of the next page (pass it as cursor=); null: no more. A page "
+        "may be short, even empty, with a next: its scan budget ran out first"
+    )
+    scanned: int = Field(description="store entries examined for this page")
+
+
 class MessageNotFoundError(ApiError):
     """No replica knows the id (404)."""
 
@@ -132,6 +169,40 @@ class ReplicasNotConfiguredError(ApiError):
     until ``zk_connect`` is set)."""
 
     status = 503
+
+
+def listing_params(
+    state: str, topic: str | None, id_prefix: str | None, due_before: str | None, cursor: str | None
+) -> dict[str, str]:
+    """The replica's query parameters of a listing; BadRequestError naming the one at fault."""
+    if state != "pending":
+        raise BadRequestError(f"state: only pending messages are listed, not {state[:40]!r}")
+    params: dict[str, str] = {}
+    if topic:
+        params["topic"] = topic
+    if id_prefix:
+        params["id_prefix"] = id_prefix
+    if due_before:
+        try:
+            params["due_before"] = str(parse_deliver_at("due_before", due_before.encode()))
+        except InvalidHeaderError as exc:
+            raise BadRequestError(f"due_before: {exc.problem}") from None
+    if cursor:
+        try:
+            key = cursor_key(cursor)
+        except ValueError:
+            key = b""
+        if len(key) not in (20, 28):
+            raise BadRequestError(f"cursor: {cursor[:80]!r} is not a cursor this API gave")
+        params["cursor"] = cursor
+    return params
+
+
+def page_size(limit: str) -> int:
+    """A listing's ``limit``; BadRequestError unless 1 to LIST_MAX."""
+    if not limit.strip().isdigit() or not 1 <= int(limit) <= LIST_MAX:
+        raise BadRequestError(f"limit: {limit[:40]!r} is not a whole number from 1 to {LIST_MAX}")
+    return int(limit)
 
 
 def install_replica_queries(
@@ -157,6 +228,37 @@ def install_replica_queries(
 
     lookups: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 403, 404, 503)}
     timelines: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (400, 403, 503)}
+
+    @app.get("/v1/messages", response_model=PendingPage, responses=timelines)
+    async def list_messages(
+        caller: CallerParam,
+        *,
+        state: Annotated[str, Query(description="only pending is listed")] = "pending",
+        topic: Annotated[str | None, Query(description="only those for this topic")] = None,
+        id_prefix: Annotated[str | None, Query(description="only those whose id starts so")] = None,
+        due_before: Annotated[
+            str | None,
+            Query(description="only those due before: epoch milliseconds or RFC 3339"),
+        ] = None,
+        limit: Annotated[
+            str, Query(description=f"messages per page, 1 to {LIST_MAX} [{LIST_DEFAULT}]")
+        ] = str(LIST_DEFAULT),
+        cursor: Annotated[
+            str | None, Query(description="the previous page's next: go on after it")
+        ] = None,
+    ) -> Response:
+        """The pending messages in due order (then acceptance order), one page at a time,
+        filtered by target topic, id prefix and due time, from a delay-service replica's store
+        (each shard's, merged). Follow ``next`` for more: a page goes on after the last message
+        the previous one saw, so a message still pending is never listed twice nor skipped
+        while others are released. A kdelay administrator lists every principal's messages,
+        anyone else only its own."""
+        params = listing_params(state, topic, id_prefix, due_before, cursor)
+        size = page_size(limit)
+        if caller.principal is not None and not await caller.admin():
+            params["owner"] = caller.principal
+        answer = await ask(lambda api: api.list_pending(params, size, pending_timeout_s))
+        return JSONResponse(answer.body)
 
     @app.get("/v1/messages/{message_id}", response_model=MessageStatus, responses=lookups)
     async def get_message(message_id: str, caller: CallerParam) -> Response:

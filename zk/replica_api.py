@@ -1,9 +1,9 @@
 """Ask the delay-service replicas about messages: found through ZooKeeper, asked over HTTP.
 
-The proxy's ``GET /v1/messages/{id}`` and ``GET /v1/pending`` and ``kdelay status --id`` use
-it (docs/status.md). It needs ``zk`` (the registry the replicas publish to), kazoo and the
-standard library, never a component's internals: the proxy uses it without knowing
-delay_service.
+The proxy's ``GET /v1/messages/{id}``, ``GET /v1/messages`` (the listing) and ``GET
+/v1/pending``, ``kdelay status --id`` and ``kdelay list`` use it (docs/status.md). It needs
+``zk`` (the registry the replicas publish to), kazoo and the standard library, never a
+component's internals: the proxy uses it without knowing delay_service.
 
 Discovery: every replica publishes a status znode (``zk/registry.py``) with its ``role`` and
 its ``metrics`` URL, ``http://<advertised host>:<port>/metrics``; that HTTP port answers the
@@ -44,6 +44,7 @@ from kdelay.errors import KdelayError
 from zk.connection import RECONNECT
 from zk.errors import CoordinationError, zk_errors
 from zk.layout import shard_paths
+from zk.list_merge import merge_pages
 from zk.paths import DEFAULT_ROOT, Paths
 from zk.registry import members
 from zk.security import ZkSecurity
@@ -166,6 +167,21 @@ class ReplicaApi:
             return (bad or answers)[0]
         return ReplicaAnswer(
             200, merge_pending([a.body for a in answers]), ",".join(a.replica for a in answers)
+        )
+
+    def list_pending(
+        self, params: dict[str, str], limit: int, timeout_s: float | None = None
+    ) -> ReplicaAnswer:
+        """``GET /v1/messages?state=pending&..&limit=..`` (``params``: the filters and cursor)
+        of the first replica that answers; with shards, one page per shard, merged
+        (``zk/list_merge.py``)."""
+        query = urllib.parse.urlencode({**params, "state": "pending", "limit": str(limit)})
+        answers = self._ask_shards(f"/v1/messages?{query}", timeout_s or self.timeout_s)
+        bad = [a for a in answers if a.status != 200]
+        if bad or len(answers) == 1:
+            return (bad or answers)[0]
+        return ReplicaAnswer(
+            200, merge_pages([a.body for a in answers], limit), ",".join(a.replica for a in answers)
         )
 
     def ask(self, path: str, timeout_s: float | None = None) -> ReplicaAnswer:
