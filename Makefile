@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install constraints jvm faketime deploy-tools lint format test test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
+.PHONY: help install constraints jvm faketime chromium console-screenshots deploy-tools lint format test test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 
@@ -38,7 +38,7 @@ constraints: $(STAMP)
 	mv constraints.txt.new constraints.txt
 	@touch $(STAMP)
 
-install: $(STAMP) jvm faketime
+install: $(STAMP) jvm faketime chromium
 
 # Debian's libfaketime: the clock-skew tests run real replicas and proxies with a skewed clock.
 faketime:
@@ -46,6 +46,18 @@ faketime:
 	  [ "$$(id -u)" = 0 ] || { echo "faketime missing: apt-get install faketime (needs root)"; exit 1; }; \
 	  echo "==> apt-get install faketime (clock-skew tests)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends faketime; }
+
+# Debian's chromium and its chromedriver: tests/integration/test_console.py drives the console
+# (/ui/) in a real headless browser; no browser build is downloaded.
+chromium:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "chromium missing: apt-get install chromium chromium-driver (needs root)"; exit 1; }; \
+	  echo "==> apt-get install chromium chromium-driver (console tests)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; }
+
+# docs/console/*.png: the console's pages, as tests/integration/test_console.py drives them.
+console-screenshots: install
+	KDELAY_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q -p no:cacheprovider tests/integration/test_console.py
 
 jvm: $(STAMP)
 	$(BIN)/kdelay jvm fetch

@@ -4,12 +4,13 @@ Runs on the same asyncio loop as the Kafka listener (uvicorn). :func:`create_app
 application: the body limits and request counting every route shares, the message routes
 (proxy/http_messages.py: schedule and cancel, written upstream), the query routes that a
 delay-service replica answers (proxy/http_queries.py: a message's status, the pending
-timeline), and ``/healthz``, ``/readyz`` and ``/metrics`` (here). With an ``auth`` authenticator
-(``http_auth = "kafka"``, proxy/http_login.py) every other path needs credentials Kafka accepts,
-checked before the body is read; the routes act for ``proxy.http_auth.current_caller``. Every
-error is JSON
-``{"error": ...}`` naming the field or setting at fault, with the statuses of
-proxy/http_errors.py; the application never uses the Kafka listener's broker.
+timeline; proxy/http_cluster.py: the replicas' overview), the operator's console at ``/ui/``
+(proxy/console.py), and ``/healthz``, ``/readyz`` and ``/metrics`` (here). With an ``auth``
+authenticator (``http_auth = "kafka"``, proxy/http_login.py) every other path needs credentials
+Kafka accepts, checked before the body is read; the routes act for
+``proxy.http_auth.current_caller``. Every error is JSON ``{"error": ...}`` naming the field or
+setting at fault, with the statuses of proxy/http_errors.py; the application never uses the
+Kafka listener's broker.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from proxy.availability import UpstreamAvailability
 from proxy.budget import RequestBudget
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
 from proxy.cancel_acks import CancelAcks
+from proxy.console import install_console
 from proxy.http_auth import STATE_AUTHENTICATES
+from proxy.http_cluster import install_cluster_route
 from proxy.http_errors import BodyLimit, Problem, UnavailableError
 from proxy.http_login import Authenticate, HttpAuthenticator
 from proxy.http_messages import install_message_routes
@@ -125,6 +128,8 @@ def create_app(
         owners=Owners(lambda: replicas),
     )
     install_replica_queries(app, replicas, pending_timeout_s)
+    install_cluster_route(app, replicas)
+    install_console(app)
 
     @app.get("/healthz", response_model=Status)
     async def healthz() -> Status:
