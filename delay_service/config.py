@@ -150,6 +150,20 @@ class ReplicaConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecuri
         "entries delays the others by about N / this many rounds, each scanning at most this "
         "many",
     )
+    # -- release smoothing (smoothing.py) --------------------------------------------------
+    release_rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="release rate limit, messages per second, of every target topic without "
+        "its own in release_rate_limits: a burst due at once leaves at this rate, while other "
+        "topics' messages go on at once [none]",
+    )
+    release_rate_limits: dict[str, float] = Field(
+        default_factory=dict,
+        description="release rate limit per target topic, messages per second (topic: rate; "
+        "config file or KDELAY_REPLICA_RELEASE_RATE_LIMITS as JSON only), overriding "
+        "--release-rate-limit for those topics",
+    )
     # -- the release mode (forwarder.py, exactly_once.py) ----------------------------------
     delivery: str = Field(
         default=EXACTLY_ONCE,
@@ -200,6 +214,16 @@ class ReplicaConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecuri
     def _delivery(cls, value: str) -> str:
         if value not in DELIVERY_MODES:
             raise ValueError(f"must be one of {', '.join(DELIVERY_MODES)}")
+        return value
+
+    @field_validator("release_rate_limits")
+    @classmethod
+    def _rate_limits(cls, value: dict[str, float]) -> dict[str, float]:
+        for topic, rate in value.items():
+            if not topic:
+                raise ValueError("a topic name must not be empty")
+            if not rate > 0 or rate == float("inf"):
+                raise ValueError(f"topic {topic!r}: the rate must be a positive number, not {rate}")
         return value
 
     @field_validator("zk_root")

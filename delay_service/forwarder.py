@@ -9,7 +9,8 @@ One round (:meth:`Forwarder.forward_once`), per the delivery invariant:
    so one failing target can neither fill the scan nor delay the others. A scan stops after
    ``scan_skip_limit`` entries passed over, and the next round's goes on from there
    (``sweep.py``), so however many entries a held target has, the others wait a bounded
-   number of rounds;
+   number of rounds. A target topic with a release rate limit whose budget for the round is
+   spent is passed over the same way (``smoothing.py``), so its burst holds no other topic back;
 2. *send* the rest to their exact topic and partition without waiting (``sender.py``: one
    idempotent acks=all producer, record timestamp = release time). A target gets nothing new
    while it has records in flight, so its records leave in key order;
@@ -51,6 +52,7 @@ from delay_service.metrics import Metrics
 from delay_service.release_backoff import ReleaseBackoff
 from delay_service.round import DueScan, RoundResult, Target, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
+from delay_service.smoothing import Smoothing
 from delay_service.store import Store
 from delay_service.sweep import Sweep
 from kdelay import logs
@@ -104,6 +106,9 @@ class Forwarder(ForwarderControl):
         #: When the last round looked for due entries: what fell due after that is still owed.
         self._planned_ms: int | None = None
         self._sweep = Sweep()  # where the scans of this term stand (sweep.py)
+        self._smoothing = Smoothing(
+            cfg.release_rate_limit, cfg.release_rate_limits, clock, metrics
+        )  # release rate limits per target topic (smoothing.py)
         self.last_checkpoint_ms = 0
 
     # -- the forwarder thread --------------------------------------------------------------
@@ -157,6 +162,7 @@ class Forwarder(ForwarderControl):
             self._claim = NOTHING
         self._retries.clear()
         self._sweep.restart()
+        self._smoothing.restart()
         checkpoints.write(self._record())  # confirms the epoch before the first record leaves
         self._last_cp_mono = self._clock.monotonic()
         self._unwritten = False
@@ -226,7 +232,7 @@ class Forwarder(ForwarderControl):
             now_wall,
             rescan=self._rescan,
             next_due_ms=None if self._rescan else self._store.next_due_ms(after_ms=looked),
-            retry_in_ms=self._retries.next_retry_in_ms(),
+            retry_in_ms=_soonest(self._retries.next_retry_in_ms(), self._smoothing.ready_in_ms()),
             since_checkpoint_ms=int((self._clock.monotonic() - self._last_cp_mono) * 1000),
             interval_ms=self._cfg.checkpoint_interval_ms,
             unwritten=self._unwritten,
@@ -256,6 +262,7 @@ class Forwarder(ForwarderControl):
         # 2. send
         sent = plan.sendable if may_send else []
         self._sender.submit(sent)
+        self._smoothing.released(sent, now)
         self._rescan = plan.truncated and bool(sent)
         # 3. settle what this round sent, waiting a bounded time: a slow target stays in flight
         deadline = self._clock.monotonic() + self._cfg.round_ack_wait_ms / 1000
@@ -277,17 +284,20 @@ class Forwarder(ForwarderControl):
         return RoundResult(len(settled.delivered), len(settled.dead_lettered), held_count, claim)
 
     def _scan(self, now: int, held: set[Target]) -> tuple[DueScan, set[Target]]:
-        """This round's scan of the pass (``sweep.py``), passing over ``held`` targets and
-        those the pass passed over before; returns it with the targets it passed over."""
+        """This round's scan of the pass (``sweep.py``), passing over ``held`` targets, those
+        the pass passed over before and those of topics out of release budget
+        (``smoothing.py``); returns it with the targets passed over before it ran."""
         skip = self._sweep.skip(held)
         scan = self._store.due_skipping(
             now,
             self._cfg.scan_batch,
-            skip,
+            self._smoothing.skip(skip),
             self._cfg.scan_skip_limit,
             self._sweep.known,
             start=self._sweep.start,
         )
+        if self._smoothing.planned(now, skip):
+            skip |= scan.passed  # a retried entry passed over for its topic's rate is kept
         return scan, skip
 
     def _checkpoint(self, checkpoints: CheckpointWriter, claim: Checkpoint) -> None:
@@ -328,3 +338,9 @@ class Forwarder(ForwarderControl):
         retired = self._tombstones.take()
         if retired:
             self._sender.tombstones(retired)
+
+
+def _soonest(*delays_ms: int | None) -> int | None:
+    """The smallest of the delays that are set, or None."""
+    known = [d for d in delays_ms if d is not None]
+    return min(known) if known else None

@@ -26,6 +26,11 @@ LATENESS_BUCKETS = (
 ROUND_PHASE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+#: Release-smoothing delay buckets, seconds: a burst throttled to a topic's rate limit can
+#: wait from milliseconds to hours (a million messages at 1,000/s: 1,000 s for the last one).
+SMOOTHING_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+)  # fmt: skip
 #: Why a master stepped down (``kdelay_replica_step_downs_total``).
 STEP_DOWN_REASONS = ("clock_skew", "forwarder_failed")
 #: The phases of an exactly-once round (``kdelay_replica_round_phase_seconds``).
@@ -253,6 +258,34 @@ class Metrics:
             "kdelay_clock_probe_failures",
             "broker-clock probes that failed (Kafka unreachable, timed out, topic not "
             "LogAppendTime)",
+            registry=r,
+        )
+        # -- release smoothing: a rate limit per target topic (smoothing.py) -----------------------
+        self.release_rate_limit = Gauge(
+            "kdelay_replica_release_rate_limit",
+            'configured release rate limit, messages per second per target topic (topic="*": '
+            "--release-rate-limit, every topic without its own in release_rate_limits)",
+            ["topic"],
+            registry=r,
+        )
+        self.release_throttled = Counter(
+            "kdelay_replica_release_throttled",
+            "messages released later than they were due because their target topic's release "
+            "rate limit held them back (master only)",
+            ["topic"],
+            registry=r,
+        )
+        self.release_smoothing_delay = Histogram(
+            "kdelay_replica_release_smoothing_delay_seconds",
+            "lateness (release time - due time) of the messages a release rate limit held back: "
+            "the extra lateness smoothing costs, per target topic",
+            ["topic"],
+            buckets=SMOOTHING_BUCKETS,
+            registry=r,
+        )
+        self.release_throttled_topics = Gauge(
+            "kdelay_replica_release_throttled_topics",
+            "target topics whose release rate limit held due messages back in the last round",
             registry=r,
         )
         for reason in ("undecodable", "unstorable"):

@@ -1,0 +1,252 @@
+"""Release smoothing (``delay_service/smoothing.py``): the token bucket, the round's quota, and
+rounds of both forwarders against fakes: a burst of one rate-limited topic leaves at its rate,
+in order per partition, while another topic's messages due at the same time leave at once."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from delay_service.config import ReplicaConfig
+from delay_service.exactly_once import ExactlyOnceForwarder
+from delay_service.forwarder import Forwarder
+from delay_service.metrics import Metrics
+from delay_service.sender import Sender
+from delay_service.smoothing import BURST_S, Smoothing, TokenBucket
+from delay_service.store import Store
+from delay_service.txn_sender import TxnSender
+from kdelay.buffer import Scheduled
+from tests.support.fakes import FakeClock, FakeProducer, Sent
+from tests.unit.test_exactly_once import FakeTxnProducer
+from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest, msg
+
+RATE = 100.0  # messages per second on topic "a": a burst of 10, then 2 per 20 ms
+BURST = int(RATE * BURST_S)
+A_COUNT = 40
+B_COUNT = 5
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "db")
+    yield s
+    s.close()
+
+
+# -- the token bucket ----------------------------------------------------------------------
+
+
+def test_a_bucket_starts_full_with_its_burst_and_refills_at_its_rate() -> None:
+    bucket = TokenBucket(RATE, 10.0)
+    assert bucket.available(10.0) == BURST
+    bucket.take(BURST, 10.0)
+    assert bucket.available(10.0) == 0
+    assert bucket.available(10.05) == 5  # 50 ms at 100/s
+    assert bucket.available(20.0) == BURST  # idle: no more than its burst
+
+
+def test_a_bucket_with_a_backlog_keeps_up_to_a_second_of_tokens() -> None:
+    bucket = TokenBucket(RATE, 10.0)
+    bucket.take(BURST, 10.0)
+    bucket.waiting_at = 10.5
+    assert bucket.available(10.5) == 50  # a long pass owed it half a second: it keeps it
+    assert bucket.available(12.0) == BURST  # the backlog is a second old: back to the burst
+
+
+def test_a_bucket_in_debt_waits_it_out_and_says_when_it_is_ready() -> None:
+    bucket = TokenBucket(RATE, 10.0)
+    bucket.take(BURST + 5, 10.0)  # more than it held (a round's retry): a debt
+    assert bucket.available(10.0) == 0
+    assert bucket.ready_in_s(10.0) == pytest.approx(0.07)  # 5 owed + a batch of 2
+    assert bucket.available(10.07) == 2
+
+
+def test_a_slow_rate_still_sends_one_message_at_a_time() -> None:
+    bucket = TokenBucket(0.5, 0.0)
+    assert bucket.available(0.0) == 1
+    bucket.take(1, 0.0)
+    assert bucket.ready_in_s(0.0) == pytest.approx(2.0)
+
+
+# -- the round's quota ---------------------------------------------------------------------
+
+
+def test_the_quota_admits_a_limited_topic_up_to_its_budget_then_passes_it_over() -> None:
+    clock = FakeClock(now_ms=1_000, mono=5.0)
+    smoothing = Smoothing(None, {"a": 3.0 / BURST_S}, clock)
+    quota = smoothing.skip({("held", 0)})
+    assert ("held", 0) in quota
+    assert [("a", i % 2) in quota for i in range(5)] == [False, False, False, True, True]
+    assert ("b", 0) not in quota  # no limit: never passed over for its rate
+    assert smoothing.planned(1_000, set())
+    assert smoothing.ready_in_ms() is not None  # "a" waits: the forwarder wakes for it
+
+
+def test_no_limit_means_no_quota_and_nothing_waits() -> None:
+    smoothing = Smoothing(None, {}, FakeClock())
+    held = {("x", 0)}
+    assert smoothing.skip(held) is held
+    assert not smoothing.planned(0, held)
+    assert smoothing.ready_in_ms() is None
+
+
+def test_a_topic_limit_overrides_the_default() -> None:
+    smoothing = Smoothing(5.0, {"a": 50.0}, FakeClock())
+    assert smoothing.rate_of("a") == 50.0
+    assert smoothing.rate_of("other") == 5.0
+
+
+def test_the_settings_are_validated_and_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KDELAY_REPLICA_RELEASE_RATE_LIMITS", '{"orders": 200, "audit": 0.5}')
+    cfg = ReplicaConfig(name="r1")
+    assert cfg.release_rate_limits == {"orders": 200.0, "audit": 0.5}
+    assert cfg.release_rate_limit is None
+    with pytest.raises(ValidationError, match="'orders': the rate must be a positive number"):
+        ReplicaConfig(name="r1", release_rate_limits={"orders": 0})
+    with pytest.raises(ValidationError, match="release_rate_limit"):
+        ReplicaConfig(name="r1", release_rate_limit=-1)
+
+
+# -- rounds of both forwarders ---------------------------------------------------------------
+
+
+def burst() -> list[tuple[int, int, Scheduled]]:
+    """A_COUNT entries of "a" (two partitions, due 100..), then B_COUNT of "b", due after."""
+    a = [(0, i, msg(i, 100 + i, topic="a", partition=i % 2)) for i in range(A_COUNT)]
+    b = [(1, i, msg(1000 + i, 100 + A_COUNT + i, topic="b")) for i in range(B_COUNT)]
+    return [*a, *b]
+
+
+def config(**settings: object) -> ReplicaConfig:
+    return ReplicaConfig(
+        name="r1",
+        checkpoint_interval_ms=1,
+        release_rate_limits={"a": RATE},
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def at_least_once(store: Store, producer: FakeProducer, clock: FakeClock) -> Forwarder:
+    cfg = config()
+    producer.clock = clock
+    sender = Sender(
+        lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=30_000, clock=clock
+    )
+    return Forwarder(
+        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+    )
+
+
+def exactly_once(store: Store, producer: FakeTxnProducer, clock: FakeClock) -> Forwarder:
+    cfg = config(delivery="exactly-once", txn_ack_wait_ms=10)
+    producer.clock = clock
+    sender = TxnSender(
+        lambda: producer,
+        buffer_topic=cfg.buffer_topic,
+        produce_timeout_ms=30_000,
+        checkpoint_key="set",
+        clock=clock,
+    )
+    fwd = ExactlyOnceForwarder(
+        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+    )
+    sender.start()
+    return fwd
+
+
+def released(producer: FakeProducer, topic: str) -> list[Sent]:
+    if isinstance(producer, FakeTxnProducer):
+        return list(producer.visible(topic))
+    return list(producer.to(topic))
+
+
+def id_of(sent: Sent) -> str:
+    found = dict(sent.headers)["kdelay-id"]
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+def ids(sent: list[Sent]) -> list[str]:
+    return [id_of(s) for s in sent]
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_burst_leaves_at_its_topic_rate_in_order_and_holds_no_other_topic(
+    store: Store, mode: str
+) -> None:
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    producer: FakeProducer
+    if mode == "exactly-once":
+        producer = FakeTxnProducer()
+        fwd = exactly_once(store, producer, clock)
+    else:
+        producer = FakeProducer()
+        fwd = at_least_once(store, producer, clock)
+    cps = FakeCheckpoints()
+    gen = fwd.activate(cps)
+    store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
+    fwd.forward_once(cps, gen)
+    # The first round: a's burst, and every one of b's, though due after all of a's.
+    assert len(released(producer, "a")) == BURST
+    assert ids(released(producer, "b")) == [f"m{1000 + i}" for i in range(B_COUNT)]
+    # The checkpoint stays below a's first entry still pending.
+    assert cps.writes[-1][0] < 100 + BURST
+    wake_in = fwd._next_wake_ms() - clock.wall_ms()
+    assert 0 < wake_in <= 21  # a batch of tokens (20 ms at 100/s), not the next checkpoint
+    rounds, per_round = 0, []
+    while len(released(producer, "a")) < A_COUNT:
+        before = len(released(producer, "a"))
+        clock.advance_ms(fwd._next_wake_ms() - clock.wall_ms())
+        fwd.forward_once(cps, gen)
+        per_round.append(len(released(producer, "a")) - before)
+        rounds += 1
+        assert rounds < 100
+    # Never more than the tokens that accrued: 2 per 20 ms wake-up.
+    assert max(per_round) <= 2
+    elapsed_s = clock.mono - 50.0
+    assert elapsed_s >= (A_COUNT - BURST) / RATE - 0.001
+    # Order per partition: each partition of "a" in due order, every message once.
+    by_partition: dict[int, list[str]] = defaultdict(list)
+    for s in released(producer, "a"):
+        by_partition[s.partition].append(id_of(s))
+    for partition, got in by_partition.items():
+        assert got == [f"m{i}" for i in range(A_COUNT) if i % 2 == partition]
+    assert store.pending == 0
+    metrics = fwd._metrics
+    throttled = metrics.registry.get_sample_value(
+        "kdelay_replica_release_throttled_total", {"topic": "a"}
+    )
+    assert throttled == A_COUNT - BURST  # every one after the burst was held back
+    delay_sum = metrics.registry.get_sample_value(
+        "kdelay_replica_release_smoothing_delay_seconds_sum", {"topic": "a"}
+    )
+    assert delay_sum is not None
+    assert delay_sum > 0
+    assert (
+        metrics.registry.get_sample_value("kdelay_replica_release_throttled_total", {"topic": "b"})
+        is None
+    )
+    assert (
+        metrics.registry.get_sample_value("kdelay_replica_release_rate_limit", {"topic": "a"})
+        == RATE
+    )
+
+
+def test_without_a_limit_the_burst_leaves_in_one_round(store: Store) -> None:
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    producer = FakeProducer()
+    cfg = ReplicaConfig(name="r1", checkpoint_interval_ms=1)
+    producer.clock = clock
+    sender = Sender(lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=30_000)
+    fwd = Forwarder(
+        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+    )
+    cps = FakeCheckpoints()
+    store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
+    fwd.forward_once(cps, fwd.activate(cps))
+    assert len(producer.to("a")) == A_COUNT
