@@ -95,6 +95,10 @@ def test_the_wheel_holds_the_product_and_none_of_the_harness(wheel: Path) -> Non
     poms = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kdelay/jvm").glob("*/pom.xml")}
     assert poms, "kdelay/jvm has no poms"
     assert poms | {"kdelay/jvm/settings.xml"} <= set(names)
+    # The operator's console (proxy/console.py serves /ui/ from the installed package).
+    console = {p.relative_to(ROOT).as_posix() for p in (ROOT / "proxy/console").iterdir()}
+    assert console >= {"proxy/console/index.html", "proxy/console/console.js"}
+    assert console <= set(names), f"console files missing: {console - set(names)}"
     outside = [n for n in names if n.split("/")[0] not in {*PRODUCT, *_dist_info(names)}]
     assert not outside, f"files outside the product packages: {outside}"
     licence = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
@@ -129,6 +133,15 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel: Path, tmp_path: Pa
         timeout=120,
     )
     assert imported.returncode == 0, imported.stderr
+    # The console's files load from the installed package (what /ui/ serves).
+    console = _run(
+        python,
+        "-c",
+        "from proxy.console import load_assets as a; assert b'/ui/console.js' in a()['index.html']",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert console.returncode == 0, console.stderr
     # `kdelay up` is the development stack: outside a checkout it says where that lives.
     up = _run(kdelay, "up", cwd=tmp_path, timeout=120)
     assert up.returncode != 0
