@@ -17,16 +17,17 @@ its owner (``delivered``, ``cancelled``, ``dead_lettered``). When both exist (a 
 recurring message whose earlier occurrence was released) the answer is ``pending`` and carries
 the other as ``last_outcome``. Neither: unknown (404).
 
-Timeline: the pending entries due before ``now + horizon`` (overdue ones included), counted
-per due-time bucket and per target topic. Buckets are aligned to multiples of the bucket size
-since the epoch (UTC), so a message's bucket does not depend on when one asks; only non-empty
-buckets are listed. The scan reads the store in chunks of :data:`CHUNK` entries
-(:meth:`Store.chunk_after`), holding its lock for one chunk at a time and decoding outside it,
-so it never stalls ingest or the forwarder for long; it stops after ``max_scan`` entries and
-then says ``"truncated": true`` (the counts cover the earliest-due entries scanned, exactly up
-to ``scanned_until``). Entries added or released while the scan runs may or may not be counted:
-the counts are not a snapshot. At most :data:`MAX_SCANS` timelines are computed at once per
-replica; another asks again later (503).
+Timeline: the pending entries due before ``now + horizon`` (overdue ones included), counted per
+due-time bucket and per target topic; optionally only those for one ``topic`` or whose id
+starts with ``id_prefix`` (the console's counts of a listing's filters). Buckets are aligned to
+multiples of the bucket size since the epoch (UTC), so a message's bucket does not depend on
+when one asks; only non-empty buckets are listed. The scan reads the store in chunks of
+:data:`CHUNK` entries (:meth:`Store.chunk_after`), holding its lock for one chunk at a time and
+decoding outside it, so it never stalls ingest or the forwarder for long; it stops after
+``max_scan`` entries and then says ``"truncated": true`` (the counts cover the earliest-due
+entries scanned, exactly up to ``scanned_until``). Entries added or released while the scan
+runs may or may not be counted: the counts are not a snapshot. At most :data:`MAX_SCANS`
+timelines are computed at once per replica; another asks again later (503).
 
 Listing (``GET /v1/messages?state=pending&topic=..&id_prefix=..&due_before=..&limit=..
 &cursor=..``, CONTRACT.md v3): the pending entries in key order (due time, then the order the
@@ -200,13 +201,17 @@ def timeline(
     *,
     max_scan: int,
     chunk: int = CHUNK,
+    topic: str | None = None,
+    id_prefix: str | None = None,
 ) -> dict[str, Any]:
     """Counts of the entries due before ``now_ms + horizon_ms`` per bucket and per target
-    topic, scanning at most ``max_scan`` entries (module docstring)."""
+    topic, scanning at most ``max_scan`` entries (module docstring); with ``topic`` or
+    ``id_prefix``, of the entries for that topic or whose id starts so only (``counted``: how
+    many matched, ``scanned``: how many were examined)."""
     until = now_ms + horizon_ms
     buckets: dict[int, Counter[str]] = {}
     topics: Counter[str] = Counter()
-    overdue = scanned = 0
+    overdue = scanned = matched = 0
     last_due: int | None = None
     after: bytes | None = None
     truncated = False
@@ -219,12 +224,17 @@ def timeline(
         rows = store.chunk_after(after, until, want)
         for key, value in rows:
             due = split_key(key)[0]
-            topic = decode_entry(value).topic
-            start = due - due % bucket_ms
-            buckets.setdefault(start, Counter())[topic] += 1
-            topics[topic] += 1
-            overdue += due <= now_ms
             last_due = due
+            msg = decode_entry(value)
+            if (topic is not None and msg.topic != topic) or (
+                id_prefix is not None and not msg.id.startswith(id_prefix)
+            ):
+                continue
+            start = due - due % bucket_ms
+            buckets.setdefault(start, Counter())[msg.topic] += 1
+            topics[msg.topic] += 1
+            overdue += due <= now_ms
+            matched += 1
         scanned += len(rows)
         if len(rows) < want:
             break
@@ -239,7 +249,8 @@ def timeline(
             for start, counts in sorted(buckets.items())
         ],
         "topics": dict(sorted(topics.items())),
-        "counted": scanned,
+        "counted": matched,
+        "scanned": scanned,
         "overdue": overdue,
         "pending": store.pending,
         "truncated": truncated,
@@ -301,8 +312,8 @@ class Answers:
         return 200, {**doc, **fresh.to_json()}
 
     def pending(self, params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
-        """``GET /v1/pending?bucket=..&horizon=..``: 200 and the timeline, 400 a bad
-        parameter, 503 while MAX_SCANS others run."""
+        """``GET /v1/pending?bucket=..&horizon=..[&topic=..][&id_prefix=..]``: 200 and the
+        timeline, 400 a bad parameter, 503 while MAX_SCANS others run."""
         try:
             bucket_ms, horizon_ms = parse_window(
                 params.get("bucket", DEFAULT_BUCKET), params.get("horizon", DEFAULT_HORIZON)
@@ -317,7 +328,13 @@ class Answers:
         try:
             fresh = self.freshness()
             doc = timeline(
-                self._store, fresh.as_of_ms, bucket_ms, horizon_ms, max_scan=self._max_scan
+                self._store,
+                fresh.as_of_ms,
+                bucket_ms,
+                horizon_ms,
+                max_scan=self._max_scan,
+                topic=params.get("topic") or None,
+                id_prefix=params.get("id_prefix") or None,
             )
         finally:
             self._scans.release()

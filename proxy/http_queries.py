@@ -116,7 +116,8 @@ class PendingTimeline(Freshness):
     horizon_ms: int
     buckets: list[PendingBucket] = Field(description="the non-empty buckets, earliest first")
     topics: dict[str, int] = Field(description="counted entries per target topic")
-    counted: int
+    counted: int = Field(description="entries counted (those matching topic and id_prefix)")
+    scanned: int | None = Field(default=None, description="entries examined")
     overdue: int = Field(description="counted entries already due (awaiting release)")
     pending: int = Field(description="every pending entry of the replica, due whenever")
     truncated: bool = Field(description="the scan stopped at scan_limit entries")
@@ -290,11 +291,16 @@ def install_replica_queries(
         horizon: Annotated[
             str, Query(description=f"how far ahead, {DURATION}", pattern=DURATION_PATTERN)
         ] = "24h",
+        topic: Annotated[str | None, Query(description="count only this topic's")] = None,
+        id_prefix: Annotated[
+            str | None, Query(description="count only those whose id starts so")
+        ] = None,
     ) -> Response:
         """Pending messages per due-time bucket (aligned to multiples of ``bucket``) and per
         target topic, due before now + ``horizon`` (overdue ones included), from a
-        delay-service replica's store, with the answer's freshness. Every principal's
-        messages: for kdelay administrators only (403)."""
+        delay-service replica's store, with the answer's freshness; only those for ``topic``
+        and whose id starts with ``id_prefix`` when given. Every principal's messages: for
+        kdelay administrators only (403)."""
         if not await caller.admin():
             raise AdministratorsOnlyError(
                 f"the pending timeline counts every principal's messages: only a principal "
@@ -306,5 +312,9 @@ def install_replica_queries(
                     raise BadRequestError(f"{name}: must be more than 0")
             except ValueError as exc:
                 raise BadRequestError(f"{name}: {exc}") from None
-        answer = await ask(lambda api: api.pending(bucket, horizon, pending_timeout_s))
+        answer = await ask(
+            lambda api: api.pending(
+                bucket, horizon, pending_timeout_s, topic=topic or None, id_prefix=id_prefix or None
+            )
+        )
         return JSONResponse(answer.body)

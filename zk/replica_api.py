@@ -157,10 +157,22 @@ class ReplicaApi:
         )
         return ReplicaAnswer(404, {"error": error, "field": "id"}, asked)
 
-    def pending(self, bucket: str, horizon: str, timeout_s: float | None = None) -> ReplicaAnswer:
-        """``GET /v1/pending?bucket=..&horizon=..`` of the first replica that answers; with
-        shards, one per shard, merged (``zk/shard_merge.py``)."""
-        query = urllib.parse.urlencode({"bucket": bucket, "horizon": horizon})
+    def pending(
+        self,
+        bucket: str,
+        horizon: str,
+        timeout_s: float | None = None,
+        *,
+        topic: str | None = None,
+        id_prefix: str | None = None,
+    ) -> ReplicaAnswer:
+        """``GET /v1/pending?bucket=..&horizon=..`` (only ``topic``'s, only ids starting with
+        ``id_prefix``, when given) of the first replica that answers; with shards, one per
+        shard, merged (``zk/shard_merge.py``)."""
+        filters = {"topic": topic, "id_prefix": id_prefix}
+        query = urllib.parse.urlencode(
+            {"bucket": bucket, "horizon": horizon, **{k: v for k, v in filters.items() if v}}
+        )
         answers = self._ask_shards(f"/v1/pending?{query}", timeout_s or self.timeout_s)
         bad = [a for a in answers if a.status != 200]
         if bad or len(answers) == 1:

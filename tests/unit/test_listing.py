@@ -25,6 +25,7 @@ from delay_service.queries import (
     encode_cursor,
     list_pending,
     parse_listing,
+    timeline,
 )
 from delay_service.store import Store
 from kdelay.buffer import Scheduled
@@ -316,6 +317,42 @@ def test_the_proxy_lists_two_shards_merged_and_checks_its_parameters(tmp_path: P
                 resp = proxy_get(app, f"/v1/messages?{query}")
                 assert resp.status_code == 400, query
                 assert resp.json()["field"] == field, query
+    finally:
+        for s in shards:
+            s.close()
+
+
+def test_the_timeline_counts_only_a_topic_or_id_prefix_when_asked(tmp_path: Path) -> None:
+    """GET /v1/pending's optional topic and id_prefix (the console's counts per bucket of a
+    listing's filters), on the replica and through the proxy over two shards."""
+    messages = mixed(120, seed=9)
+    shards = [Store(tmp_path / "s0"), Store(tmp_path / "s1")]
+    try:
+        for part in (0, 1):
+            fill(shards[part], [m for i, m in enumerate(messages) if i % 2 == part], part)
+        whole = timeline(shards[0], NOW - 60_000, 10_000, 3_600_000, max_scan=1000)
+        only = timeline(
+            shards[0], NOW - 60_000, 10_000, 3_600_000, max_scan=1000, topic="refunds",
+            id_prefix="cust-b",
+        )  # fmt: skip
+        ours = [m for i, m in enumerate(messages) if i % 2 == 0]
+        assert whole["counted"] == whole["scanned"] == len(ours)
+        match = [m for m in ours if m.topic == "refunds" and m.id.startswith("cust-b")]
+        assert only["counted"] == len(match) > 0
+        assert only["scanned"] == len(ours)
+        assert only["topics"] == {"refunds": len(match)}
+        with serving(shards[0]) as p0, serving(shards[1]) as p1:
+            app = proxy_app(
+                GivenReplicas(
+                    [Replica("s0", "master", 0, "127.0.0.1", p0)],
+                    [Replica("s1", "master", 0, "127.0.0.1", p1)],
+                )
+            )
+            resp = proxy_get(app, "/v1/pending?bucket=10s&horizon=1d&topic=orders")
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["topics"] == {"orders": 60}
+            resp = proxy_get(app, "/v1/pending?bucket=10s&horizon=1d&id_prefix=cust-b")
+            assert resp.json()["counted"] == len([m for m in messages if m.id.startswith("cust-b")])
     finally:
         for s in shards:
             s.close()
