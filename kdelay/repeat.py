@@ -13,9 +13,13 @@ before, so a series never drifts with release lateness. Forms (README "Recurring
   (``500ms``, ``10s``, ``2m``, ``1h``): ``exp:1s,2,1m,8`` is due at t, t+1 s, t+3 s, t+7 s,
   t+15 s, t+31 s, t+63 s, t+123 s (the gap doubles up to MAX), 8 occurrences in all.
 - Cron, in a time zone: ``cron:0 9 * * 1-5`` (UTC) or ``cron:CRON_TZ=Europe/Berlin 0 9 * * 1-5``
-  (the ``CRON_TZ=`` prefix of Kubernetes CronJobs), five fields, evaluated by cronsim
-  (daylight-saving transitions as cron does them). Occurrences are the matching minutes at or
-  after the series' start; ``R<n>/cron:...`` stops after n of them.
+  (the ``CRON_TZ=`` prefix of Kubernetes CronJobs), five fields matched by cronsim on the
+  zone's wall clock. Occurrences are the matching minutes at or after the series' start;
+  ``R<n>/cron:...`` stops after n of them. ``DST=NONEXISTENT,AMBIGUOUS`` after the zone
+  (``cron:CRON_TZ=Europe/Berlin DST=skip,twice 30 2 * * *``) chooses what a wall-clock time in
+  the spring gap (``skip`` or ``shift``) and in the autumn's repeated hour (``once`` or
+  ``twice``) gives; without it, what cron does (:mod:`kdelay.cron_dst`). The canonical text
+  of a zone other than UTC always carries the policy, so every replica follows the same one.
 
 Every form is parsed and checked by :func:`parse` (the proxy, which rejects a bad value like any
 bad header) and kept as :attr:`Repeat.text`, its canonical spelling, in the buffer record; the
@@ -37,6 +41,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from kdelay.cron_dst import DstPolicy, ZonedCron, default_policy, parse_policy
 from kdelay.durations import duration_ms
 from kdelay.errors import InvalidHeaderError
 
@@ -52,6 +57,7 @@ _DURATION = re.compile(
 )
 _COUNTED = re.compile(r"R(\d+)/(cron:.*)\Z")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SHIFT_ONCE = DstPolicy("shift", "once")  # not used without a cron rule
 
 
 def _bad(reason: str) -> InvalidHeaderError:
@@ -76,6 +82,7 @@ class Repeat:
     max_ms: int | None = None
     cron: str | None = None
     zone: str = "UTC"
+    dst: DstPolicy = _SHIFT_ONCE
 
     def first(self, start_ms: int) -> int:
         """The due time of occurrence 1 for a series that starts at ``start_ms``."""
@@ -122,12 +129,8 @@ class Repeat:
 
     def _cron_match(self, from_ms: int, *, reverse: bool) -> int | None:
         assert self.cron is not None
-        start = datetime.fromtimestamp(from_ms / 1000, tz=ZoneInfo(self.zone))
-        try:
-            match = next(iter(CronSim(self.cron, start, reverse=reverse)))
-        except StopIteration:
-            return None
-        return int((match - _EPOCH) / timedelta(milliseconds=1))
+        rule = ZonedCron(self.cron, self.zone, self.dst)
+        return rule.at_or_before(from_ms - 1) if reverse else rule.after(from_ms)
 
     def widest_cron_gap(
         self, first_ms: int, until_ms: int, max_gap_ms: int, max_steps: int
@@ -228,12 +231,23 @@ def _parse_exp(body: str, max_horizon_ms: int) -> Repeat:
     )
 
 
+_CRON_PREFIX = re.compile(r"(CRON_TZ|TZ|DST)=(\S*)\s+")
+
+
 def _parse_cron(body: str, count: int | None, max_horizon_ms: int) -> Repeat:
-    zone = "UTC"
+    zone, policy = "UTC", None
     expr = body.strip()
-    prefix = re.match(r"(?:CRON_TZ|TZ)=(\S+)\s+", expr)
-    if prefix:
-        zone, expr = prefix[1], expr[prefix.end() :]
+    while prefix := _CRON_PREFIX.match(expr):
+        if prefix[1] == "DST":
+            if policy is not None:
+                raise _bad("DST= is given twice")
+            try:
+                policy = parse_policy(prefix[2])
+            except ValueError as exc:
+                raise _bad(str(exc)) from None
+        else:
+            zone = prefix[2]
+        expr = expr[prefix.end() :]
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -244,8 +258,17 @@ def _parse_cron(body: str, count: int | None, max_horizon_ms: int) -> Repeat:
         CronSim(expr, datetime.now(UTC))
     except CronSimError as exc:
         raise _bad(f"cron expression {expr!r}: {exc}") from None
-    text = f"cron:CRON_TZ={zone} {expr}"
-    rule = Repeat(text if count is None else f"R{count}/{text}", count=count, cron=expr, zone=zone)
+    expr = " ".join(expr.split())
+    policy = policy or default_policy(expr)
+    # UTC has no daylight saving: its canonical text stays the one it always was.
+    text = (
+        f"cron:CRON_TZ={zone} {expr}"
+        if zone == "UTC"
+        else (f"cron:CRON_TZ={zone} {policy.text} {expr}")
+    )
+    rule = Repeat(
+        text if count is None else f"R{count}/{text}", count=count, cron=expr, zone=zone, dst=policy
+    )
     now = int(datetime.now(UTC).timestamp() * 1000)
     first = rule.first(now)
     second = rule.after(1, first) if count != 1 else None

@@ -66,7 +66,7 @@ def test_cron_follows_its_time_zone_across_daylight_saving() -> None:
     assert first == utc("2027-03-27T08:00:00+00:00")
     assert second == utc("2027-03-28T07:00:00+00:00")
     assert third == utc("2027-03-29T07:00:00+00:00")
-    assert rule.text == "cron:CRON_TZ=Europe/Berlin 0 9 * * *"
+    assert rule.text == "cron:CRON_TZ=Europe/Berlin DST=shift,once 0 9 * * *"  # cron's default
     assert parse_repeat("cron:0 9 * * *", HORIZON).zone == "UTC"
 
 
