@@ -88,6 +88,21 @@ OVERVIEW = [
         description="From the master's histogram; alert KdelayLatenessHigh on p99.",
     ),
     Panel(
+        "Release smoothing: extra lateness by topic",
+        [
+            q(
+                f"histogram_quantile({p}, sum by (topic, le) "
+                f"(rate(kdelay_replica_release_smoothing_delay_seconds_bucket[{RATE}])))",
+                f"{{{{topic}}}} p{round(p * 100)}",
+            )
+            for p in (0.5, 0.99)
+        ],
+        "s",
+        description="Lateness of the messages a release rate limit held back "
+        "(--release-rate-limit, release_rate_limits), per target topic: the price of smoothing "
+        "a burst. It is part of the lateness above too; other topics are not delayed by it.",
+    ),
+    Panel(
         "Verifier: early / duplicates / missing",
         [
             q(f"sum(increase(kdelay_verifier_early_total[{RATE}]))", "early"),
@@ -205,10 +220,27 @@ REPLICAS = [
         [
             q("kdelay_replica_targets_held", "{{instance}} targets held"),
             q("kdelay_replica_in_flight_messages", "{{instance}} in flight"),
+            q("kdelay_replica_release_throttled_topics", "{{instance}} topics throttled"),
         ],
         "short",
         description="Master only. Targets (topic, partition) that get no new records: records "
-        "in flight or a retry backoff after a failure; a failing target holds only itself.",
+        "in flight or a retry backoff after a failure; a failing target holds only itself. "
+        "Topics throttled: target topics whose release rate limit held due messages back.",
+    ),
+    Panel(
+        "Release smoothing: throttled releases and limits",
+        [
+            by("kdelay_replica_release_throttled_total", "topic", legend="{{topic}} throttled"),
+            q(
+                f"max by (topic) (kdelay_replica_release_rate_limit and {MASTER})",
+                "{{topic}} limit",
+            ),
+        ],
+        "rps",
+        description="Per target topic: messages released late because its release rate limit "
+        'held them back, and the limit itself (topic "*": --release-rate-limit, every topic '
+        "without its own). A topic throttled for long needs a higher limit or fewer messages "
+        "due at once.",
     ),
     Panel(
         "Dead-letter write errors",
