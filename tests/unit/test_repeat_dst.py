@@ -303,3 +303,26 @@ def test_the_horizon_check_follows_the_policy(policy: str, horizon: int, said: s
     else:
         with pytest.raises(InvalidHeaderError, match=said):
             parse_repeat(text, horizon)
+
+
+@pytest.mark.parametrize("policy", ["skip,once", "shift,twice"])
+def test_a_sparse_schedule_on_the_transition_day_is_found_from_afar(policy: str) -> None:
+    """02:30 on October's Sundays in Berlin: the last one is the autumn transition. The walk
+    jumps over the months without a match, never over the repeated hour next to it."""
+    rule = parse_repeat(f"cron:CRON_TZ=Europe/Berlin DST={policy} 30 2 * 10 0", 2**62)
+    sunday = date(2027, 10, 31)
+    week_before = local("Europe/Berlin", sunday - timedelta(7), 2, 30)
+    first, second = (local("Europe/Berlin", sunday, 2, 30, fold) for fold in (0, 1))
+    next_year = local("Europe/Berlin", date(2028, 10, 1), 2, 30)
+    after_week_before = rule.after(1, week_before)
+    assert after_week_before == first
+    if policy.endswith("twice"):
+        assert rule.after(1, first) == second
+        assert rule.after(1, second) == next_year
+        assert rule._cron_at_or_before(second - 1) == first
+        assert rule._cron_at_or_before(next_year - 1) == second
+    else:
+        assert rule.after(1, first) == next_year
+        assert rule._cron_at_or_before(next_year - 1) == first
+    assert rule._cron_at_or_before(first - 1) == week_before
+    assert rule.first(local("Europe/Berlin", date(2027, 11, 1), 0, 0)) == next_year
