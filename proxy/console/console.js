@@ -159,7 +159,7 @@ function drawChart(doc, f) {
   const counts = new Array(n).fill(0);
   let overdue = 0;
   for (const b of doc.buckets) {
-    const c = f.topic ? (b.topics[f.topic] || 0) : b.count;
+    const c = b.count;
     const i = Math.floor((b.start - first) / bucketMs);
     if (i < 0) overdue += c; else if (i < n) counts[i] += c;
   }
@@ -198,13 +198,15 @@ function drawChart(doc, f) {
   }
   const total = all.reduce((a, b) => a + b, 0);
   $("#chart-caption").textContent =
-    `${total} pending${f.topic ? ` for ${f.topic}` : ""} due within ${f.window}, per ${doc.bucket_ms / 60000} min` +
-    ` (bars: count per bucket, first bar overdue)${f.prefix ? "; the counts are per topic, the id prefix filters the list only" : ""}` +
+    `${total} pending${f.topic ? ` for ${f.topic}` : ""}${f.prefix ? ` whose id starts with ${f.prefix}` : ""}` +
+    ` due within ${f.window}, per ${doc.bucket_ms / 60000} min (bars: count per bucket, first bar overdue)` +
     `${doc.truncated ? `; the scan stopped at ${doc.scan_limit} entries` : ""}. Answered by ${doc.answered_by}.`;
 }
 
 async function loadChart(f) {
   const q = new URLSearchParams({ bucket: BUCKETS[f.window], horizon: f.window });
+  if (f.topic) q.set("topic", f.topic);
+  if (f.prefix) q.set("id_prefix", f.prefix);
   const answer = await api("GET", `/v1/pending?${q}`);
   if (answer.status === 200) {
     drawChart(answer.body, f);
