@@ -1,0 +1,140 @@
+"""Release-smoothing benchmark: a steady topic's lateness while a burst of another topic falls due
+at once, with that burst released unthrottled and throttled to a rate limit, in the same run.
+
+Run: ``.venv/bin/python -m bench.smoothing`` (``--help`` for sizes). It starts a one-broker Kafka
+and ZooKeeper through dev.stack; each mode gets a fresh replica set (one ``kdelay
+delay-service`` subprocess, its own ZooKeeper root and buffer topic) and fresh target topics:
+
+- ``alone``: only B, a steady stream: ``--b-rate`` messages a second due over ``--b-seconds``;
+- ``burst``: the same B, and ``--burst`` messages of A all due at one instant in the middle of
+  B's window, no limit;
+- ``throttled``: the same, A limited to ``--limit`` messages a second (``release_rate_limits``
+  in a ``--config`` file), B unlimited.
+
+Every record is in the buffer before the first falls due. Lateness is by the broker's clock
+(targets use ``message.timestamp.type=LogAppendTime``): record timestamp - ``kdelay-deliver-at``.
+A's spread is its last release minus its first; the replica's
+``kdelay_replica_release_throttled_total`` counts the releases the limit held back. The ratio
+compares B's p99 in each mode with ``alone``: smoothing should bring it back to about 1, a burst
+without it pushes B behind A's backlog. Figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.harness.lateness import Lateness, Reader, pct, produce_buffer
+from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
+from dev.kafka_tools import create_topic
+from dev.stack import LocalKafka, LocalZooKeeper
+from kdelay.buffer import Scheduled
+
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+MODES = ("alone", "burst", "throttled")
+
+
+def figures(lat: Lateness) -> dict[str, float]:
+    rel = lat.release
+    return {
+        "delivered": len(rel),
+        "p50_ms": pct(rel, 0.5),
+        "p99_ms": pct(rel, 0.99),
+        "max_ms": max(rel, default=float("nan")),
+    }
+
+
+def run_mode(
+    base: Path, bs: str, zk: str, mode: str, args: argparse.Namespace
+) -> tuple[dict[str, object], float]:
+    """One mode on a fresh replica set and fresh topics; its figures and B's p99 in ms."""
+    suffix = f"{mode}-{uuid.uuid4().hex[:8]}"
+    topic_a, topic_b = f"smooth-a-{suffix}", f"smooth-b-{suffix}"
+    for topic in (topic_a, topic_b):
+        create_topic(bs, topic, PARTITIONS, config=LOG_APPEND_TIME)
+    extra: tuple[str, ...] = ()
+    if mode == "throttled":
+        config = base / f"{suffix}.json"
+        config.write_text(json.dumps({"release_rate_limits": {topic_a: args.limit}}))
+        extra = ("--config", str(config))
+    rs = Replicas(base / suffix, bs, zk, 1, extra)
+    try:
+        rs.start_all()
+        rs.wait_master()
+        n_b = int(args.b_rate * args.b_seconds)
+        n_a = 0 if mode == "alone" else args.burst
+        drain_s = n_a / args.limit if mode == "throttled" else 0.0
+        reader_b = Reader(bs, topic_b, n_b, timeout=args.b_seconds + drain_s + 120)
+        reader_a = Reader(bs, topic_a, n_a, timeout=drain_s + 180) if n_a else None
+        start = int(time.time() * 1000) + args.lead_ms
+        burst_at = start + int(args.b_seconds * 1000) // 2
+        b = (
+            Scheduled(
+                f"b-{i}", topic_b, i % PARTITIONS, None, b"b", start + int(i * 1000 / args.b_rate)
+            )
+            for i in range(n_b)
+        )
+        a = (Scheduled(f"a-{i}", topic_a, i % PARTITIONS, None, b"a", burst_at) for i in range(n_a))
+        produce_buffer(bs, rs.buffer, [*a, *b])
+        late = max(0, int(time.time() * 1000) - start)
+        lat_b = reader_b.wait()
+        out: dict[str, object] = {"mode": mode, "b": figures(lat_b), "produced_late_ms": late}
+        if reader_a is not None:
+            lat_a = reader_a.wait()
+            spread_s = (max(lat_a.release) - min(lat_a.release)) / 1000 if lat_a.release else 0.0
+            out["a"] = {
+                **figures(lat_a),
+                "spread_s": spread_s,
+                "rate_per_s": len(lat_a.release) / spread_s if spread_s else float("nan"),
+            }
+            out["throttled_total"] = rs.metric_sum("r1", "kdelay_replica_release_throttled_total")
+        return out, pct(lat_b.release, 0.99)
+    finally:
+        rs.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--burst", type=int, default=20_000, help="A's messages, all due at once")
+    ap.add_argument("--limit", type=float, default=2_000.0, help="A's rate limit, messages/s")
+    ap.add_argument("--b-rate", type=int, default=200, help="B's messages per second")
+    ap.add_argument("--b-seconds", type=float, default=20.0, help="B's window")
+    ap.add_argument("--lead-ms", type=int, default=8_000, help="first due time after start")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="kdelay-bench-smooth-"))
+    kafka = LocalKafka(base / "kafka", settings=kafka_settings())
+    zk = LocalZooKeeper(base / "zk")
+    results: dict[str, object] = {"burst": args.burst, "limit_per_s": args.limit}
+    b_p99: dict[str, float] = {}
+    try:
+        kafka.start()
+        zk.start()
+        for mode in args.modes.split(","):
+            found, b_p99[mode] = run_mode(
+                base, kafka.bootstrap_servers, zk.connect_string, mode, args
+            )
+            results[mode] = found
+            print(json.dumps(found), flush=True)
+    finally:
+        kafka.stop()
+        zk.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    if "alone" in b_p99:
+        for mode in ("burst", "throttled"):
+            if mode in b_p99:
+                ratio = b_p99[mode] / max(b_p99["alone"], 1.0)
+                results[f"b_p99_ratio_{mode}_vs_alone"] = round(ratio, 2)
+    print(json.dumps(results, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
