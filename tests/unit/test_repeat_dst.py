@@ -326,3 +326,14 @@ def test_a_sparse_schedule_on_the_transition_day_is_found_from_afar(policy: str)
         assert rule._cron_at_or_before(next_year - 1) == first
     assert rule._cron_at_or_before(first - 1) == week_before
     assert rule.first(local("Europe/Berlin", date(2027, 11, 1), 0, 0)) == next_year
+
+
+def test_a_series_starting_in_the_repeated_hour_never_starts_before_it() -> None:
+    """cronsim alone put the first occurrence of a series started at 02:10 CET (the second
+    pass) at 02:30 CEST, 40 minutes *before* the start; 'once' has had 02:30, so the next is
+    tomorrow's, and 'twice' gives the second 02:30."""
+    start = local("Europe/Berlin", date(2027, 10, 31), 2, 10, fold=1)
+    once = parse_repeat("cron:CRON_TZ=Europe/Berlin 30 2 * * *", 2**62)
+    twice = parse_repeat("cron:CRON_TZ=Europe/Berlin DST=shift,twice 30 2 * * *", 2**62)
+    assert once.first(start) == local("Europe/Berlin", date(2027, 11, 1), 2, 30)
+    assert twice.first(start) == local("Europe/Berlin", date(2027, 10, 31), 2, 30, fold=1)
