@@ -154,6 +154,22 @@ def _query(answers: Answers, environ: WSGIEnvironment, path: str) -> tuple[int, 
         return 503, QueryError(503, f"the replica's store cannot answer: {exc}").body()
 
 
+#: What one bulk cancel did (queries.py, ``Answers.bulk_cancel``).
+BULK_CANCELS = "/v1/bulk-cancels/"
+
+
+def _bulk_cancel(answers: Answers, environ: WSGIEnvironment) -> tuple[int, dict[str, object]]:
+    """The answer to ``GET /v1/bulk-cancels/<id>`` (the id percent-encoded)."""
+    path = environ.get("PATH_INFO", "")
+    if environ.get("REQUEST_METHOD", "GET") != "GET":
+        return 405, QueryError(405, f"{path}: only GET is served here").body()
+    try:
+        # wsgiref decodes PATH_INFO's percent-escapes as ISO-8859-1 (PEP 3333): raw bytes.
+        return answers.bulk_cancel(path[len(BULK_CANCELS) :].encode("iso-8859-1"))
+    except StoreError as exc:  # closed: the replica is shutting down
+        return 503, QueryError(503, f"the replica's store cannot answer: {exc}").body()
+
+
 def app(
     registry: CollectorRegistry, live: Check, ready: Check, answers: Answers | None = None
 ) -> WSGIApplication:
@@ -166,6 +182,8 @@ def app(
             return _answer(live, start_response)
         if path == "/readyz":
             return _answer(ready, start_response)
+        if answers is not None and path.startswith(BULK_CANCELS):
+            return _json(*_bulk_cancel(answers, environ), start_response)
         if answers is not None and (path.startswith(MESSAGES) or path in (LISTING, PENDING)):
             status, doc = _query(answers, environ, path)
             return _json(status, doc, start_response)

@@ -202,6 +202,20 @@ class IngestBatch:
         m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
             self._metrics.cancelled.inc(result.cancelled)
+        for outcome, count in result.cancel_outcomes.items():
+            self._metrics.cancel_outcomes.labels(outcome).inc(count)
+        if result.bulk_cancels:
+            self._metrics.bulk_cancels.inc(result.bulk_cancels)
+            log.info(
+                "ingest.bulk_cancel",
+                bulk_cancels=result.bulk_cancels,
+                cancelled=result.bulk_cancelled,
+                refused=result.bulk_refused,
+            )
+        if result.bulk_cancelled:
+            self._metrics.bulk_cancelled.inc(result.bulk_cancelled)
+        if result.bulk_refused:
+            self._metrics.bulk_refused.inc(result.bulk_refused)
         if result.retired:
             self.on_cancelled(result.retired)
         if result.duplicates:

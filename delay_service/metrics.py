@@ -128,6 +128,28 @@ class Metrics:
             '"Message owners")',
             registry=r,
         )
+        self.cancel_outcomes = Counter(
+            "kdelay_replica_cancel_outcomes",
+            "cancels of one id read, by what they found: cancelled (removed a pending message), "
+            "already_delivered (none pending, the last with its id delivered), unknown",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("cancelled", "already_delivered", "unknown"):
+            self.cancel_outcomes.labels(outcome)
+        self.bulk_cancels = Counter(
+            "kdelay_replica_bulk_cancels", "bulk cancels (by id prefix) read", registry=r
+        )
+        self.bulk_cancelled = Counter(
+            "kdelay_replica_bulk_cancelled_messages",
+            "pending messages bulk cancels cancelled (also in kdelay_replica_cancelled_total)",
+            registry=r,
+        )
+        self.bulk_refused = Counter(
+            "kdelay_replica_bulk_cancel_refused_messages",
+            "messages a bulk cancel left alone: another principal's",
+            registry=r,
+        )
         self.dead_lettered = Counter(
             "kdelay_replica_dead_lettered",
             "messages sent to the dead-letter topic",

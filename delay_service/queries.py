@@ -43,6 +43,10 @@ budget runs out before the page is full, the page is short (even empty) and ``ne
 from the last entry examined, so a filter that matches rarely costs bounded pages, not one
 unbounded scan. Only ``pending`` is listed: what left the store is remembered by id only.
 
+Bulk cancels (``GET /v1/bulk-cancels/<id>``): what a bulk cancel did in this replica's store,
+its count (delay_service/bulk_cancels.py); the proxy asks it to answer ``DELETE
+/v1/messages?id_prefix=..&wait=..``.
+
 Threads: any thread may call these functions; :class:`Answers` is shared by the HTTP server's
 request threads (it reads the store, which locks, and callbacks that only read thread-safe
 state). replica.py builds it before the store's readers start and attaches the ingest and
@@ -310,6 +314,26 @@ class Answers:
             )
             return 404, {**error.body(), **fresh.to_json()}
         return 200, {**doc, **fresh.to_json()}
+
+    def bulk_cancel(self, raw_id: bytes) -> tuple[int, dict[str, Any]]:
+        """``GET /v1/bulk-cancels/<id>``: 200 and what bulk cancel ``id`` did here
+        (``{"id", "cancelled", "refused", "applied_ms", "at"}``, delay_service/bulk_cancels.py),
+        404 when this replica has not applied it (not read yet, or forgotten), 400 a bad id."""
+        try:
+            bulk_id = h.validate_id("id", raw_id)
+        except InvalidHeaderError as exc:
+            return 400, QueryError(400, f"id: {exc.problem}", "id").body()
+        fresh = self.freshness()
+        doc = self._store.bulk_result(bulk_id)
+        if doc is None:
+            error = QueryError(
+                404,
+                f"id: replica {fresh.answered_by} ({fresh.role}) has not applied a bulk cancel "
+                f"{bulk_id!r} (not read yet, or forgotten)",
+                "id",
+            )
+            return 404, {**error.body(), **fresh.to_json()}
+        return 200, {"id": bulk_id, **doc, **fresh.to_json()}
 
     def pending(self, params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         """``GET /v1/pending?bucket=..&horizon=..[&topic=..][&id_prefix=..]``: 200 and the

@@ -15,6 +15,7 @@ Concurrency: see the top of ``store.py``; any thread may call these.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from rocksdict import ReadOptions
 
@@ -180,6 +181,14 @@ class StoreScans(StoreState):
                 return None
             _, partition, offset = split_key(bytes(key))
             return Entry(bytes(key), decode_entry(bytes(value)), partition, offset)
+
+    def bulk_result(self, bulk_id: str) -> dict[str, Any] | None:
+        """What bulk cancel ``bulk_id`` did here (``bulk_cancels.py``): ``{"cancelled",
+        "refused", "applied_ms", "at"}``, None when this replica has not applied it (or no
+        longer remembers it)."""
+        with self._lock:
+            self._check_open()
+            return self._bulks.result(bulk_id)
 
     def outcome(self, msg_id: str) -> Outcome | None:
         """What became of the last message with id ``msg_id`` that left the store, if this

@@ -22,6 +22,7 @@ from pathlib import Path
 from rocksdict import Rdict, RdictIter, ReadOptions
 
 from delay_service import rocks
+from delay_service.bulk_cancels import BulkMemory
 from delay_service.cancels import CancelMemory
 from delay_service.entry import due_bound
 from delay_service.errors import StoreError
@@ -88,6 +89,7 @@ class StoreState:
         self._checkpoint = Checkpoint.from_bytes(bytes(raw_cp)) if raw_cp else NOTHING
         self._floor = self._first_key() or due_bound(0)
         self._cancels = CancelMemory(self._meta, self._meta_cf)
+        self._bulks = BulkMemory(self._meta, self._meta_cf)
         self._outcomes = OutcomeLog(
             self._db,
             self._meta,
@@ -190,4 +192,5 @@ class StoreState:
             self._meta.close()
             self._outcomes.close()
             del self._ids, self._meta, self._ids_cf, self._meta_cf, self._cancels, self._outcomes
+            del self._bulks
             self._db.close()

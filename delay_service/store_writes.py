@@ -18,18 +18,39 @@ Concurrency: see the top of ``store.py``; every method holds the store's lock.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rocksdict import WriteBatch
 
 from delay_service import rocks
+from delay_service.bulk_cancels import matching
 from delay_service.cancels import At, CancelBatch, Refused
-from delay_service.entry import Entry, decode_entry, due_bound, entry_key, entry_owner, split_key
-from delay_service.ids import IndexedBatch, id_key
+from delay_service.entry import (
+    Entry,
+    decode_entry,
+    due_bound,
+    entry_key,
+    entry_owner,
+    entry_seq,
+    split_key,
+)
+from delay_service.ids import IndexedBatch, id_key, uid_of
+from delay_service.outcomes import DELIVERED
 from delay_service.store_state import META_CHECKPOINT, META_OFFSET, META_PENDING, U64, StoreState
 from delay_service.tombstones import Retired
-from kdelay.buffer import BufferRecord, Cancel, Fate, Scheduled
+from kdelay.buffer import (
+    CANCEL_SENT_WITH_MS as SENT_WITH_MS,
+)
+from kdelay.buffer import (
+    BufferRecord,
+    Cancel,
+    Fate,
+    Scheduled,
+    accepted_ms,
+    may_cancel,
+)
 from kdelay.checkpoint import Checkpoint
 
 #: Releases this replica removed as master whose tombstone it has not read back yet, at most.
@@ -56,6 +77,12 @@ class ApplyResult:
     earliest_new_ms: int | None = None
     #: Pending messages a cancel or replace may not cancel: another principal's (cancels.py).
     refused: list[Refused] = field(default_factory=list)
+    #: Single-id cancels read, by what they found: ``cancelled`` (removed a pending message),
+    #: ``already_delivered`` (none pending; the last with its id was delivered), ``unknown``.
+    cancel_outcomes: Counter[str] = field(default_factory=Counter)
+    bulk_cancels: int = 0  # bulk cancels read (bulk_cancels.py)
+    bulk_cancelled: int = 0  # of ``cancelled``, messages a bulk cancel cancelled
+    bulk_refused: int = 0  # messages a bulk cancel left alone: another principal's
 
 
 #: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
@@ -68,6 +95,8 @@ class StoreWrites(StoreState):
 
     #: Owners of the entries the running :meth:`apply` added, by entry key.
     _owners: dict[bytes, str | None]
+    #: The entries the running :meth:`apply` added, by entry key (for a bulk cancel).
+    _added: dict[bytes, Scheduled]
 
     def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
         """Apply consumed buffer records and advance the consumed offsets, atomically.
@@ -89,20 +118,20 @@ class StoreWrites(StoreState):
             self._check_open()
             txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
             cancels = self._cancels.begin(txn.batch)
-            self._owners = {}
+            self._bulks.begin()
+            self._owners, self._added = {}, {}
             for item in records:
                 record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
                 result.retired += cancels.advance(at[0], at[2])
+                result.retired += self._bulks.advance(txn.batch, at[2])
                 if record is None:
                     result.invalid += 1
                 elif isinstance(record, Scheduled):
                     self._apply_schedule(txn, cancels, result, at, record)
+                elif isinstance(record, Cancel) and record.prefix is not None:
+                    self._apply_bulk(txn, result, at, record)
                 elif isinstance(record, Cancel):
-                    removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of)
-                    result.cancelled += len(removed)
-                    result.retired += [*removed, *owed]
-                    if removed:
-                        self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
+                    self._apply_cancel(txn, cancels, result, at, record)
                 else:
                     released = self._released.pop((at[0], record.buffer_key.encode()), None)
                     if released == record.offset:
@@ -156,6 +185,14 @@ class StoreWrites(StoreState):
             self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
+        elif self._bulks.open and self._bulks.on_arrival(
+            txn.batch, record, accepted_ms(record.seq)
+        ):
+            result.retired.append(Retired(record.id, record.uid, partition, offset))
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
+            result.cancelled += 1
+            result.cancelled_on_arrival += 1
+            result.bulk_cancelled += 1
         else:
             if record.replace:
                 # A cancel of everything before it with its id (and, while open, of what was
@@ -173,9 +210,60 @@ class StoreWrites(StoreState):
             key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
             txn.put(record, key, index_key)
             self._owners[key] = record.owner
+            self._added[key] = record
             result.scheduled += 1
             if result.earliest_new_ms is None or record.deliver_at_ms < result.earliest_new_ms:
                 result.earliest_new_ms = record.deliver_at_ms
+
+    def _apply_cancel(
+        self, txn: IndexedBatch, cancels: CancelBatch, result: ApplyResult, at: At, record: Cancel
+    ) -> None:
+        """Apply the cancel of one id ``record`` read at ``at`` (``cancels.py``), and count
+        what it found (``result.cancel_outcomes``)."""
+        removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of)
+        result.cancelled += len(removed)
+        result.retired += [*removed, *owed]
+        if removed:
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
+            result.cancel_outcomes["cancelled"] += 1
+            return
+        last = self._outcomes.get(record.id)
+        delivered = last is not None and last.state == DELIVERED
+        result.cancel_outcomes["already_delivered" if delivered else "unknown"] += 1
+
+    def _apply_bulk(self, txn: IndexedBatch, result: ApplyResult, at: At, record: Cancel) -> None:
+        """Apply bulk cancel ``record`` read at ``at`` to every pending entry in its scope
+        (``bulk_cancels.py``: rule 1), then open it (rule 2) with its count."""
+        assert record.prefix is not None
+        time_ms = at[2]
+        limit = None if time_ms is None else time_ms + SENT_WITH_MS
+        now = _wall_ms()
+        cancelled = refused = 0
+        for index_key, key in matching(txn, self._ids, record.prefix):
+            accepted = accepted_ms(entry_seq(key))
+            if limit is not None and accepted is not None and accepted > limit:
+                continue  # sent after the bulk cancel
+            msg = self._added.get(key)
+            if msg is None:
+                value = self._db.get(key)
+                if value is None:
+                    continue
+                msg = decode_entry(bytes(value))
+            if record.topic is not None and msg.topic != record.topic:
+                continue
+            if not may_cancel(record.owner, record.admin, msg.owner):
+                refused += 1
+                continue
+            txn.delete(index_key, key)
+            _, p, o = split_key(key)
+            result.retired.append(Retired(msg.id, uid_of(index_key), p, o))
+            self._outcomes.cancelled(txn.batch, msg.id, time_ms, now, msg)
+            cancelled += 1
+        self._bulks.opened(txn.batch, at, record, cancelled, refused, now)
+        result.cancelled += cancelled
+        result.bulk_cancels += 1
+        result.bulk_cancelled += cancelled
+        result.bulk_refused += refused
 
     def _owner_of(self, key: bytes) -> str | None:
         """The owner of the pending entry ``key`` (under the lock, inside :meth:`apply`):

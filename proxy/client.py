@@ -1,5 +1,9 @@
 """``kdelay send`` and ``kdelay cancel``: produce through the proxy with confluent-kafka.
 
+``kdelay cancel --http URL`` cancels through the proxy's HTTP API instead; ``--wait S``
+(confirmed cancel) and ``--prefix P`` (bulk cancel) need it: the answer, the master's decision
+(proxy/cancel_wait.py), comes back on the same request. Exit status 0 only when cancelled.
+
 Both log in to a SASL proxy listener like any Kafka client (:class:`ClientSecurity`): the
 ``--kafka-*`` flags, or ``KDELAY_KAFKA_*`` variables; the password only from
 ``KDELAY_KAFKA_SASL_PASSWORD`` or ``--kafka-sasl-password-file``, never a flag.
@@ -7,7 +11,12 @@ Both log in to a SASL proxy listener like any Kafka client (:class:`ClientSecuri
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import click
@@ -160,20 +169,61 @@ def send_command(
 
 
 @click.command("cancel")
-@click.option("--bootstrap-servers", required=True, help="the proxy's host:port")
+@click.option("--bootstrap-servers", default=None, help="the proxy's host:port (Kafka)")
+@click.option(
+    "--http",
+    "http_url",
+    default=None,
+    help="the proxy's HTTP API, e.g. http://127.0.0.1:8080: cancels over HTTP (Basic "
+    "authentication with the --kafka-sasl-username and its password when given); needed by "
+    "--wait and --prefix",
+)
 @click.option(
     "--topic",
     default=None,
-    help="topic that carries the cancel: one you may WRITE, e.g. the message's own (with "
-    "SASL the proxy checks WRITE on it) [__kdelay_buffer]",
+    help="over Kafka: the topic that carries the cancel, one you may WRITE, e.g. the "
+    "message's own (with SASL the proxy checks WRITE on it) [__kdelay_buffer]; with --prefix: "
+    "cancel only messages for this target topic",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=None,
+    help="wait up to this many seconds (at most 60) for the master's decision and print it; "
+    "exit 0 only when cancelled (1: already delivered, unknown, not cancelled, or not decided "
+    "in time)",
+)
+@click.option(
+    "--prefix",
+    default=None,
+    help="bulk cancel: every pending message whose id starts with this (not empty), instead "
+    "of MESSAGE_ID",
 )
 @config_options(ClientSecurity)
-@click.argument("message_id")
-def cancel_command(
-    bootstrap_servers: str, topic: str | None, message_id: str, **security: Any
+@click.argument("message_id", required=False)
+def cancel_command(  # noqa: PLR0917 - click passes each option
+    bootstrap_servers: str | None,
+    http_url: str | None,
+    topic: str | None,
+    wait_s: float | None,
+    prefix: str | None,
+    message_id: str | None,
+    **security: Any,
 ) -> None:
-    """Cancel the pending message MESSAGE_ID (a no-op if it was already delivered)."""
-    login = client_config(security)
+    """Cancel the pending message MESSAGE_ID (a no-op if it was already delivered), or with
+    --prefix every pending message whose id starts with it."""
+    login = load(ClientSecurity, security)
+    if (message_id is None) == (prefix is None):
+        raise click.UsageError("give MESSAGE_ID or --prefix, one of them")
+    if http_url is None and (wait_s is not None or prefix is not None):
+        raise click.UsageError("--wait and --prefix need --http (the proxy's HTTP API)")
+    if http_url is not None:
+        _cancel_over_http(http_url, login, message_id, prefix, topic, wait_s)
+        return
+    if bootstrap_servers is None:
+        raise click.UsageError("give --bootstrap-servers (Kafka) or --http (the HTTP API)")
+    assert message_id is not None
     try:
         h.validate_id(h.CANCEL, message_id.encode())
     except InvalidHeaderError as exc:
@@ -190,9 +240,72 @@ def cancel_command(
         b"",
         None,
         headers=[(h.CANCEL, message_id.encode())],
-        config=login,
+        config=login.kafka_client_config(),
     )
     click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))
+
+
+def _cancel_over_http(  # noqa: PLR0917 - the command's options
+    url: str,
+    login: ClientSecurity,
+    message_id: str | None,
+    prefix: str | None,
+    topic: str | None,
+    wait_s: float | None,
+) -> None:
+    """``DELETE /v1/messages/{id}`` or ``DELETE /v1/messages?id_prefix=..`` (with ``wait``);
+    prints the answer's JSON; exits 1 unless it cancelled (module docstring of
+    proxy/cancel_wait.py), 2 on an error answer."""
+    query: dict[str, str] = {}
+    if wait_s is not None:
+        query["wait"] = f"{wait_s:g}"
+    if prefix is not None:
+        path = "/v1/messages"
+        query["id_prefix"] = prefix
+        if topic is not None:
+            query["topic"] = topic
+    else:
+        assert message_id is not None
+        path = "/v1/messages/" + urllib.parse.quote(message_id, safe="")
+    target = url.rstrip("/") + path + ("?" + urllib.parse.urlencode(query) if query else "")
+    status, body = http_delete(target, login)
+    click.echo(json.dumps(body))
+    if status == 200 or (status == 202 and wait_s is None):
+        return
+    if status in (202, 404, 409):
+        raise SystemExit(1)
+    raise click.ClickException(f"the proxy answered HTTP {status}: {body.get('error', body)}")
+
+
+def http_delete(url: str, login: ClientSecurity) -> tuple[int, dict[str, Any]]:
+    """DELETE ``url``: the HTTP status and JSON body. With ``kafka_sasl_username``, Basic
+    authentication with it and its password (``KDELAY_KAFKA_SASL_PASSWORD`` or the file);
+    ``kafka_ssl_ca_file`` verifies an HTTPS proxy."""
+    if not url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{url[:80]!r} is not an http(s) URL", param_hint="--http")
+    request = urllib.request.Request(url, method="DELETE")  # noqa: S310 - http(s) only
+    if login.kafka_sasl_username is not None:
+        token = f"{login.kafka_sasl_username}:{login.kafka_password()}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+    context = None
+    if url.startswith("https:"):
+        ca = login.kafka_ssl_ca_file
+        context = ssl.create_default_context(cafile=None if ca is None else str(ca))
+    try:
+        with urllib.request.urlopen(request, timeout=90, context=context) as resp:  # noqa: S310
+            return resp.status, _json_body(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, _json_body(exc.read())
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"--http {url.split('?', maxsplit=1)[0]}: {exc}") from None
+
+
+def _json_body(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return {"error": data[:200].decode(errors="replace")}
+    return doc if isinstance(doc, dict) else {"answer": doc}
 
 
 def parse_duration_ms(text: str) -> int:

@@ -26,15 +26,18 @@ Runs on the proxy's asyncio loop; the functions are safe from any thread.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypedDict
 
 from confluent_kafka import KafkaException
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay import buffer
@@ -45,6 +48,7 @@ from proxy import internal_topics
 from proxy.availability import UpstreamAvailability
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
 from proxy.cancel_acks import CancelAcks
+from proxy.cancel_wait import bulk_count, confirm_cancel, parse_wait
 from proxy.http_auth import Caller, current_caller
 from proxy.http_errors import (
     ApiError,
@@ -70,6 +74,7 @@ from proxy.routing import (
 )
 from proxy.topics import Topics
 from proxy.upstream import Upstream, UpstreamError
+from zk.replica_api import NoReplicaError, ReplicaApi
 
 _FIELD_OF_HEADER = {
     h.DELAY_MS: "delay_ms",
@@ -283,14 +288,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def _write(
     upstream: Upstream, availability: UpstreamAvailability | None, records: list[Any]
-) -> None:
+) -> int:
     """Write ``records`` upstream; an error answer says why upstream did not take them. While
     upstream is known to be down, answer 503 at once rather than after the upstream timeout."""
     down = None if availability is None else availability.problem()
     if down is not None:
         raise UnavailableError(down)
     try:
-        await upstream.send(records)
+        return await upstream.send(records)
     except UpstreamError as exc:
         raise upstream_refusal(exc.code, str(exc)) from None
 
@@ -353,14 +358,16 @@ def install_message_routes(
                 f"partition: {topic!r} has {info.partitions} partitions, no {partition}"
             )
 
-    async def write(records: list[Any]) -> None:
-        await _write(upstream, availability, records)
+    async def write(records: list[Any]) -> int:
+        return await _write(upstream, availability, records)
 
-    async def write_cancel(records: list[Any]) -> None:
-        """``write``, answered once the cancel can no longer cancel what is sent next."""
-        await write(records)
+    async def write_cancel(records: list[Any]) -> int:
+        """``write``, answered once the cancel can no longer cancel what is sent next; the
+        offset of the batch's first immediate record (-1: none)."""
+        offset = await write(records)
         if cancel_acks is not None:
             await cancel_acks.hold()
+        return offset
 
     errors = _ERRORS
 
@@ -411,18 +418,170 @@ def install_message_routes(
         metrics.records.labels(Kind.DELAYED.value).inc()
         return Accepted(id=msg_id, deliver_at=routed.deliver_at_ms)
 
+    _install_cancel_routes(app, topics, metrics, owners, write_cancel)
+
+
+def _install_cancel_routes(
+    app: FastAPI,
+    topics: Topics,
+    metrics: ProxyMetrics,
+    owners: Owners | None,
+    write_cancel: Callable[[list[Any]], Awaitable[int]],
+) -> None:
+    """``DELETE /v1/messages/{id}`` (with ``wait``: a confirmed cancel) and ``DELETE
+    /v1/messages?id_prefix=..`` (a bulk cancel) on ``app``; ``write_cancel`` writes cancels
+    and answers once they may be acknowledged, with the offset of the batch's first
+    immediate record."""
+    errors = _ERRORS
+
+    def replica_api() -> ReplicaApi:
+        """The replicas to ask for a ``wait``; 503 naming ``wait`` when the proxy has none."""
+        replicas = None if owners is None else owners.replica_api()
+        if replicas is None:
+            raise UnavailableError(
+                "wait: this proxy cannot ask the delay-service replicas (zk_connect is unset)"
+            )
+        return replicas
+
     @app.delete(
         "/v1/messages/{message_id}",
         status_code=202,
-        response_model=CancelAccepted,
-        responses=errors,
+        response_model=None,
+        responses={
+            **errors,
+            200: {"description": "with wait: the master cancelled it"},
+            404: {"model": Problem, "description": "with wait: no message has that id"},
+            409: {"description": "with wait: already delivered (or dead-lettered)"},
+        },
     )
-    async def delete_message(message_id: str, caller: CallerParam) -> CancelAccepted:
-        """Cancel a pending message; answered once the cancel is durable. 403: it belongs to
-        another principal (and the caller is no kdelay administrator)."""
+    async def delete_message(
+        message_id: str, caller: CallerParam, wait: str | None = None
+    ) -> JSONResponse:
+        """Cancel a pending message; answered once the cancel is durable (202). With ``wait``
+        (seconds, at most 60): once the master has decided, 200 ``{"id", "state":
+        "cancelled"}``, 409 ``{"id", "state": "already_delivered", "delivered_at"}``, 404 for
+        an unknown id, or 202 ``{"id", "state": "pending"}`` when not decided in time
+        (proxy/cancel_wait.py). 403: it belongs to another principal (and the caller is no
+        kdelay administrator)."""
         msg_id = path_id(message_id)
+        wait_s = _wait(wait)
+        replicas = replica_api() if wait_s is not None else None
         admin = await _as_owner(owners, caller, msg_id, "cancel")
         partitions = await _buffer_partitions(topics)
-        await write_cancel([cancel(msg_id, uid=h.new_id(), buffer_partitions=partitions, **admin)])
+        record = cancel(msg_id, uid=h.new_id(), buffer_partitions=partitions, **admin)
+        if replicas is None:
+            await write_cancel([record])
+            metrics.records.labels(Kind.CANCEL.value).inc()
+            return JSONResponse({"id": msg_id}, status_code=202)
+        # Sent as the batch's "immediate" record only so that its delivery report gives its
+        # offset (proxy/upstream.py): the record itself is the same cancel.
+        offset = await write_cancel([record._replace(kind=Kind.IMMEDIATE)])
         metrics.records.labels(Kind.CANCEL.value).inc()
-        return CancelAccepted(id=msg_id)
+        assert wait_s is not None
+        decision = await confirm_cancel(replicas, msg_id, record.partition, offset, wait_s)
+        return JSONResponse(decision.body, status_code=decision.status)
+
+    @app.delete(
+        "/v1/messages",
+        status_code=202,
+        response_model=None,
+        responses={**errors, 200: {"description": "with wait: the count the masters cancelled"}},
+    )
+    async def delete_messages(
+        caller: CallerParam,
+        id_prefix: str | None = None,
+        topic: str | None = None,
+        wait: str | None = None,
+    ) -> JSONResponse:
+        """Bulk cancel: every pending message whose id starts with ``id_prefix`` (and whose
+        target is ``topic``), accepted before this cancel; one buffer record per shard, not
+        one per message. A non-administrator's cancels only its own messages. 202 ``{"id"}``
+        once durable; with ``wait`` (seconds, at most 60), 200 ``{"id", "cancelled",
+        "refused"}`` once every shard's master applied it (``cancelled``: the pending messages
+        it cancelled, as the masters counted them; ``refused``: other principals' it left), or
+        202 ``{"id", "state": "pending"}`` when not in time."""
+        prefix = _prefix(id_prefix)
+        if topic is not None and not re.fullmatch(TOPIC_PATTERN, topic):
+            raise BadRequestError(f"topic: {topic[:80]!r} is not a topic name")
+        wait_s = _wait(wait)
+        replicas = replica_api() if wait_s is not None else None
+        sender = _Sender(owner=caller.principal, admin=False)
+        if caller.principal is not None:
+            sender = _Sender(owner=caller.principal, admin=await caller.admin())
+        partitions = await _buffer_partitions(topics)
+        shards = await _shard_count(owners)
+        bulk_id = BULK_ID_PREFIX + h.new_id()
+        records = [
+            bulk_cancel(bulk_id, prefix, topic, uid=h.new_id(), partition=p, **sender)
+            for p in range(min(shards, partitions))
+        ]
+        await write_cancel(records)
+        metrics.records.labels(Kind.CANCEL.value).inc(len(records))
+        if replicas is None or wait_s is None:
+            return JSONResponse({"id": bulk_id}, status_code=202)
+        decision = await bulk_count(replicas, bulk_id, wait_s)
+        return JSONResponse(decision.body, status_code=decision.status)
+
+
+#: The id of a bulk cancel record (``kdelay-route`` ``i``): no message has it (README "Bulk
+#: cancel"); readers that predate bulk cancels see a cancel of this id, a no-op.
+BULK_ID_PREFIX = "bulk."
+
+
+def _wait(text: str | None) -> float | None:
+    try:
+        return parse_wait(text)
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
+def _prefix(text: str | None) -> str:
+    """The bulk cancel's id prefix: a non-empty id-like string (400 naming ``id_prefix``)."""
+    if not text:
+        raise BadRequestError(
+            "id_prefix: give the id prefix of the messages to cancel (an empty one would "
+            "cancel everything: refused)"
+        )
+    try:
+        return h.validate_id("id_prefix", utf8("id_prefix", text))
+    except InvalidHeaderError as exc:
+        raise BadRequestError(f"id_prefix: {exc.problem}") from None
+
+
+async def _shard_count(owners: Owners | None) -> int:
+    """How many shards the delay set has (one bulk cancel record each); 1 when the proxy
+    cannot ask ZooKeeper (then only shard 0 sees the bulk cancel: README "Bulk cancel")."""
+    replicas = None if owners is None else owners.replica_api()
+    if replicas is None:
+        return 1
+    try:
+        return await asyncio.to_thread(replicas.shard_count)
+    except NoReplicaError as exc:
+        raise UnavailableError(f"the delay set's shards are unknown: {exc}") from None
+
+
+def bulk_cancel(
+    bulk_id: str,
+    prefix: str,
+    topic: str | None,
+    *,
+    uid: str,
+    partition: int,
+    owner: str | None,
+    admin: bool,
+) -> Outgoing:
+    """The buffer record of a bulk cancel (``kdelay.buffer``'s contract) for buffer
+    ``partition`` (one of the shard that should apply it)."""
+    enc = buffer.encode(
+        buffer.Cancel(bulk_id, uid, owner=owner, admin=admin, prefix=prefix, topic=topic)
+    )
+    return Outgoing(
+        Kind.CANCEL,
+        buffer.BUFFER_TOPIC,
+        partition,
+        enc.key,
+        enc.value,
+        list(enc.headers),
+        None,
+        bulk_id,
+    )

@@ -83,6 +83,10 @@ class Owners:
         self._replicas = replicas
         self._questions = asyncio.Semaphore(OWNER_QUESTIONS)
 
+    def replica_api(self) -> ReplicaApi | None:
+        """The proxy's :class:`ReplicaApi` (None: ``zk_connect`` is unset)."""
+        return self._replicas()
+
     async def owner(self, msg_id: str) -> str | None:
         """The owner of the message ``msg_id`` has pending, as the replicas say; None when it
         has none or it is unknown (module docstring)."""

@@ -196,6 +196,41 @@ class ReplicaApi:
             200, merge_pages([a.body for a in answers], limit), ",".join(a.replica for a in answers)
         )
 
+    def message_in(self, msg_id: str, buffer_partition: int) -> ReplicaAnswer:
+        """``GET /v1/messages/<id>`` of the shard that owns ``buffer_partition`` (shard ``p %
+        shards``, kdelay/shards.py; the master first), with that replica's freshness."""
+        shards = self.shards()
+        path = "/v1/messages/" + urllib.parse.quote(msg_id, safe="")
+        deadline = time.monotonic() + self.timeout_s
+        return self._ask_set(shards[buffer_partition % len(shards)], path, deadline)
+
+    def bulk_cancel(self, bulk_id: str) -> ReplicaAnswer:
+        """``GET /v1/bulk-cancels/<id>`` of each shard (its master first): 200 with the
+        counts summed over the shards (``{"id", "cancelled", "refused", "shards"}``) once every
+        shard applied it, else the first other answer (404: a shard has not read it yet)."""
+        path = "/v1/bulk-cancels/" + urllib.parse.quote(bulk_id, safe="")
+        answers = self._ask_shards(path, self.timeout_s)
+        bad = [a for a in answers if a.status != 200]
+        if bad:
+            return bad[0]
+        if len(answers) == 1:
+            return ReplicaAnswer(200, {**answers[0].body, "shards": 1}, answers[0].replica)
+        replicas = ",".join(a.replica for a in answers)
+        doc = {
+            "id": bulk_id,
+            "cancelled": sum(int(a.body.get("cancelled", 0)) for a in answers),
+            "refused": sum(int(a.body.get("refused", 0)) for a in answers),
+            "shards": len(answers),
+            "answered_by": replicas,
+            "role": ",".join(str(a.body.get("role")) for a in answers),
+        }
+        return ReplicaAnswer(200, doc, replicas)
+
+    def shard_count(self) -> int:
+        """How many shards the delay set has (1 without shards); NoReplicaError when ZooKeeper
+        cannot say."""
+        return len(self.shards())
+
     def ask(self, path: str, timeout_s: float | None = None) -> ReplicaAnswer:
         """GET ``path`` from shard 0's replicas in order until one answers (module docstring)."""
         shards = self.shards()

@@ -52,6 +52,7 @@ ROUTE_FIELDS: dict[str, str] = {
     "tp": "INT",
     "to": "BIGINT",
     "ts": "BIGINT",
+    "px": "STRING",
 }
 
 
@@ -103,6 +104,10 @@ def encode(record: BufferRecord) -> Encoded:
             fields["w"] = record.owner
         if record.admin:
             fields["a"] = True
+        if record.prefix is not None:
+            fields["px"] = record.prefix
+            if record.topic is not None:
+                fields["t"] = record.topic
         return Encoded(key, b"", [_route(fields)])
     return Encoded(key, None, [tombstone_route(record.id, record.offset, record.fate)])
 
@@ -296,11 +301,16 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             admin=route.get("a") is True,
         )
     if op == OP_CANCEL:
+        prefix, topic = route.get("px"), route.get("t")
+        if prefix is not None and not str(prefix):
+            raise ValueError("a bulk cancel's prefix (px) is empty")
         return Cancel(
             _id("the cancelled id", msg_id),
             _id("the buffer key", uid),
             owner=_owner(route),
             admin=route.get("a") is True,
+            prefix=None if prefix is None else _id("the prefix", str(prefix)),
+            topic=None if prefix is None or topic is None else str(topic),
         )
     if op == OP_DONE:
         return Tombstone(

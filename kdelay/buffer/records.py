@@ -83,11 +83,21 @@ class Cancel:
     owner: str | None = None
     #: Sent by a kdelay administrator: it cancels any owner's messages.
     admin: bool = False
+    #: A bulk cancel (route field ``px``): it cancels the pending messages whose id starts with
+    #: this prefix (never empty), ``id`` being the bulk cancel's own id; None: a cancel of ``id``.
+    prefix: str | None = None
+    #: A bulk cancel limited to messages for this target topic (route field ``t``).
+    topic: str | None = None
 
     @property
     def buffer_key(self) -> str:
         """The Kafka key of this record in the buffer topic."""
         return self.uid or self.id
+
+    @property
+    def bulk(self) -> bool:
+        """Whether this is a bulk cancel (by id prefix)."""
+        return self.prefix is not None
 
 
 @immutable
