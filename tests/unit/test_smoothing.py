@@ -250,3 +250,41 @@ def test_without_a_limit_the_burst_leaves_in_one_round(store: Store) -> None:
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
     fwd.forward_once(cps, fwd.activate(cps))
     assert len(producer.to("a")) == A_COUNT
+
+
+def test_a_throttled_backlog_larger_than_a_scan_passes_over_keeps_order_and_frees_others(
+    store: Store,
+) -> None:
+    """More of a's entries wait than one scan passes over (``scan_skip_limit`` 5): the pass goes
+    on from where each scan stopped, so b's entries, due after all of a's, leave within a few
+    rounds, while a's leave at its rate and in order per partition even though its budget
+    refills in the middle of a pass (the sweep keeps it passed over until the pass ends)."""
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    producer = FakeProducer()
+    cfg = config(scan_skip_limit=5)
+    producer.clock = clock
+    sender = Sender(
+        lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=30_000, clock=clock
+    )
+    fwd = Forwarder(
+        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+    )
+    cps = FakeCheckpoints()
+    gen = fwd.activate(cps)
+    store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
+    rounds = 0
+    while len(released(producer, "b")) < B_COUNT:
+        fwd.forward_once(cps, gen)
+        clock.advance_ms(5)
+        rounds += 1
+        assert rounds <= (A_COUNT - BURST) // 5 + 2, "b waited for a's backlog"
+    assert len(released(producer, "a")) < A_COUNT  # a is still being smoothed
+    while len(released(producer, "a")) < A_COUNT:
+        clock.advance_ms(max(1, fwd._next_wake_ms() - clock.wall_ms()))
+        fwd.forward_once(cps, gen)
+        rounds += 1
+        assert rounds < 500
+    for partition in (0, 1):
+        got = [id_of(s) for s in released(producer, "a") if s.partition == partition]
+        assert got == [f"m{i}" for i in range(A_COUNT) if i % 2 == partition]
+    assert clock.mono - 50.0 >= (A_COUNT - BURST) / RATE - 0.001
