@@ -182,6 +182,35 @@ REPLICAS = [
     Panel("Ingest rate by replica", [by("kdelay_replica_ingested_total", "instance")], "rps"),
     Panel("Cancelled", [by("kdelay_replica_cancelled_total", "instance")], "rps"),
     Panel(
+        "Cancel outcomes and bulk cancels (masters)",
+        [
+            q(
+                "sum by (outcome) (rate(kdelay_replica_cancel_outcomes_total"
+                f"[{RATE}]) and {MASTER})",
+                "{{outcome}}",
+            ),
+            q(f"sum(rate(kdelay_replica_bulk_cancels_total[{RATE}]) and {MASTER})", "bulk cancels"),
+            q(
+                f"sum(rate(kdelay_replica_bulk_cancelled_messages_total[{RATE}]) and {MASTER})",
+                "bulk cancelled messages",
+            ),
+            q(
+                "sum(rate(kdelay_replica_bulk_cancel_refused_messages_total"
+                f"[{RATE}]) and {MASTER})",
+                "bulk refused (other owners)",
+            ),
+            q(
+                f"sum(rate(kdelay_replica_cancels_refused_total[{RATE}]) and {MASTER})",
+                "cancel or replace refused (other owners)",
+            ),
+        ],
+        "rps",
+        description="Cancels of one id by what they found (cancelled, already_delivered, "
+        "unknown), and bulk cancels (DELETE /v1/messages?id_prefix=..): records, the messages "
+        "they cancelled, and those they left to other principals; cancels and replaces of one "
+        "id refused for the same reason. Every replica counts the same; the masters' are shown.",
+    ),
+    Panel(
         "Ingest progress age",
         [q("kdelay_replica_ingest_last_progress_seconds", "{{instance}}")],
         "s",
