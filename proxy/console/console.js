@@ -15,21 +15,30 @@ let shown = null; // the message on the message page
 
 // ---- helpers --------------------------------------------------------------------------------
 
-async function api(method, path) {
-  const resp = await fetch(path, { method, headers: { Accept: "application/json" },
-                                   credentials: "same-origin" });
+// The page's own origin: a page opened as http://user:password@host/ui/ has those credentials
+// in its URL, and fetch() refuses a URL that carries any (a relative one resolves to it). The
+// browser keeps them for the realm and answers the API's challenge with them.
+async function call(method, path, init) {
+  let resp;
+  try {
+    resp = await fetch(location.origin + path, { method, credentials: "same-origin", ...init });
+  } catch (e) {
+    return { status: 0, body: { error: `the proxy did not answer (${e.message})` } };
+  }
   let body = null;
   try { body = await resp.json(); } catch (e) { body = null; }
   return { status: resp.status, body };
 }
 
-async function send(method, path, doc) {
-  const resp = await fetch(path, { method, credentials: "same-origin",
+function api(method, path) {
+  return call(method, path, { headers: { Accept: "application/json" } });
+}
+
+function send(method, path, doc) {
+  return call(method, path, {
     headers: { Accept: "application/json", "Content-Type": "application/json" },
-    body: JSON.stringify(doc) });
-  let body = null;
-  try { body = await resp.json(); } catch (e) { body = null; }
-  return { status: resp.status, body };
+    body: JSON.stringify(doc),
+  });
 }
 
 function why(answer) {
