@@ -11,7 +11,8 @@ ingest making progress, no component waiting out a failure backoff. Both answer 
 prometheus_client's own WSGI app, exactly as ``start_http_server`` serves it.
 
 ``GET /v1/messages/<id>`` (the id percent-encoded, ``/`` as ``%2F``), ``GET
-/v1/pending?bucket=1m&horizon=24h`` and the listing ``GET /v1/messages?state=pending&...``
+/v1/pending?bucket=1m&horizon=24h``, the listing ``GET /v1/messages?state=pending&...`` and
+``GET /v1/bulk-cancels/<id>`` (what a bulk cancel did here: its count, bulk_cancels.py)
 answer JSON from this replica's store with the freshness of
 the answer (queries.py; docs/status.md), errors in the proxy's one shape ``{"error", "field"}``:
 400 a bad id or parameter, 404 an unknown id, 405 another method, 503 too many timelines at once.
