@@ -515,7 +515,8 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ListFilter, int, bytes | N
             400, f"state: only pending messages are listed, not {state[:40]!r}", "state"
         )
     raw_limit = params.get("limit", str(LIST_DEFAULT))
-    if not raw_limit.strip().isdigit() or not 1 <= int(raw_limit) <= LIST_MAX:
+    digits = raw_limit.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= LIST_MAX:
         raise QueryError(
             400, f"limit: {raw_limit[:40]!r} is not a whole number from 1 to {LIST_MAX}", "limit"
         )

@@ -201,7 +201,8 @@ def listing_params(
 
 def page_size(limit: str) -> int:
     """A listing's ``limit``; BadRequestError unless 1 to LIST_MAX."""
-    if not limit.strip().isdigit() or not 1 <= int(limit) <= LIST_MAX:
+    digits = limit.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= LIST_MAX:
         raise BadRequestError(f"limit: {limit[:40]!r} is not a whole number from 1 to {LIST_MAX}")
     return int(limit)
 

@@ -192,6 +192,7 @@ def test_the_cursor_is_opaque_and_checked() -> None:
         ({"limit": "0"}, "limit"),
         ({"limit": str(LIST_MAX + 1)}, "limit"),
         ({"limit": "ten"}, "limit"),
+        ({"limit": "\u00b2"}, "limit"),  # a digit to str.isdigit, not to int()
         ({"due_before": "tomorrow"}, "due_before"),
         ({"cursor": "xyz"}, "cursor"),
     ],
@@ -310,6 +311,7 @@ def test_the_proxy_lists_two_shards_merged_and_checks_its_parameters(tmp_path: P
             for query, field in (
                 ("limit=1001", "limit"),
                 ("limit=0", "limit"),
+                ("limit=%C2%B2", "limit"),
                 ("state=cancelled", "state"),
                 ("cursor=abc", "cursor"),
                 ("due_before=1700000000", "due_before"),  # seconds: refused as such
