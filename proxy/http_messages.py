@@ -435,11 +435,13 @@ def _install_cancel_routes(
     errors = _ERRORS
 
     def replica_api() -> ReplicaApi:
-        """The replicas to ask for a ``wait``; 503 naming ``wait`` when the proxy has none."""
+        """The replicas to ask for a ``wait``; 400 naming ``wait`` when this proxy has none to
+        ask (a setting of this proxy, not a passing outage: leave ``wait`` out)."""
         replicas = None if owners is None else owners.replica_api()
         if replicas is None:
-            raise UnavailableError(
-                "wait: this proxy cannot ask the delay-service replicas (zk_connect is unset)"
+            raise BadRequestError(
+                "wait: this proxy cannot confirm a cancel: it has no zk_connect to find the "
+                "delay-service replicas; cancel without wait"
             )
         return replicas
 
