@@ -19,15 +19,19 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from dev.stack import wait_until
 from kdelay import buffer
 from proxy import running_proxy
+from proxy.http_cluster import ClusterView
 from tests.support.browser import (
     attributes,
     chromium,
@@ -264,3 +268,24 @@ def test_with_authentication_the_page_needs_credentials_and_the_overview_an_admi
                 wait_for(driver, "carol's overview", rows_say("no replica registered"))
                 # (Not printed: the page's own URLs carry the password.)
                 assert statuses(driver).get(f"{url}/v1/cluster") == 200
+
+
+def test_the_openapi_document_describes_the_cluster_answer(stack: ConsoleStack) -> None:
+    """schemathesis on ``GET /v1/cluster`` with replicas answering: the answer is the one the
+    OpenAPI document describes (ClusterView), each replica listed with its figures."""
+    schema = schemathesis.openapi.from_url(f"{stack.base}/openapi.json")
+    (operation,) = [
+        r.ok()  # type: ignore[union-attr]
+        for r in schema.get_all_operations()
+        if r.ok().path == "/v1/cluster"  # type: ignore[union-attr]
+    ]
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def check(case: schemathesis.Case[Any]) -> None:
+        case.call_and_validate(base_url=stack.base)
+
+    check()
+    doc = ClusterView.model_validate(stack.http.get("/v1/cluster").json())
+    assert {r.name for s in doc.shards for r in s.replicas} == set(stack.rs.replicas)
+    assert all(r.up and r.pending is not None for s in doc.shards for r in s.replicas)
