@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench.harness.lateness import Lateness, Reader, pct, produce_buffer
+from bench.harness.lateness import pct, produce_buffer
 from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from delay_service.smoothing import BURST_S
-from dev.kafka_tools import create_topic
+from dev.kafka_tools import Record, consume_until, create_topic
 from dev.stack import LocalKafka, LocalZooKeeper
 from kdelay.buffer import Scheduled
 
@@ -42,8 +43,27 @@ LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 MODES = ("alone", "burst", "throttled")
 
 
-def figures(lat: Lateness) -> dict[str, float]:
-    rel = lat.release
+def released(bs: str, topic: str, n: int, timeout: float) -> list[Record]:
+    """The first record of each of ``n`` ids on ``topic``, read_committed (an aborted round's
+    records are not counted, nor a duplicate)."""
+    records = consume_until(
+        bs,
+        [topic],
+        lambda r: len({x.header("kdelay-id") for x in r}) >= n,
+        timeout=timeout,
+        config={"isolation.level": "read_committed"},
+    )
+    first: dict[bytes | None, Record] = {}
+    for r in records:
+        first.setdefault(r.header("kdelay-id"), r)
+    return list(first.values())
+
+
+def lateness(records: list[Record]) -> list[float]:
+    return [float(r.timestamp_ms - int(r.header("kdelay-deliver-at") or b"0")) for r in records]
+
+
+def figures(rel: list[float]) -> dict[str, float]:
     return {
         "delivered": len(rel),
         "p50_ms": pct(rel, 0.5),
@@ -72,8 +92,6 @@ def run_mode(
         n_b = int(args.b_rate * args.b_seconds)
         n_a = 0 if mode == "alone" else args.burst
         drain_s = n_a / args.limit if mode == "throttled" else 0.0
-        reader_b = Reader(bs, topic_b, n_b, timeout=args.b_seconds + drain_s + 120)
-        reader_a = Reader(bs, topic_a, n_a, timeout=drain_s + 180) if n_a else None
         start = int(time.time() * 1000) + args.lead_ms
         burst_at = start + int(args.b_seconds * 1000) // 2
         b = (
@@ -85,19 +103,23 @@ def run_mode(
         a = (Scheduled(f"a-{i}", topic_a, i % PARTITIONS, None, b"a", burst_at) for i in range(n_a))
         produce_buffer(bs, rs.buffer, [*a, *b])
         late = max(0, int(time.time() * 1000) - start)
-        lat_b = reader_b.wait()
+        lat_b = lateness(released(bs, topic_b, n_b, args.b_seconds + drain_s + 120))
         out: dict[str, object] = {"mode": mode, "b": figures(lat_b), "produced_late_ms": late}
-        if reader_a is not None:
-            lat_a = reader_a.wait()
-            spread_s = (max(lat_a.release) - min(lat_a.release)) / 1000 if lat_a.release else 0.0
-            after_burst = len(lat_a.release) - args.limit * BURST_S
+        if n_a:
+            got_a = released(bs, topic_a, n_a, drain_s + 180)
+            stamps = [r.timestamp_ms for r in got_a]
+            spread_s = (max(stamps) - min(stamps)) / 1000
+            after_burst = len(stamps) - args.limit * BURST_S
             out["a"] = {
-                **figures(lat_a),
+                **figures(lateness(got_a)),
                 "spread_s": spread_s,
                 "rate_per_s": after_burst / spread_s if spread_s else float("nan"),
             }
             out["throttled_total"] = rs.metric_sum("r1", "kdelay_replica_release_throttled_total")
-        return out, pct(lat_b.release, 0.99)
+        aborted = 'kdelay_replica_transactions_total{outcome="aborted"}'
+        count = rs.metric("r1", aborted)
+        out["transactions_aborted"] = 0.0 if math.isnan(count) else count  # no child: none
+        return out, pct(lat_b, 0.99)
     finally:
         rs.close()
 

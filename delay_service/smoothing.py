@@ -45,8 +45,9 @@ BURST_S = 0.1
 #: While the topic has due messages waiting: up to this long at its rate.
 BACKLOG_S = 1.0
 #: A waiting topic wakes the forwarder once this long's worth of tokens is there (at least 1):
-#: releases leave in small batches, not one round per message.
-BATCH_S = 0.02
+#: releases leave in batches, not one round per message, and each such round scans the topic's
+#: backlog again (its entries passed over are decoded anew), so not more often than this.
+BATCH_S = 0.1
 #: The label of the default limit (``--release-rate-limit``) on the rate-limit gauge.
 EVERY_TOPIC = "*"
 
