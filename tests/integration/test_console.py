@@ -203,6 +203,16 @@ def test_a_message_is_looked_up_and_replaced_with_a_new_due_time(
     )
     assert stack.status(msg_id)["partition"] == 1
 
+    # A delivered message: its release and lateness in the history, nothing left to cancel.
+    done = f"lookup-done-{uuid.uuid4().hex[:8]}"
+    stack.post(done, now_ms() + 200)
+    released = stack.wait_state(done, "delivered")["released_at"]
+    fill(browser, "#m-id", done)
+    find(browser, "#m-go").click()
+    wait_for(browser, "its release", lambda d: text(d, "td[data-field=state]") == "delivered")
+    assert f"released at {rfc3339(released)} (lateness " in text(browser, "#m-history")
+    assert not find(browser, "#m-cancel").is_enabled()
+
 
 def notice_is(start: str) -> Callable[[WebDriver], bool]:
     return lambda d: text(d, "#notice").startswith(start)
@@ -213,8 +223,9 @@ def rows_say(words: str) -> Callable[[WebDriver], bool]:
 
 
 def rfc3339(ms: int) -> str:
-    """The console's form of a time: RFC 3339 UTC to the second."""
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The console's form of a time: RFC 3339 UTC, milliseconds unless there are none."""
+    at = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    return at.replace("+00:00", "Z").replace(".000Z", "Z")
 
 
 def test_with_authentication_the_page_needs_credentials_and_the_overview_an_administrator(
