@@ -162,13 +162,18 @@ def _id_of(index_key: bytes) -> bytes:
     return index_key[_LEN.size : _LEN.size + length]
 
 
-def matching(txn: IndexedBatch, ids: Any, prefix: str) -> list[tuple[bytes, bytes]]:
+def matching(txn: IndexedBatch, ids: Any, prefix: str) -> Iterator[tuple[bytes, bytes]]:
     """(index key, entry key) of every entry with an id starting with ``prefix``, as ``txn``
-    sees them (its own additions and deletions included)."""
+    sees them (its own additions and deletions included). Lazily: the caller may delete what
+    it is given in ``txn`` meanwhile (only its WriteBatch and overlay change; RocksDB does not
+    until the batch is written)."""
     raw = prefix.encode("utf-8", "surrogatepass")
-    out = [(k, v) for k, v in ids_with_prefix(ids, prefix) if k not in txn.overlay]
-    out += [(k, v) for k, v in txn.overlay.items() if v is not None and _id_of(k).startswith(raw)]
-    return out
+    overlay = txn.overlay
+    added = [(k, v) for k, v in overlay.items() if v is not None and _id_of(k).startswith(raw)]
+    for key, value in ids_with_prefix(ids, prefix):
+        if key not in overlay:
+            yield key, value
+    yield from added
 
 
 class BulkMemory:

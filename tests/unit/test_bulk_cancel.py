@@ -183,3 +183,12 @@ def test_single_cancels_count_their_outcome(store: Store) -> None:
     store.apply([(0, 0, sched("x", "a"), T0 - 9)], {0: 1})
     result = store.apply([(0, 1, Cancel("x", "c1"), T0), (0, 2, Cancel("nope", "c2"), T0)], {0: 3})
     assert dict(result.cancel_outcomes) == {"cancelled": 1, "unknown": 1}
+
+
+def test_a_bulk_cancel_sees_the_messages_of_its_own_batch(store: Store) -> None:
+    result = store.apply(
+        [(1, 0, sched("p-1", "a"), T0 - 9), (0, 0, bulk("p-"), T0), (1, 1, sched("q-1", "b"), T0)],
+        {0: 1, 1: 2},
+    )
+    assert (result.bulk_cancelled, result.scheduled) == (1, 2)
+    assert pending(store) == ["q-1"]
