@@ -4,6 +4,7 @@ in order per partition, while another topic's messages due at the same time leav
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from delay_service.config import ReplicaConfig
+from delay_service.entry import Entry
 from delay_service.exactly_once import ExactlyOnceForwarder
 from delay_service.forwarder import Forwarder
 from delay_service.metrics import Metrics
@@ -288,3 +290,29 @@ def test_a_throttled_backlog_larger_than_a_scan_passes_over_keeps_order_and_free
         got = [id_of(s) for s in released(producer, "a") if s.partition == partition]
         assert got == [f"m{i}" for i in range(A_COUNT) if i % 2 == partition]
     assert clock.mono - 50.0 >= (A_COUNT - BURST) / RATE - 0.001
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rounds_at_any_pace_never_send_more_than_burst_plus_rate_times_time(seed: int) -> None:
+    """Whatever the rounds' pace (sub-millisecond to a second apart), what a topic was sent by
+    time t since its first release is at most its burst + rate * t (by the monotonic clock),
+    though its bucket keeps up to a second's worth while a backlog waits."""
+    rng = random.Random(seed)
+    clock = FakeClock(now_ms=0, mono=0.0)
+    smoothing = Smoothing(None, {"a": RATE}, clock)
+    entry = Entry(b"k", msg(0, 0, topic="a"), 0, 0)
+    backlog, sent, first = 2_000, 0, None
+    while backlog:
+        quota = smoothing.skip(set())
+        admitted = 0
+        while admitted < backlog and ("a", admitted % 2) not in quota:
+            admitted += 1
+        smoothing.planned(clock.now_ms, set())
+        smoothing.released([entry] * admitted, clock.now_ms)
+        backlog -= admitted
+        sent += admitted
+        if first is None and admitted:
+            first = clock.mono
+        if first is not None:
+            assert sent <= BURST + RATE * (clock.mono - first) + 1e-9
+        clock.advance(rng.choice([0.0005, 0.005, 0.02, 0.1, 0.3, 1.2]))
