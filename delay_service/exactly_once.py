@@ -129,7 +129,7 @@ class ExactlyOnceForwarder(Forwarder):
             }
         held_count = plan.skipped + len(plan.entries) - len(plan.sendable)
         sent = self._probed(plan.sendable) if may_send else []
-        self._smoothing.released(sent, now)  # charged even if the transaction aborts
+        self._released(sent, now)  # rate limits charged even if the transaction aborts
         held_count += len(plan.sendable) - len(sent) if may_send else 0
         # Never back in time, and never an older time with newer offsets: an entry already
         # due at that time when it arrived (a delay of 0, a deliver-at in the past) has an

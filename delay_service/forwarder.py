@@ -47,6 +47,7 @@ from typing import Protocol
 
 from delay_service.config import ReplicaConfig
 from delay_service.delivery_reports import Settler
+from delay_service.entry import Entry
 from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
 from delay_service.metrics import Metrics
 from delay_service.release_backoff import ReleaseBackoff
@@ -262,7 +263,7 @@ class Forwarder(ForwarderControl):
         # 2. send
         sent = plan.sendable if may_send else []
         self._sender.submit(sent)
-        self._smoothing.released(sent, now)
+        self._released(sent, now)
         self._rescan = plan.truncated and bool(sent)
         # 3. settle what this round sent, waiting a bounded time: a slow target stays in flight
         deadline = self._clock.monotonic() + self._cfg.round_ack_wait_ms / 1000
@@ -287,18 +288,26 @@ class Forwarder(ForwarderControl):
         """This round's scan of the pass (``sweep.py``), passing over ``held`` targets, those
         the pass passed over before and those of topics out of release budget
         (``smoothing.py``); returns it with the targets passed over before it ran."""
-        skip = self._sweep.skip(held)
+        limited = self._smoothing.limited_topics
+        skip = self._sweep.skip(held, limited, 2 * self._cfg.scan_skip_limit)
+        quota = self._smoothing.skip(skip)
         scan = self._store.due_skipping(
             now,
             self._cfg.scan_batch,
-            self._smoothing.skip(skip),
+            quota,
             self._cfg.scan_skip_limit,
-            self._sweep.known,
+            self._smoothing.known_view(self._sweep.known),
             start=self._sweep.start,
         )
         if self._smoothing.planned(now, skip):
             skip |= scan.passed  # a retried entry passed over for its topic's rate is kept
         return scan, skip
+
+    def _released(self, sent: list[Entry], now_ms: int) -> None:
+        """``sent`` leave at ``now_ms``: charge their topics' rate limits (``smoothing.py``)."""
+        self._smoothing.released(sent, now_ms)
+        if self._smoothing.enabled and sent:
+            self._sweep.forget(e.key for e in sent)  # cached while their topic was throttled
 
     def _checkpoint(self, checkpoints: CheckpointWriter, claim: Checkpoint) -> None:
         """Take the round's claim unless it is older, and write it once the interval passed."""

@@ -133,11 +133,43 @@ class RoundQuota(Collection[Target]):
         self.met.add(topic)
         return True
 
+    def closed(self, target: Target) -> bool:
+        """Whether ``target`` is passed over whatever comes: held, or its topic's budget for
+        the round is spent (or nil). Asks without using any budget."""
+        if target in self._held:
+            return True
+        limited = self._smoothing.bucket(target[0], self._now)
+        if limited is None:
+            return False
+        budget = self._budget.get(target[0])
+        if budget is None:
+            budget = self._budget[target[0]] = limited.available(self._now)
+        return budget <= 0
+
     def __iter__(self) -> Iterator[Target]:
         return iter(self._held)
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+class KnownView(dict[bytes, Target]):
+    """The sweep's cache of targets passed over (``Store.due_skipping``'s ``known``) as a round
+    with rate limits reads it: a cached target is given only when it is :meth:`closed
+    <RoundQuota.closed>`, so an entry the round may admit is decoded and asked about once
+    (each question uses budget); what the scan adds goes to the cache itself."""
+
+    def __init__(self, inner: dict[bytes, Target], quota: RoundQuota) -> None:
+        super().__init__()
+        self._inner = inner
+        self._quota = quota
+
+    def get(self, key: bytes, default: Target | None = None) -> Target | None:  # type: ignore[override]
+        found = self._inner.get(key)
+        return found if found is not None and self._quota.closed(found) else default
+
+    def __setitem__(self, key: bytes, value: Target) -> None:
+        self._inner[key] = value
 
 
 class Smoothing:
@@ -189,6 +221,17 @@ class Smoothing:
             return held
         self._quota = RoundQuota(held, self, self._clock.monotonic())
         return self._quota
+
+    @property
+    def limited_topics(self) -> frozenset[str]:
+        """The rate-limited topics met so far (their entries' cached targets are kept)."""
+        return frozenset(self._buckets)
+
+    def known_view(self, known: dict[bytes, Target] | None) -> dict[bytes, Target] | None:
+        """The sweep's ``known`` cache as this round's scan should read it (:class:`KnownView`)."""
+        if known is None or self._quota is None:
+            return known
+        return KnownView(known, self._quota)
 
     def planned(self, now_ms: int, passed: Collection[Target]) -> bool:
         """After the round's scan (with :meth:`skip`'s quota) at ``now_ms``; ``passed``: the

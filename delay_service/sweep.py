@@ -53,12 +53,24 @@ class Sweep:
         would grow with the held entries (millions of keys)."""
         return self._known if self.start is None else None
 
-    def skip(self, held: Collection[Target]) -> set[Target]:
+    def skip(
+        self, held: Collection[Target], keep: Collection[str] = (), cap: int = 0
+    ) -> set[Target]:
         """The targets the next scan passes over: ``held`` now, and every target this pass
-        passed over before. Forgets the cached targets of the others."""
+        passed over before. Forgets the cached targets of the others, except those of the
+        topics in ``keep`` (rate-limited ones, ``smoothing.py``: passed over again and again
+        while their backlog drains) unless the cache holds more than ``cap`` keys."""
         skip = set(held) | self._passed
-        self._known = {k: t for k, t in self._known.items() if t in skip}
+        if keep and len(self._known) <= cap:
+            self._known = {k: t for k, t in self._known.items() if t in skip or t[0] in keep}
+        else:
+            self._known = {k: t for k, t in self._known.items() if t in skip}
         return skip
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Drop the cached targets of entries that were released."""
+        for key in keys:
+            self._known.pop(key, None)
 
     def advance(self, scan: DueScan, kept: Iterable[bytes]) -> None:
         """After the round of ``scan``: ``kept`` are the keys of its entries still pending (in

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from delay_service import store_scans
 from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry
+from delay_service.entry import Entry, decode_entry
 from delay_service.exactly_once import ExactlyOnceForwarder
 from delay_service.forwarder import Forwarder
 from delay_service.metrics import Metrics
@@ -316,3 +317,36 @@ def test_rounds_at_any_pace_never_send_more_than_burst_plus_rate_times_time(seed
         if first is not None:
             assert sent <= BURST + RATE * (clock.mono - first) + 1e-9
         clock.advance(rng.choice([0.0005, 0.005, 0.02, 0.1, 0.3, 1.2]))
+
+
+def test_a_throttled_backlog_is_not_decoded_again_each_round(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entries a scan passed over for their topic's rate stay in the sweep's cache: the next
+    round decodes only those its budget admits, not the whole backlog again."""
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    producer = FakeProducer()
+    fwd = at_least_once(store, producer, clock)
+    cps = FakeCheckpoints()
+    gen = fwd.activate(cps)
+    store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
+    fwd.forward_once(cps, gen)
+    assert len(released(producer, "a")) == BURST
+    decoded = 0
+    real = decode_entry
+
+    def counting(data: bytes) -> Scheduled:
+        nonlocal decoded
+        decoded += 1
+        return real(data)
+
+    monkeypatch.setattr(store_scans, "decode_entry", counting)
+    clock.advance_ms(100)  # 10 tokens at 100/s
+    fwd.forward_once(cps, gen)
+    assert len(released(producer, "a")) == 2 * BURST
+    assert decoded == BURST  # the other 20 of a's backlog were passed over from the cache
+    by_partition: dict[int, list[str]] = defaultdict(list)
+    for s in released(producer, "a"):
+        by_partition[s.partition].append(id_of(s))
+    for partition, got in by_partition.items():
+        assert got == [f"m{i}" for i in range(2 * BURST) if i % 2 == partition]
