@@ -21,6 +21,13 @@ over, and the sweep keeps a target it passed over passed over until its pass end
 The bucket is charged for what the round actually sent (:meth:`Smoothing.released`), in both
 delivery modes; an aborted transaction's records were charged (the rate errs low).
 
+Cost: each round while a throttled topic's backlog waits passes over it again. The first scan
+of a sweep's pass reads the targets of entries passed over from the sweep's cache
+(``Sweep.known``), which keeps a rate-limited topic's entries (:class:`KnownView`), so such a
+round decodes only what the budget admits; a pass cut at ``scan_skip_limit`` decodes what its
+later scans pass over, as for held targets. A waiting topic wakes the forwarder every
+:data:`BATCH_S` of tokens.
+
 The extra lateness shows in ``kdelay_replica_release_throttled_total{topic}`` and
 ``kdelay_replica_release_smoothing_delay_seconds{topic}``: a released message counts as
 throttled when it was already due at the last round in which its topic's budget ran out (the
