@@ -34,7 +34,17 @@ Layout, in the store's ``meta`` column family:
 
 - ``bulk/o/<q (4)><offset (8)>`` -> JSON of one open bulk cancel (:class:`OpenBulk`);
 - ``bulk/r/<id>`` -> JSON ``{"cancelled", "refused", "applied_ms", "at"}``;
-- ``bulk/t/<applied_ms (8)><id>`` -> empty: the results in the order they are pruned.
+- ``bulk/t/<applied_ms (8)><id>`` -> empty: the results in the order they are pruned;
+- ``bulk/p/<q (4)><offset (8)>`` -> JSON ``{"cursor", "cancelled", "refused"}``: how far the
+  steps of a bulk cancel not applied yet got.
+
+Steps: a bulk cancel may cover millions of pending messages; one WriteBatch for all of them
+would hold the store's lock (and stall the forwarder's releases) for as long as that takes.
+So ingest first applies it in steps (``Store.bulk_step``, at most ``BULK_STEP`` entries each,
+one WriteBatch each with the step's progress), releasing the lock in between, then applies its
+poll's batch as usual, which does the rest from where the steps got to (and the messages of
+that batch) and opens the bulk cancel. After a crash between steps, the record is read again
+and the steps go on from the progress written: the outcome and the count are the same.
 
 Determinism: the decisions depend on the records (offsets, append times, order fields) and
 on what the replica has read of the other partitions when it reads ``B``; a message read
@@ -68,6 +78,7 @@ RESULT_RETENTION_MS = 24 * 3_600_000
 _OPEN = b"bulk/o/"
 _RESULT = b"bulk/r/"
 _BY_TIME = b"bulk/t/"
+_PROGRESS = b"bulk/p/"
 _PO = struct.Struct(">IQ")
 _MS = struct.Struct(">Q")
 _LEN = struct.Struct(">H")
@@ -131,16 +142,22 @@ class OpenBulk:
         return may_cancel(self.owner, self.admin, msg.owner)
 
 
-def ids_with_prefix(ids: Any, prefix: str) -> Iterator[tuple[bytes, bytes]]:
+def ids_with_prefix(
+    ids: Any, prefix: str, after: bytes | None = None
+) -> Iterator[tuple[bytes, bytes]]:
     """(index key, entry key) of every pending message in the ``ids`` family (``ids.py``:
-    ``len(id) (2) | id | buffer key``) whose id starts with ``prefix``: one range per id
-    length that has any, found by seeking (at most two seeks per length present)."""
+    ``len(id) (2) | id | buffer key``) whose id starts with ``prefix``, in index order, those
+    up to ``after`` (an index key) left out: one range per id length that has any, found by
+    seeking (at most two seeks per length present)."""
     raw = prefix.encode("utf-8", "surrogatepass")
     length = len(raw)
+    if after is not None:
+        length = max(length, _LEN.unpack_from(after, 0)[0])
     it = ids.iter()
     while length <= 0xFFFF:
         start = _LEN.pack(length) + raw
-        it.seek(start)
+        resume = after is not None and after.startswith(start)
+        it.seek(after + b"\x00" if resume and after is not None else start)
         if not it.valid():
             return
         key = bytes(it.key())
@@ -162,15 +179,18 @@ def _id_of(index_key: bytes) -> bytes:
     return index_key[_LEN.size : _LEN.size + length]
 
 
-def matching(txn: IndexedBatch, ids: Any, prefix: str) -> Iterator[tuple[bytes, bytes]]:
+def matching(
+    txn: IndexedBatch, ids: Any, prefix: str, after: bytes | None = None
+) -> Iterator[tuple[bytes, bytes]]:
     """(index key, entry key) of every entry with an id starting with ``prefix``, as ``txn``
-    sees them (its own additions and deletions included). Lazily: the caller may delete what
+    sees them (its own additions and deletions included), those in RocksDB up to ``after``
+    left out (a :meth:`Store.bulk_step` did them). Lazily: the caller may delete what
     it is given in ``txn`` meanwhile (only its WriteBatch and overlay change; RocksDB does not
     until the batch is written)."""
     raw = prefix.encode("utf-8", "surrogatepass")
     overlay = txn.overlay
     added = [(k, v) for k, v in overlay.items() if v is not None and _id_of(k).startswith(raw)]
-    for key, value in ids_with_prefix(ids, prefix):
+    for key, value in ids_with_prefix(ids, prefix, after):
         if key not in overlay:
             yield key, value
     yield from added
@@ -202,6 +222,27 @@ class BulkMemory:
         doc: dict[str, Any] = orjson.loads(bytes(raw))
         return doc
 
+    def progress(self, at: tuple[int, int, int | None]) -> tuple[bytes | None, int, int]:
+        """How far the steps of the bulk cancel read at ``at`` got: the last index key they
+        examined (None: none did), and what they cancelled and refused."""
+        raw = self._meta.get(_PROGRESS + _PO.pack(at[0], at[1]))
+        if raw is None:
+            return None, 0, 0
+        doc = orjson.loads(bytes(raw))
+        return bytes.fromhex(doc["cursor"]), int(doc["cancelled"]), int(doc["refused"])
+
+    def step(
+        self,
+        batch: WriteBatch,
+        at: tuple[int, int, int | None],
+        cursor: bytes,
+        cancelled: int,
+        refused: int,
+    ) -> None:
+        """A step of the bulk cancel read at ``at`` examined every entry up to ``cursor``."""
+        doc = {"cursor": cursor.hex(), "cancelled": cancelled, "refused": refused}
+        batch.put(_PROGRESS + _PO.pack(at[0], at[1]), dumps(doc), self._meta_cf)
+
     def opened(  # noqa: PLR0917 - one record's parts, in one call from the store
         self,
         batch: WriteBatch,
@@ -228,6 +269,7 @@ class BulkMemory:
         )
         self.open.append(bulk)
         batch.put(_OPEN + _PO.pack(partition, offset), bulk.to_json(), self._meta_cf)
+        batch.delete(_PROGRESS + _PO.pack(partition, offset), self._meta_cf)
         self._put_result(batch, record.id, cancelled, refused, now_ms, time_ms)
         batch.put(_BY_TIME + _MS.pack(now_ms) + record.id.encode(), b"", self._meta_cf)
         self._prune(batch, now_ms)

@@ -33,7 +33,7 @@ from delay_service.entry import check_storable
 from delay_service.errors import UnstorableError
 from delay_service.metrics import Metrics
 from delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
-from delay_service.store import Incoming, Store
+from delay_service.store import ApplyResult, Incoming, Store
 from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
@@ -158,6 +158,40 @@ class IngestBatch:
         )
         return poison, True
 
+    def _count_cancels(self, result: ApplyResult) -> None:
+        """The cancel outcomes and bulk cancels of one applied batch, in the metrics."""
+        for outcome, count in result.cancel_outcomes.items():
+            self._metrics.cancel_outcomes.labels(outcome).inc(count)
+        if result.bulk_cancels:
+            self._metrics.bulk_cancels.inc(result.bulk_cancels)
+            log.info(
+                "ingest.bulk_cancel",
+                bulk_cancels=result.bulk_cancels,
+                cancelled=result.bulk_cancelled,
+                refused=result.bulk_refused,
+            )
+        if result.bulk_cancelled:
+            self._metrics.bulk_cancelled.inc(result.bulk_cancelled)
+        if result.bulk_refused:
+            self._metrics.bulk_refused.inc(result.bulk_refused)
+
+    def _bulk_steps(self, records: list[Incoming]) -> None:
+        """Apply each bulk cancel among ``records`` in steps before the batch
+        (``Store.bulk_step``, delay_service/bulk_cancels.py): the store's lock is free between
+        them. What they cancel is counted and retired here; the batch does the rest."""
+        for item in records:
+            record = item[2]
+            if not isinstance(record, Cancel) or record.prefix is None:
+                continue
+            at = (item[0], item[1], item[3] if len(item) == 4 else None)
+            done = False
+            while not done:
+                retired, done = self._store.bulk_step(at, record)
+                if retired:
+                    self._metrics.cancelled.inc(len(retired))
+                    self._metrics.bulk_cancelled.inc(len(retired))
+                    self.on_cancelled(retired)
+
     def apply(self, messages: list[Message]) -> None:
         """Decode ``messages`` and apply them, with their next offsets, in one store write."""
         records: list[Incoming] = []
@@ -187,6 +221,7 @@ class IngestBatch:
             offsets[partition] = offset + 1
         if not offsets:
             return
+        self._bulk_steps(records)
         result = self._store.apply(records, offsets)
         self._progressed(offsets)
         m = self._metrics.ingested
@@ -202,20 +237,7 @@ class IngestBatch:
         m.labels("invalid").inc(result.invalid + invalid)
         if result.cancelled:
             self._metrics.cancelled.inc(result.cancelled)
-        for outcome, count in result.cancel_outcomes.items():
-            self._metrics.cancel_outcomes.labels(outcome).inc(count)
-        if result.bulk_cancels:
-            self._metrics.bulk_cancels.inc(result.bulk_cancels)
-            log.info(
-                "ingest.bulk_cancel",
-                bulk_cancels=result.bulk_cancels,
-                cancelled=result.bulk_cancelled,
-                refused=result.bulk_refused,
-            )
-        if result.bulk_cancelled:
-            self._metrics.bulk_cancelled.inc(result.bulk_cancelled)
-        if result.bulk_refused:
-            self._metrics.bulk_refused.inc(result.bulk_refused)
+        self._count_cancels(result)
         if result.retired:
             self.on_cancelled(result.retired)
         if result.duplicates:

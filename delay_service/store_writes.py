@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from rocksdict import WriteBatch
 
 from delay_service import rocks
-from delay_service.bulk_cancels import matching
+from delay_service.bulk_cancels import ids_with_prefix, matching
 from delay_service.cancels import At, CancelBatch, Refused
 from delay_service.entry import (
     Entry,
@@ -53,6 +53,9 @@ from kdelay.buffer import (
 )
 from kdelay.checkpoint import Checkpoint
 
+#: Pending entries one :meth:`StoreWrites.bulk_step` examines at most (one WriteBatch; the
+#: store's lock held about 0.25 s at 25 µs an entry, bench/bulk_cancel.py).
+BULK_STEP = 10_000
 #: Releases this replica removed as master whose tombstone it has not read back yet, at most.
 RELEASED_MEMORY = 200_000
 
@@ -233,37 +236,94 @@ class StoreWrites(StoreState):
 
     def _apply_bulk(self, txn: IndexedBatch, result: ApplyResult, at: At, record: Cancel) -> None:
         """Apply bulk cancel ``record`` read at ``at`` to every pending entry in its scope
-        (``bulk_cancels.py``: rule 1), then open it (rule 2) with its count."""
+        (``bulk_cancels.py``: rule 1) that :meth:`bulk_step` did not reach yet, then open it
+        (rule 2) with its count, the steps' included."""
         assert record.prefix is not None
-        time_ms = at[2]
-        limit = None if time_ms is None else time_ms + SENT_WITH_MS
         now = _wall_ms()
-        cancelled = refused = 0
-        for index_key, key in matching(txn, self._ids, record.prefix):
-            accepted = accepted_ms(entry_seq(key))
-            if limit is not None and accepted is not None and accepted > limit:
-                continue  # sent after the bulk cancel
-            msg = self._added.get(key)
-            if msg is None:
-                value = self._db.get(key)
-                if value is None:
-                    continue
-                msg = decode_entry(bytes(value))
-            if record.topic is not None and msg.topic != record.topic:
-                continue
-            if not may_cancel(record.owner, record.admin, msg.owner):
-                refused += 1
-                continue
-            txn.delete(index_key, key)
-            _, p, o = split_key(key)
-            result.retired.append(Retired(msg.id, uid_of(index_key), p, o))
-            self._outcomes.cancelled(txn.batch, msg.id, time_ms, now, msg)
-            cancelled += 1
+        cursor, cancelled, refused = self._bulks.progress(at)
+        done = cancelled
+        for index_key, key in matching(txn, self._ids, record.prefix, after=cursor):
+            found = self._bulk_one(txn, record, at, index_key, key, result.retired, now)
+            cancelled += found > 0
+            refused += found < 0
         self._bulks.opened(txn.batch, at, record, cancelled, refused, now)
-        result.cancelled += cancelled
+        result.cancelled += cancelled - done
         result.bulk_cancels += 1
-        result.bulk_cancelled += cancelled
+        result.bulk_cancelled += cancelled - done
         result.bulk_refused += refused
+
+    def _bulk_one(  # noqa: PLR0917 - one entry of one bulk cancel, in one private call
+        self,
+        txn: IndexedBatch,
+        record: Cancel,
+        at: At,
+        index_key: bytes,
+        key: bytes,
+        retired: list[Retired],
+        now_ms: int,
+    ) -> int:
+        """Bulk cancel ``record`` (read at ``at``) on the pending entry ``key``: 1 cancelled
+        (deleted in ``txn``, its record in ``retired``), -1 refused (another principal's), 0
+        not in its scope (another topic, or sent after it)."""
+        time_ms = at[2]
+        accepted = accepted_ms(entry_seq(key))
+        if time_ms is not None and accepted is not None and accepted > time_ms + SENT_WITH_MS:
+            return 0  # sent after the bulk cancel
+        msg = self._added.get(key)
+        if msg is None:
+            value = self._db.get(key)
+            if value is None:
+                return 0
+            msg = decode_entry(bytes(value))
+        if record.topic is not None and msg.topic != record.topic:
+            return 0
+        if not may_cancel(record.owner, record.admin, msg.owner):
+            return -1
+        txn.delete(index_key, key)
+        _, p, o = split_key(key)
+        retired.append(Retired(msg.id, uid_of(index_key), p, o))
+        self._outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg)
+        return 1
+
+    def bulk_step(
+        self, at: At, record: Cancel, limit: int = BULK_STEP
+    ) -> tuple[list[Retired], bool]:
+        """Apply bulk cancel ``record`` (read at ``at``, not applied yet) to up to ``limit``
+        more of the pending entries in its scope, in a WriteBatch of its own with its progress
+        (where it got to, what it counted: ``bulk_cancels.py``), so the store's lock is free
+        between steps for the forwarder and the queries; :meth:`apply` does the rest and
+        opens it. Ingest calls it until it returns done, then applies its batch. Returns the
+        records it cancelled (owed tombstones) and whether its scope is exhausted. A record
+        already applied (its offset consumed): nothing, done. After a crash the next step
+        starts where the last written one stopped."""
+        assert record.prefix is not None
+        with self._lock:
+            self._check_open()
+            if at[1] < self._offsets.get(at[0], 0):
+                return [], True
+            self._added = {}
+            txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
+            cursor, cancelled, refused = self._bulks.progress(at)
+            retired: list[Retired] = []
+            now, visited, done = _wall_ms(), 0, True
+            for index_key, key in ids_with_prefix(self._ids, record.prefix, after=cursor):
+                if visited >= limit:
+                    done = False
+                    break
+                visited += 1
+                cursor = index_key
+                found = self._bulk_one(txn, record, at, index_key, key, retired, now)
+                cancelled += found > 0
+                refused += found < 0
+            if not visited:
+                return [], True
+            assert cursor is not None
+            self._bulks.step(txn.batch, at, cursor, cancelled, refused)
+            txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
+            self._write(txn.batch)
+            self._pending += txn.delta
+            self._floor = txn.floor
+        return retired, done
 
     def _owner_of(self, key: bytes) -> str | None:
         """The owner of the pending entry ``key`` (under the lock, inside :meth:`apply`):
