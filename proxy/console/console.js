@@ -320,9 +320,17 @@ function history(doc) {
   return out;
 }
 
-async function loadMessage(id) {
-  $("#m-id").value = id;
+function clearMessage() {
+  shown = null;
+  $("#m-body").hidden = true;
+  clear($("#m-details tbody"));
+  clear($("#m-history"));
   $("#m-result").textContent = "";
+}
+
+async function loadMessage(id) {
+  clearMessage(); // never show the last message's details under this id
+  $("#m-id").value = id;
   const answer = await api("GET", `/v1/messages/${encodeURIComponent(id)}`);
   const box = $("#m-body");
   if (answer.status !== 200) {
@@ -438,6 +446,8 @@ function route() {
     loadPending(true);
   } else if (rest.length && rest.join("/")) {
     loadMessage(decodeURIComponent(rest.join("/")));
+  } else {
+    clearMessage();
   }
 }
 

@@ -95,9 +95,15 @@ def test_the_overview_names_the_master_and_measures_releases(
             for r in find_all(d, "#shards tbody tr")
         ),
     )
-    rows = {r.get_attribute("data-replica"): r.text for r in find_all(browser, "#shards tbody tr")}
-    assert set(rows) == set(stack.rs.replicas)
-    assert all(" up" in line for line in rows.values()), rows
+
+    def every_replica_up(d: WebDriver) -> bool:
+        rows = rows_text(d)
+        return set(rows) == set(stack.rs.replicas) and all(
+            line.endswith(" up") for line in rows.values()
+        )
+
+    # A replica whose /metrics did not answer in time shows "down" until the next refresh.
+    wait_for(browser, "every replica up", every_replica_up)
     assert f"shard 0: {master}" in text(browser, "#overview-as-of")
     # The page's first call was the first sample; messages delivered since show on a refresh.
     ids = [f"overview-{uuid.uuid4().hex[:8]}-{i}" for i in range(10)]
@@ -180,10 +186,11 @@ def test_a_message_is_looked_up_and_replaced_with_a_new_due_time(
     stack.wait_state(msg_id, "pending")
 
     go(browser, stack, "message")
+    assert not find(browser, "#m-body").is_displayed()  # no message yet, not the last one shown
     fill(browser, "#m-id", msg_id)
     find(browser, "#m-go").click()
-    wait_for(browser, "its state", lambda d: text(d, "td[data-field=state]") == "pending")
-    assert text(browser, "td[data-field=id]") == msg_id
+    wait_for(browser, "the message", lambda d: text(d, "td[data-field=id]") == msg_id)
+    assert text(browser, "td[data-field=state]") == "pending"
     assert text(browser, "td[data-field=due]").startswith(rfc3339(due))
     assert text(browser, "td[data-field=target]") == f"{stack.topic}, partition 1"
     assert "pending: not released yet" in text(browser, "#m-history")
@@ -209,13 +216,23 @@ def test_a_message_is_looked_up_and_replaced_with_a_new_due_time(
     released = stack.wait_state(done, "delivered")["released_at"]
     fill(browser, "#m-id", done)
     find(browser, "#m-go").click()
-    wait_for(browser, "its release", lambda d: text(d, "td[data-field=state]") == "delivered")
+    wait_for(browser, "the delivered one", lambda d: text(d, "td[data-field=id]") == done)
+    assert text(browser, "td[data-field=state]") == "delivered"
     assert f"released at {rfc3339(released)} (lateness " in text(browser, "#m-history")
     assert not find(browser, "#m-cancel").is_enabled()
 
 
 def notice_is(start: str) -> Callable[[WebDriver], bool]:
     return lambda d: text(d, "#notice").startswith(start)
+
+
+def rows_text(d: WebDriver) -> dict[str, str]:
+    """Each replica's row of the overview's table, its cells joined by spaces (read at once)."""
+    found = d.execute_script(
+        "return Array.from(document.querySelectorAll('#shards tbody tr'),"
+        " (r) => [r.dataset.replica || '', Array.from(r.cells, (c) => c.textContent).join(' ')]);"
+    )
+    return {str(name): str(line) for name, line in found}
 
 
 def rows_say(words: str) -> Callable[[WebDriver], bool]:
