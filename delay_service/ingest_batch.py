@@ -167,7 +167,7 @@ class IngestBatch:
             log.info(
                 "ingest.bulk_cancel",
                 bulk_cancels=result.bulk_cancels,
-                cancelled=result.bulk_cancelled,
+                cancelled=result.bulk_total,
                 refused=result.bulk_refused,
             )
         if result.bulk_cancelled:

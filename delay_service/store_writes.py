@@ -86,6 +86,8 @@ class ApplyResult:
     bulk_cancels: int = 0  # bulk cancels read (bulk_cancels.py)
     bulk_cancelled: int = 0  # of ``cancelled``, messages a bulk cancel cancelled
     bulk_refused: int = 0  # messages a bulk cancel left alone: another principal's
+    #: Messages the bulk cancels of this batch cancelled in all, their steps' included.
+    bulk_total: int = 0
 
 
 #: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
@@ -251,6 +253,7 @@ class StoreWrites(StoreState):
         result.bulk_cancels += 1
         result.bulk_cancelled += cancelled - done
         result.bulk_refused += refused
+        result.bulk_total += cancelled
 
     def _bulk_one(  # noqa: PLR0917 - one entry of one bulk cancel, in one private call
         self,
