@@ -247,6 +247,33 @@ def cancelled_positions(per_id: DataFrame, cancels: DataFrame) -> DataFrame:
     )
 
 
+def bulk_cancelled_positions(msgs: DataFrame, bulk: DataFrame) -> DataFrame:
+    """The positions (id, bpart, boff) of the messages of ``msgs`` a bulk cancel cancels, by
+    delay_service/bulk_cancels.py's rule (owners aside): an id starting with its prefix, for
+    its topic when it names one, accepted no later than its append time plus
+    CANCEL_SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and
+    appended at most CANCEL_WINDOW_MS after it. Bulk cancels are few: broadcast."""
+    m = msgs.select("id", "topic", "bpart", "boff", "bts", "bacc").alias("m")
+    b = F.broadcast(bulk.alias("b"))
+    b_ms, accepted, appended = F.col("b.bts"), F.col("m.bacc"), F.col("m.bts")
+    before = F.when(accepted.isNotNull(), accepted <= b_ms + CANCEL_SENT_WITH_MS).otherwise(
+        appended <= b_ms
+    )
+    on = F.col("m.id").startswith(F.col("b.px")) & (
+        F.col("b.t").isNull() | (F.col("b.t") == F.col("m.topic"))
+    )
+    return (
+        m.join(b, on)
+        .where(before & (appended - b_ms <= CANCEL_WINDOW_MS))
+        .select(
+            F.col("m.id").alias("id"),
+            F.col("m.bpart").alias("bpart"),
+            F.col("m.boff").alias("boff"),
+        )
+        .distinct()
+    )
+
+
 def with_cancels(per_id: DataFrame, cancelled: DataFrame | None) -> DataFrame:
     """``per_id`` plus a ``cancelled`` column: the message's position is among ``cancelled``
     (id, bpart, boff: :func:`cancelled_positions`, or the streaming job's registry)."""
@@ -376,7 +403,10 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
         cached.append(deliveries)
         matched = match_batch(msgs, deliveries).persist()
         cached.append(matched)
-        per_id = with_cancels(matched, cancelled_positions(matched, cancels)).persist()
+        cancelled = cancelled_positions(matched, cancels)
+        if buffer.bulk is not None:
+            cancelled = cancelled.unionByName(bulk_cancelled_positions(msgs, buffer.bulk))
+        per_id = with_cancels(matched, cancelled).persist()
         cached.append(per_id)
         overall = summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=None)
         row = overall.collect()[0].asDict()

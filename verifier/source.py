@@ -38,7 +38,7 @@ from kdelay.buffer import (
 from verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
-_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx")
+_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx", "px")
 #: Spark's Kafka source ``timestampType``: 0 is CreateTime, 1 LogAppendTime.
 LOG_APPEND_TIME = 1
 
@@ -123,10 +123,12 @@ class BufferRows:
     ``cancels``: id, bpart, boff, bts of each cancel and each replace (``"rx"``: a schedule
     that is also a cancel of its id at its own position). Which cancel cancels which schedule:
     :func:`kdelay.buffer.cancels`.
+    ``bulk``: px (the id prefix), t (the target topic or null) and bts of each bulk cancel.
     """
 
     schedules: DataFrame
     cancels: DataFrame
+    bulk: DataFrame | None = None
 
 
 def _accepted_ms(order: Column) -> Column:
@@ -183,7 +185,10 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
     cancels = parsed.where((F.col("r.op") == OP_CANCEL) | replaces).select(
         "id", "bpart", "boff", F.col("ts_ms").alias("bts")
     )
-    return BufferRows(schedules, cancels)
+    bulk = parsed.where((F.col("r.op") == OP_CANCEL) & F.col("r.px").isNotNull()).select(
+        F.col("r.px").alias("px"), F.col("r.t").alias("t"), F.col("ts_ms").alias("bts")
+    )
+    return BufferRows(schedules, cancels, bulk)
 
 
 def only_topics(schedules: DataFrame, topics: list[str]) -> DataFrame:

@@ -424,3 +424,27 @@ def test_a_cancel_appended_before_a_message_sent_with_it_cancels_it(
     assert [outcome.report[k] for k in counts] == [3, 1, 2]  # "later" and "far" are missing
     assert outcome.details["cancelled"] == 1
     assert_same_report(outcome.report, independent_report(sc, end_ms))
+
+
+def test_a_bulk_cancel_cancels_the_prefix_it_names_on_its_topic_not_later_messages(
+    spark: Any, kafka: KafkaInfra
+) -> None:
+    """A bulk cancel (route field ``px``, delay_service/bulk_cancels.py) cancels what it names
+    that was accepted before it, in any buffer partition; the verifier counts those cancelled,
+    not missing. Another prefix, another topic and a message accepted after it stay judged."""
+    sc = Scenario(kafka.bootstrap_servers)
+    now, (target, other) = int(time.time() * 1000), sc.targets
+    bulk_ms = now - 40_000
+    before = (bulk_ms - 1_000) << buffer.ORDER_SHIFT
+    for i in range(6):  # ids spread over the buffer partitions
+        sc.schedule(f"cust-42-{i}", now - 20_000, target, bulk_ms - 1_000, seq=before)
+    sc.schedule("cust-42-elsewhere", now - 20_000, other, bulk_ms - 1_000, seq=before)
+    sc.schedule("cust-43-0", now - 20_000, target, bulk_ms - 1_000, seq=before)
+    after = (bulk_ms + buffer.CANCEL_SENT_WITH_MS + 1) << buffer.ORDER_SHIFT
+    sc.schedule("cust-42-late", now - 20_000, target, bulk_ms + 200, seq=after)
+    sc.write_buffer(buffer.Cancel("bulk.00ff", prefix="cust-42-", topic=target), bulk_ms)
+    sc.flush()
+    outcome = verify_once(spark, sc.config(end_ms=int(time.time() * 1000)), Slo(), None)
+    # Judged: cust-42-elsewhere, cust-43-0 and cust-42-late, none delivered: missing.
+    assert [outcome.report[k] for k in ("scheduled", "missing")] == [3, 3]
+    assert outcome.details["cancelled"] == 6
