@@ -80,11 +80,11 @@ def run_mode(
     topic_a, topic_b = f"smooth-a-{suffix}", f"smooth-b-{suffix}"
     create_topic(bs, topic_a, PARTITIONS)  # CreateTime: the master's release time, exactly
     create_topic(bs, topic_b, PARTITIONS, config=LOG_APPEND_TIME)
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = tuple(args.replica_args.split())
     if mode == "throttled":
         config = base / f"{suffix}.json"
         config.write_text(json.dumps({"release_rate_limits": {topic_a: args.limit}}))
-        extra = ("--config", str(config))
+        extra = (*extra, "--config", str(config))
     rs = Replicas(base / suffix, bs, zk, 1, extra)
     try:
         rs.start_all()
@@ -132,12 +132,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--b-seconds", type=float, default=20.0, help="B's window")
     ap.add_argument("--lead-ms", type=int, default=8_000, help="first due time after start")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
+    ap.add_argument(
+        "--replica-args", default="", help="more flags for each replica (--scan-skip-limit N)"
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-smooth-"))
     kafka = LocalKafka(base / "kafka", settings=kafka_settings())
     zk = LocalZooKeeper(base / "zk")
-    results: dict[str, object] = {"burst": args.burst, "limit_per_s": args.limit}
+    results: dict[str, object] = {
+        "burst": args.burst,
+        "limit_per_s": args.limit,
+        "replica_args": args.replica_args,
+    }
     b_p99: dict[str, float] = {}
     try:
         kafka.start()
