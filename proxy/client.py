@@ -17,6 +17,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import click
@@ -168,15 +169,21 @@ def send_command(
     )
 
 
+#: Where ``kdelay up`` writes its state by default (CONTRACT.md): the HTTP API of a local stack.
+UP_STATE_FILE = Path(".kdelay/up.json")
+
+
 @click.command("cancel")
 @click.option("--bootstrap-servers", default=None, help="the proxy's host:port (Kafka)")
 @click.option(
     "--http",
     "http_url",
     default=None,
+    envvar="KDELAY_HTTP",
     help="the proxy's HTTP API, e.g. http://127.0.0.1:8080: cancels over HTTP (Basic "
     "authentication with the --kafka-sasl-username and its password when given); needed by "
-    "--wait and --prefix",
+    '--wait and --prefix [$KDELAY_HTTP, else the "http" of kdelay up\'s state file '
+    f"{UP_STATE_FILE}]",
 )
 @click.option(
     "--topic",
@@ -217,7 +224,14 @@ def cancel_command(  # noqa: PLR0917 - click passes each option
     if (message_id is None) == (prefix is None):
         raise click.UsageError("give MESSAGE_ID or --prefix, one of them")
     if http_url is None and (wait_s is not None or prefix is not None):
-        raise click.UsageError("--wait and --prefix need --http (the proxy's HTTP API)")
+        http_url, ca_file = _from_up_state()
+        if http_url is None:
+            raise click.UsageError(
+                "--wait and --prefix need --http (the proxy's HTTP API; or $KDELAY_HTTP, or "
+                f"kdelay up's state file {UP_STATE_FILE})"
+            )
+        if ca_file is not None and login.kafka_ssl_ca_file is None:
+            login = login.model_copy(update={"kafka_ssl_ca_file": ca_file})
     if http_url is not None:
         _cancel_over_http(http_url, login, message_id, prefix, topic, wait_s)
         return
@@ -243,6 +257,20 @@ def cancel_command(  # noqa: PLR0917 - click passes each option
         config=login.kafka_client_config(),
     )
     click.echo(json.dumps({"id": message_id, "cancel": "accepted"}))
+
+
+def _from_up_state() -> tuple[str | None, Path | None]:
+    """The HTTP API and the CA (``kdelay up --secure``) named by kdelay up's state file in
+    the current directory, if there is one."""
+    try:
+        state = json.loads(UP_STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(state, dict) or not isinstance(state.get("http"), str):
+        return None, None
+    security = state.get("security")
+    ca = security.get("ca_file") if isinstance(security, dict) else None
+    return state["http"], Path(ca) if isinstance(ca, str) else None
 
 
 def _cancel_over_http(  # noqa: PLR0917 - the command's options
