@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,6 +32,9 @@ from tests.support.deploy_tools import (
 )
 
 MESSAGES = 300
+#: A topic the live stack's replicas limit to 100 releases a second, and its burst.
+THROTTLED = "deploy-live-throttled"
+THROTTLED_MESSAGES = 300
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval
 
 
@@ -109,6 +113,8 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # The replicas (kdelay up's children) throttle one topic: the smoothing panels' data.
+        env={**os.environ, "KDELAY_REPLICA_RELEASE_RATE_LIMITS": json.dumps({THROTTLED: 100})},
     )
     output: list[str] = []
     ready = threading.Event()
@@ -258,6 +264,12 @@ def _produce_load(stack: Stack) -> None:
             ("kdelay-delay-ms", str(200 + (i % 20) * 100).encode())
         ]
         producer.produce("deploy-live", value=f"m{i}".encode(), headers=headers, on_delivery=report)
+    due = str(int(time.time() * 1000) + 1_500).encode()
+    for i in range(THROTTLED_MESSAGES):  # due together, released at 100/s: smoothed
+        producer.produce(
+            THROTTLED, value=f"t{i}".encode(), headers=[("kdelay-deliver-at", due)],
+            on_delivery=report,
+        )  # fmt: skip
     producer.produce("deploy-live", value=b"now")  # immediate: passes straight through
     assert producer.flush(60) == 0
     assert not errors, errors[:5]
