@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import os
@@ -300,21 +301,20 @@ class HttpAuthenticator:
         """The caller, logged in once for requests that bring the same new credentials at the
         same time (a SCRAM login costs Kafka thousands of hash iterations): they wait for the
         login in progress and share its outcome, its 401 included."""
+        log_in = functools.partial(
+            self._log_in, key, principal, mechanism, username, secret, address, expires_at
+        )
         if self.settings.login_ttl_s <= 0:  # nothing is shared: each request logs in
-            return await self._log_in(
-                key, principal, mechanism, username, secret, address, expires_at
-            )
+            return await log_in()
         pending = self._pending.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(
-                self._log_in(key, principal, mechanism, username, secret, address, expires_at)
-            )
+            pending = asyncio.ensure_future(log_in())
             self._pending[key] = pending
             pending.add_done_callback(lambda _: self._pending.pop(key, None))
         # A waiter that goes away (its client disconnected) leaves the login to the others.
         return await asyncio.shield(pending)
 
-    async def _log_in(  # noqa: PLR0917 - private, called twice above
+    async def _log_in(  # noqa: PLR0917 - private, bound once above
         self,
         key: bytes,
         principal: sasl.Principal,
