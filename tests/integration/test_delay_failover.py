@@ -137,6 +137,8 @@ def test_stalled_master_is_fenced_when_it_wakes(
         )
         proc = rs.replicas[old].proc
         assert proc is not None
+        # Its own /metrics, which stays while its session lapses and it registers again.
+        old_metrics = rs.metrics_url(old)
         proc.signal(signal.SIGSTOP)  # a long GC pause / a frozen VM
         try:
             rs.wait_master(timeout=60, exclude=old)
@@ -149,7 +151,9 @@ def test_stalled_master_is_fenced_when_it_wakes(
             what="the stalled master's late checkpoint write to be rejected",
         )  # fmt: skip
         wait_until(
-            lambda: (rs.metric(old, "kdelay_replica_checkpoint_rejected_total") or 0) >= 1,
+            lambda: (
+                (rs.metric(old, "kdelay_replica_checkpoint_rejected_total", old_metrics) or 0) >= 1
+            ),
             timeout=30,
             what="kdelay_replica_checkpoint_rejected_total >= 1 on the fenced replica",
         )

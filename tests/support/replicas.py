@@ -152,13 +152,18 @@ class ReplicaSet:
     def status(self) -> dict[str, Any]:
         return cluster_status(self._zk, self.paths)
 
-    def metric(self, name: str, metric: str) -> float | None:
-        """The value of an unlabelled ``metric`` on replica ``name``'s /metrics; None while the
-        replica is not registered (e.g. rejoining the election) or does not export it."""
+    def metrics_url(self, name: str) -> str | None:
+        """Replica ``name``'s registered /metrics URL; None while it is not registered."""
         urls = [str(r["metrics"]) for r in self.status()["replicas"] if r["name"] == name]
-        if not urls:
+        return urls[0] if urls else None
+
+    def metric(self, name: str, metric: str, url: str | None = None) -> float | None:
+        """The value of an unlabelled ``metric`` on replica ``name``'s /metrics (at ``url`` when
+        given, which a replica keeps while it re-registers); None while the replica is not
+        registered (e.g. rejoining the election) or does not export it."""
+        url = url or self.metrics_url(name)
+        if url is None:
             return None
-        url = urls[0]
         with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
             text = resp.read().decode()
         for line in text.splitlines():
