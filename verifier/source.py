@@ -121,8 +121,9 @@ class BufferRows:
     order field; null if unknown) and dkey (what makes copies of one buffer record one
     message: the buffer key in version 2, id and due time in version 1, whose key is the id).
     ``cancels``: id, bpart, boff, bts of each cancel and each replace (``"rx"``: a schedule
-    that is also a cancel of its id at its own position). Which cancel cancels which schedule:
-    :func:`kdelay.buffer.cancels`.
+    that is also a cancel of its id at its own position), and a bulk cancel's px and t (null
+    for the others; the streaming job's one side query reads both kinds from it). Which cancel
+    cancels which schedule: :func:`kdelay.buffer.cancels`.
     ``bulk``: px (the id prefix), t (the target topic or null) and bts of each bulk cancel.
     """
 
@@ -183,7 +184,12 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
     )
     replaces = (F.col("r.op") == OP_SCHEDULE) & F.coalesce(F.col("r.rx"), F.lit(False))
     cancels = parsed.where((F.col("r.op") == OP_CANCEL) | replaces).select(
-        "id", "bpart", "boff", F.col("ts_ms").alias("bts")
+        "id",
+        "bpart",
+        "boff",
+        F.col("ts_ms").alias("bts"),
+        F.when(F.col("r.op") == OP_CANCEL, F.col("r.px")).alias("px"),
+        F.when(F.col("r.op") == OP_CANCEL, F.col("r.t")).alias("t"),
     )
     bulk = parsed.where((F.col("r.op") == OP_CANCEL) & F.col("r.px").isNotNull()).select(
         F.col("r.px").alias("px"), F.col("r.t").alias("t"), F.col("ts_ms").alias("bts")

@@ -45,8 +45,11 @@ BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
 Position = tuple[str, int, int]
 #: A cancel record: its place and append time (ms).
 CancelAt = tuple[str, int, int, int | None]
-#: A message's (last) schedule record: its place, append time and acceptance time (ms).
-ScheduleAt = tuple[str, int, int, int | None, int | None]
+#: A bulk cancel: its id prefix, target topic (None: every topic) and append time (ms).
+BulkAt = tuple[str, str | None, int | None]
+#: A message's (last) schedule record: its place, append time and acceptance time (ms), and
+#: its target topic.
+ScheduleAt = tuple[str, int, int, int | None, int | None, str | None]
 _POSITIONS_DDL = "id STRING, bpart INT, boff BIGINT"
 
 
@@ -59,7 +62,7 @@ def match_stream(
     twice)."""
     delay = f"{grace_ms} milliseconds"
     s = (
-        schedules.select("id", "due", "due_ms", "bpart", "boff", "bts", "bacc", "dkey")
+        schedules.select("id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "dkey")
         .withWatermark("due", delay)
         # Copies of one buffer record (a client's retried produce) are one message; then one
         # row per (id, due), so that no delivery is joined twice.
@@ -78,6 +81,7 @@ def match_stream(
         "id",
         "due",
         "due_ms",
+        "topic",
         "bpart",
         "boff",
         "bts",
@@ -87,12 +91,13 @@ def match_stream(
         F.unix_millis(F.col("at")).alias("at_ms"),
         "receipt",
     )
-    per = per_message(joined, ["id", "due", "due_ms", "bpart", "boff", "bts", "bacc"])
+    per = per_message(joined, ["id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc"])
     return per.select(
         "id",
         "due",
         "due_ms",
         F.lit(True).alias("has_schedule"),
+        "topic",
         "bpart",
         "boff",
         "bts",
@@ -113,6 +118,7 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
         due.alias("due"),
         "due_ms",
         F.lit(False).alias("has_schedule"),
+        F.lit(None).cast("string").alias("topic"),
         F.lit(None).cast("int").alias("bpart"),
         F.lit(None).cast("long").alias("boff"),
         F.lit(None).cast("long").alias("bts"),
@@ -125,8 +131,8 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
 
 
 class CancelRegistry:
-    """Every cancel record of each (id, buffer partition), fed by a small streaming query over
-    the buffer topic.
+    """Every cancel record of each (id, buffer partition), and every bulk cancel (its prefix,
+    topic and append time), fed by a small streaming query over the buffer topic.
 
     Why not a join: a cancel may come any time before its message's due time, so a
     time-bounded stream-stream join would have to keep cancels (and hold back every result)
@@ -136,34 +142,68 @@ class CancelRegistry:
 
     def __init__(self) -> None:
         self._cancels: dict[tuple[str, int], dict[int, int | None]] = {}
+        self._bulk: set[BulkAt] = set()
         self._lock = threading.Lock()
 
-    def add(self, cancels: Iterable[CancelAt]) -> None:
+    def add(self, cancels: Iterable[CancelAt], bulk: Iterable[BulkAt] = ()) -> None:
         with self._lock:
             for msg_id, part, off, ts in cancels:
                 self._cancels.setdefault((msg_id, part), {})[off] = ts
+            self._bulk.update(bulk)
 
     def cancelled(self, schedules: Iterable[ScheduleAt]) -> list[Position]:
         """The positions of the ``schedules`` a cancel cancels (:func:`kdelay.buffer.cancels`:
-        one after it in its partition, or one before it that was sent with it)."""
+        one after it in its partition, or one before it that was sent with it), or a bulk
+        cancel does (:func:`bulk_cancels`)."""
         with self._lock:
             return [
                 (msg_id, part, off)
-                for msg_id, part, off, ts, accepted in schedules
+                for msg_id, part, off, ts, accepted, topic in schedules
                 if any(
                     buffer.cancels(c_off, c_ts, off, ts, accepted)
                     for c_off, c_ts in self._cancels.get((msg_id, part), {}).items()
                 )
+                or any(bulk_cancels(b, msg_id, topic, ts, accepted) for b in self._bulk)
             ]
 
 
-def _cancel_rows(df: DataFrame) -> list[CancelAt]:
-    return [(str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"]) for r in df.collect()]
+def bulk_cancels(
+    bulk: BulkAt, msg_id: str, topic: str | None, appended: int | None, accepted: int | None
+) -> bool:
+    """Whether bulk cancel ``bulk`` cancels a message (delay_service/bulk_cancels.py's rule,
+    owners aside; :func:`verifier.job.bulk_cancelled_positions` in the batch job): an id with
+    its prefix, on its topic when it names one, accepted no later than its append time plus
+    CANCEL_SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and
+    appended at most CANCEL_WINDOW_MS after it."""
+    prefix, bulk_topic, bulk_ms = bulk
+    if not msg_id.startswith(prefix) or (bulk_topic is not None and bulk_topic != topic):
+        return False
+    if bulk_ms is None or appended is None:
+        return False
+    if accepted is not None:
+        before = accepted <= bulk_ms + buffer.CANCEL_SENT_WITH_MS
+    else:
+        before = appended <= bulk_ms
+    return before and appended - bulk_ms <= buffer.CANCEL_WINDOW_MS
+
+
+def _cancel_rows(df: DataFrame) -> tuple[list[CancelAt], list[BulkAt]]:
+    """A side batch's cancels (every cancel record, by id) and bulk cancels."""
+    cancels: list[CancelAt] = []
+    bulk: list[BulkAt] = []
+    for r in df.collect():
+        cancels.append((str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"]))
+        if r["px"] is not None:
+            bulk.append((str(r["px"]), r["t"], r["bts"]))
+    return cancels, bulk
 
 
 def _schedule_rows(df: DataFrame) -> list[ScheduleAt]:
-    rows = df.select("id", "bpart", "boff", "bts", "bacc").collect()
-    return [(str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"]) for r in rows]
+    rows = df.select("id", "bpart", "boff", "bts", "bacc", "topic").collect()
+    return [
+        (str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"], r["topic"])
+        for r in rows
+    ]
 
 
 def start_continuous(
@@ -177,7 +217,7 @@ def start_continuous(
     # so that no message is judged before the cancels query has caught up.
     snapshot = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
     registry = CancelRegistry()
-    registry.add(_cancel_rows(snapshot.cancels))
+    registry.add(*_cancel_rows(snapshot.cancels))
     found = snapshot.schedules.select("topic").distinct().collect()
     topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
     source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
@@ -185,7 +225,7 @@ def start_continuous(
     trigger = f"{cfg.trigger_ms} milliseconds"
 
     def each_cancels(batch: DataFrame, _batch_id: int) -> None:
-        registry.add(_cancel_rows(batch))
+        registry.add(*_cancel_rows(batch))
 
     # From the earliest offset, without a checkpoint: the set lives in memory only.
     cancels_cfg = cfg.model_copy(update={"starting_offsets": "earliest"})
