@@ -6,11 +6,10 @@ Judged by the broker's clock: the targets are LogAppendTime topics (``create_tar
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,47 +29,11 @@ from tests.support.schedule import (
     create_target,
     produce_buffer,
 )
+from tests.support.shards import sharded
 from zk import Paths
 from zk.layout import delay_set_status
 
 PARTITIONS = 6
-
-
-@contextlib.contextmanager
-def sharded(
-    base: Path,
-    bootstrap: str,
-    zk_connect: str,
-    *,
-    shards: int,
-    root: str,
-    buffer_topic: str,
-    per_shard: int = 1,
-) -> Iterator[list[ReplicaSet]]:
-    """One ReplicaSet per shard of the delay set under ``root``, started, each with a master."""
-    sets = [
-        ReplicaSet(
-            base / f"shard-{i}",  # the same directories whatever the layout
-            bootstrap,
-            zk_connect,
-            count=per_shard,
-            partitions=PARTITIONS,
-            root=root,
-            buffer_topic=buffer_topic,
-            shards=shards,
-            shard=i,
-        )
-        for i in range(shards)
-    ]
-    try:
-        for rs in sets:
-            rs.start_all()
-        for rs in sets:
-            rs.wait_master(timeout=120)
-        yield sets
-    finally:
-        for rs in sets:
-            rs.close()
 
 
 def _messages(topic: str, count: int, start_ms: int, spread_ms: int) -> list[Scheduled]:
