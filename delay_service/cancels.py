@@ -88,6 +88,7 @@ from rocksdict import WriteBatch
 
 from delay_service.entry import split_key
 from delay_service.ids import IndexedBatch, id_prefix, uid_of
+from delay_service.outcomes import Canceller
 from delay_service.tombstones import Retired
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled, may_cancel
@@ -296,12 +297,13 @@ class CancelBatch:
         *,
         replace: bool = False,
         owner_of: Callable[[bytes], str | None] = lambda key: None,
+        keys: list[bytes] | None = None,
     ) -> tuple[list[Retired], list[Retired]]:
         """Apply the cancel ``record`` read at ``at``: remove every pending entry with its id
         that its sender may cancel (rule 1; ``owner_of`` gives an entry key's owner, the others
-        go to :attr:`refused`) and open it. Returns the records removed, and the tombstones
-        owed: the cancel's own when it removed any (right after theirs), those of older
-        cancels that the count bound closed."""
+        go to :attr:`refused`; the removed entries' keys go to ``keys`` when given) and open it.
+        Returns the records removed, and the tombstones owed: the cancel's own when it removed
+        any (right after theirs), those of older cancels that the count bound closed."""
         partition, offset, time_ms = at
         removed = []
         for index_key, key in list(txn.with_id(record.id)):
@@ -313,6 +315,8 @@ class CancelBatch:
             txn.delete(index_key, key)
             _, p, o = split_key(key)
             removed.append(Retired(record.id, uid_of(index_key), p, o))
+            if keys is not None:
+                keys.append(key)
         work = self._get(partition)
         work.part.read += 1
         number = work.part.read
@@ -334,20 +338,23 @@ class CancelBatch:
         self._batch.put(index_key, self._index[index_key], self._cf)
         return removed, owed
 
-    def on_arrival(self, at: At, record: Scheduled) -> Retired | None:
+    def on_arrival(self, at: At, record: Scheduled) -> tuple[Retired, Canceller] | None:
         """Whether an open cancel cancels the schedule ``record`` read at ``at`` (rule 2):
-        then the record to retire, whose tombstone that cancel owes again when it closes."""
-        by = self._match(*at, record)
-        if by is None:
+        then the record to retire, whose tombstone that cancel owes again when it closes, and
+        who sent that cancel."""
+        found = self._match(*at, record)
+        if found is None:
             return None
+        by, sender = found
         retired = Retired(record.id, record.uid, at[0], at[1])
         self._cancelled(at[0], by, retired)
-        return retired
+        return retired, sender
 
     def _match(
         self, partition: int, offset: int, time_ms: int | None, record: Scheduled
-    ) -> int | None:
-        """The offset of the open cancel that cancels schedule ``record`` (rule 2), or None."""
+    ) -> tuple[int, Canceller] | None:
+        """The offset of the open cancel that cancels schedule ``record`` (rule 2) and who sent
+        it, or None."""
         accepted = accepted_ms(record)
         work = self._work.get(partition)
         part = work.part if work is not None else self._memory._parts.get(partition)
@@ -367,7 +374,7 @@ class CancelBatch:
         if buffer.cancels(by, known, offset, time_ms, accepted) and self._allowed(
             partition, offset, record, suffix
         ):
-            return int(by)
+            return int(by), _sent_by(suffix)
         return None
 
     def _allowed(self, partition: int, offset: int, record: Scheduled, suffix: bytes) -> bool:

@@ -295,6 +295,8 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(last, dict):
         at = last.get("released_at", last.get("cancelled_at"))
         rows.append(("before", f"{last.get('state')} at {_when(at)}"))
+    for i, event in enumerate(doc.get("history") or []):
+        rows.append(("history" if i == 0 else "", _event_line(event)))
     lag = doc.get("ingest_lag")
     rows.append(
         (
@@ -304,6 +306,24 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
         )
     )
     return rows
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    """One event of a message's history (delay_service/message_status.py), on one line."""
+    kind = str(event.get("event"))
+    line = f"{kind.replace('_', '-')} at {_when(event.get('at'))}"
+    if event.get("occurrence") is not None:
+        line = f"occurrence {event['occurrence']}: {line}"
+    by = event.get("by")
+    if isinstance(by, dict):
+        line += " by " + ("an administrator" if by.get("admin") else str(by.get("principal")))
+    elif by is not None:
+        line += f" by {by}"
+    if event.get("lateness_ms") is not None:
+        line += f", {event['lateness_ms']} ms after its due time"
+    if event.get("reason"):
+        line += f": {event['reason']}"
+    return line
 
 
 @click.command("list")

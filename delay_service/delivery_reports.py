@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from delay_service.entry import Entry
+from delay_service.entry import Entry, entry_seq
 from delay_service.in_flight import Completion
 from delay_service.metrics import Metrics
 from delay_service.outcomes import DEAD_LETTERED, DELIVERED
 from delay_service.producer import error_name, is_permanent
 from delay_service.release_backoff import ReleaseBackoff, Verdict
 from delay_service.round import Target, target_of
-from delay_service.sender import Sender
+from delay_service.sender import ERROR_HEADER, Sender, dead_letter_error
 from delay_service.store import Store
 from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
-from kdelay.buffer import DEAD_LETTER_TOPIC, Fate
+from kdelay.buffer import DEAD_LETTER_TOPIC, Fate, accepted_ms
 
 log = logs.get(__name__)
 
@@ -187,7 +187,21 @@ def fate_of(done: Completion) -> Fate:
         done.timestamp_ms,
         msg.deliver_at_ms,
         msg.occurrence if msg.repeat is not None else None,
+        dead_letter_reason(done) if dead else None,
+        accepted_ms(entry_seq(done.entry.key)),
+        msg.owner,
     )
+
+
+def dead_letter_reason(done: Completion) -> str:
+    """Why ``done``'s message was dead-lettered: the ``kdelay-error`` its dead letter carries
+    (the target's error, or the poison record's problem, ``poison.py``)."""
+    if done.cause is not None:
+        return dead_letter_error(done.cause)
+    for name, value in done.entry.message.headers:
+        if name == ERROR_HEADER and value is not None:
+            return value.decode("utf-8", "replace")
+    return "unknown"
 
 
 def retired(done: Sequence[Entry], fates: Mapping[bytes, Fate]) -> list[Retired]:

@@ -13,13 +13,17 @@ Where a replica learns it, from the richest source down:
 - ``cancel``: a cancel record removed it, or cancelled it on arrival.
 
 A later, richer answer replaces an earlier one for the same id; a message that reuses the id
-replaces the outcome of the one before. Outcomes are kept :attr:`OutcomeLog.retention_ms`
+(or a series' next occurrence) replaces the outcome of the one before, which moves to the id's
+history: its last :data:`HISTORY_MAX` outcomes, oldest first (:meth:`OutcomeLog.history`), so
+``GET /v1/messages/{id}`` tells each occurrence of a series, who cancelled and why a message was
+dead-lettered. Outcomes are kept :attr:`OutcomeLog.retention_ms`
 (by this replica's clock when it learnt them) and at most :attr:`OutcomeLog.max_entries`, the
 oldest pruned first, a bounded number per write, in the same WriteBatch as the store change
 that made them.
 
 Layout: column family ``outcomes``: id -> compact JSON of :class:`Outcome` plus the time it
-was written (``w``); ``outcome_time``: ``written_ms (8) | id`` -> empty, the pruning order;
+was written (``w``) and the earlier outcomes' stored fields (``h``, oldest first);
+``outcome_time``: ``written_ms (8) | id`` -> empty, the pruning order;
 ``meta`` ``outcomes`` -> count (8). Not thread-safe: the store calls it under its own lock.
 """
 
@@ -35,6 +39,7 @@ from rocksdict import WriteBatch
 
 from delay_service import rocks
 from kdelay.buffer import Fate, Scheduled
+from kdelay.buffer import accepted_ms as buffer_accepted_ms
 from kdelay.immutable import immutable
 
 #: The states a message that left the store can be in (CONTRACT.md v2).
@@ -53,7 +58,9 @@ class Outcome:
     master's tombstone); ``at_ms`` the release or cancel time; ``source`` how this replica
     knows: ``"master"`` (it released the message), ``"tombstone"`` (the master's tombstone in
     the buffer topic), ``"checkpoint"`` (a checkpoint covered it), ``"cancel"`` (a cancel
-    record removed it).
+    record removed it). ``reason``: why it was dead-lettered; ``accepted_ms`` and ``owner``:
+    when a proxy accepted it and who scheduled it; ``by`` and ``admin``: who cancelled it (the
+    cancel's principal; ``admin`` for an administrator's).
     """
 
     id: str
@@ -65,17 +72,27 @@ class Outcome:
     offset: int | None = None
     at_ms: int | None = None
     occurrence: int | None = None
+    reason: str | None = None
+    accepted_ms: int | None = None
+    owner: str | None = None
+    by: str | None = None
+    admin: bool | None = None
 
 
+#: Who sent a cancel: its principal (None when unauthenticated) and whether an administrator.
+Canceller = tuple[str | None, bool]
 #: Outcome sources, richest first (a poorer one never replaces a richer one of one message).
 SOURCES = ("master", "tombstone", "cancel", "checkpoint")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
 #: What is stored of an Outcome (its id is the key); not dataclasses.asdict, as it runs per release.
 _FIELDS = tuple(f.name for f in fields(Outcome) if f.name != "id")
+_HISTORY = "h"
 _U64 = struct.Struct(">Q")
 _META_COUNT = b"outcomes"
 #: Outcomes pruned per write at most (the rest at the next writes).
 PRUNE_BATCH = 1000
+#: Earlier outcomes kept per id (a series' occurrences, an id's reuses), the oldest dropped.
+HISTORY_MAX = 20
 
 
 class OutcomeLog:
@@ -93,7 +110,7 @@ class OutcomeLog:
         raw = meta.get(_META_COUNT)
         self._count = _U64.unpack(raw)[0] if raw else 0
         self._pending_delta = 0
-        self._seen: set[bytes] = set()  # ids put in the batch being built
+        self._seen: dict[bytes, bytes] = {}  # ids put in the batch being built: what it holds
         # The pruning order's floor: every time key of an earlier millisecond was pruned.
         # Pruning deletes from the front, so a scan from the first key would walk the
         # tombstones of everything pruned since the last compaction, on every write, each
@@ -115,6 +132,17 @@ class OutcomeLog:
         raw = self._cf.get(msg_id.encode())
         return None if raw is None else _decode(msg_id, bytes(raw))[0]
 
+    def history(self, msg_id: str) -> list[Outcome]:
+        """The outcomes of the messages ``msg_id`` that left the store, oldest first, the last
+        one :meth:`get`'s; at most :data:`HISTORY_MAX` + 1."""
+        raw = self._cf.get(msg_id.encode())
+        if raw is None:
+            return []
+        doc = orjson.loads(bytes(raw))
+        doc.pop("w", None)
+        earlier = doc.pop(_HISTORY, [])
+        return [Outcome(id=msg_id, **body) for body in [*earlier, doc]]
+
     def put(self, batch: WriteBatch, outcome: Outcome, now_ms: int) -> None:
         """Record ``outcome`` in ``batch`` unless a richer one of the same message is known."""
         if self.max_entries <= 0:
@@ -124,8 +152,9 @@ class OutcomeLog:
         self._put(batch, key, outcome.id, body, raw=self._stored(key), now_ms=now_ms)
 
     def _stored(self, key: bytes) -> bytes | None:
-        """The stored outcome of ``key``, unless this batch wrote it already (then unread)."""
-        return None if key in self._seen else self._cf.get(key)
+        """The stored outcome of ``key``, or what this batch writes for it."""
+        written = self._seen.get(key)
+        return written if written is not None else self._cf.get(key)
 
     def _put(
         self,
@@ -138,23 +167,34 @@ class OutcomeLog:
         now_ms: int,
     ) -> None:
         """Write ``body`` (an outcome's stored fields) as message ``msg_id``'s outcome unless a
-        richer one is known: ``raw`` is what the store holds for it (read before the batch)."""
-        if key in self._seen:
-            pass  # the same batch wrote it already: counted, and its time key is now_ms's
-        elif raw is not None:
-            old, written = _decode(msg_id, bytes(raw))
+        richer one is known: ``raw`` is what the store holds for it (or this batch writes).
+        An outcome of another message with the id (or another occurrence) moves to the
+        history; a richer word on the same one replaces it there."""
+        if raw is not None:
+            doc = orjson.loads(raw)
+            written = int(doc.pop("w", 0))
+            earlier = doc.pop(_HISTORY, [])
             deliver_at_ms = body.get("deliver_at_ms")
-            same = old.deliver_at_ms == deliver_at_ms or deliver_at_ms is None
-            if same and old.state == body["state"] and _RANK[old.source] < _RANK[body["source"]]:
-                return
-            batch.delete(_U64.pack(written) + key, self._time_cf)
+            same = doc.get("deliver_at_ms") == deliver_at_ms or deliver_at_ms is None
+            # A checkpoint's "delivered" may be a dead letter: the tombstone tells which.
+            event = same and (doc["state"] == body["state"] or doc["source"] == "checkpoint")
+            if event and doc["state"] == body["state"]:
+                if _RANK[doc["source"]] < _RANK[body["source"]]:
+                    return
+                body = {**doc, **body}  # the richer word, with what the poorer knew besides
+            if not event:
+                earlier = [*earlier, doc][-HISTORY_MAX:]
+            if earlier:
+                body[_HISTORY] = earlier
+            batch.delete(_U64.pack(written) + key, self._time_cf)  # (this batch's, if it wrote)
         else:
             self._pending_delta += 1
-        self._seen.add(key)
         now_ms = max(now_ms, self._floor_ms)  # never below the pruning floor
         self._batch_ms = now_ms if self._batch_ms is None else min(self._batch_ms, now_ms)
         body["w"] = now_ms
-        batch.put(key, orjson.dumps(body), self._cf_handle)
+        value = orjson.dumps(body)
+        self._seen[key] = value
+        batch.put(key, value, self._cf_handle)
         batch.put(_U64.pack(now_ms) + key, b"", self._time_cf)
 
     def learn(self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int) -> None:
@@ -177,9 +217,9 @@ class OutcomeLog:
         for (msg_id, fate), key, raw in zip(learnt, keys, found, strict=True):
             self._put(batch, key, msg_id, _body(fate, source), raw=raw, now_ms=now_ms)
 
-    def covered(self, batch: WriteBatch, msg: Scheduled, now_ms: int) -> None:
-        """``msg`` left the store because a checkpoint covers it: delivered (or dead-lettered:
-        the tombstone says which, when it comes)."""
+    def covered(self, batch: WriteBatch, msg: Scheduled, now_ms: int, accepted: int | None) -> None:
+        """``msg`` (accepted at ``accepted``) left the store because a checkpoint covers it:
+        delivered (or dead-lettered: the tombstone says which, when it comes)."""
         self.put(
             batch,
             Outcome(
@@ -190,22 +230,30 @@ class OutcomeLog:
                 topic=msg.topic,
                 partition=msg.partition if msg.partition >= 0 else None,
                 occurrence=msg.occurrence if msg.repeat is not None else None,
+                accepted_ms=accepted,
+                owner=msg.owner,
             ),
             now_ms,
         )
 
-    def cancelled(
+    def cancelled(  # noqa: PLR0917 - one cancel's facts, each a field of its outcome
         self,
         batch: WriteBatch,
         msg_id: str,
         at_ms: int | None,
         now_ms: int,
         msg: Scheduled | None = None,
+        by: Canceller = (None, False),
+        accepted: int | None = None,
     ) -> None:
-        """A cancel (appended at ``at_ms``) removed message ``msg_id``, or cancelled ``msg`` on
-        arrival."""
+        """A cancel (appended at ``at_ms``, sent by ``by``: its principal and whether an
+        administrator) removed message ``msg_id`` (``msg`` when known, accepted at ``accepted``
+        or as its order field tells), or cancelled ``msg`` on arrival."""
+        principal, admin = by
         if msg is None:
-            outcome = Outcome(msg_id, CANCELLED, "cancel", at_ms=at_ms)
+            outcome = Outcome(
+                msg_id, CANCELLED, "cancel", at_ms=at_ms, by=principal, admin=admin or None
+            )
         else:  # one call, not a replace(): a bulk cancel records a million of these at once
             outcome = Outcome(
                 msg_id,
@@ -214,6 +262,11 @@ class OutcomeLog:
                 at_ms=at_ms,
                 topic=msg.topic,
                 deliver_at_ms=msg.deliver_at_ms,
+                occurrence=msg.occurrence if msg.repeat is not None else None,
+                accepted_ms=accepted if accepted is not None else buffer_accepted_ms(msg.seq),
+                owner=msg.owner,
+                by=principal,
+                admin=admin or None,
             )
         self.put(batch, outcome, now_ms)
 
@@ -276,10 +329,17 @@ def _body(fate: Fate, source: str) -> dict[str, Any]:
         body["at_ms"] = fate.released_ms
     if fate.occurrence is not None:
         body["occurrence"] = fate.occurrence
+    if fate.reason is not None:
+        body["reason"] = fate.reason
+    if fate.accepted_ms is not None:
+        body["accepted_ms"] = fate.accepted_ms
+    if fate.owner is not None:
+        body["owner"] = fate.owner
     return body
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:
     doc = orjson.loads(raw)
     written = int(doc.pop("w", 0))
+    doc.pop(_HISTORY, None)
     return Outcome(id=msg_id, **doc), written

@@ -10,12 +10,8 @@ the ``ingested_offsets``: every buffer record below them is in the answer). A fo
 a release from the master's tombstone or checkpoint, so it may still call a message pending
 shortly after the master released it; the master's answer is the reference.
 
-Message status: a pending entry (:meth:`Store.get`) is ``pending``, with its due time, target,
-buffer position and ``owner`` (the principal that scheduled it; absent without
-authentication); a message that left the store is what :meth:`Store.outcome` remembers, without
-its owner (``delivered``, ``cancelled``, ``dead_lettered``). When both exist (a reused id, or a
-recurring message whose earlier occurrence was released) the answer is ``pending`` and carries
-the other as ``last_outcome``. Neither: unknown (404).
+Message status: message_status.py builds it (pending, or what became of it, and the id's
+history); unknown is 404.
 
 Timeline: the pending entries due before ``now + horizon`` (overdue ones included), counted per
 due-time bucket and per target topic; optionally only those for one ``topic`` or whose id
@@ -62,8 +58,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delay_service.entry import Entry, decode_entry, split_key
-from delay_service.outcomes import CANCELLED, Outcome
+from delay_service.entry import decode_entry, split_key
+from delay_service.message_status import PENDING, message_status
 from delay_service.store import Store
 from kdelay import headers as h
 from kdelay.buffer import Scheduled
@@ -71,7 +67,6 @@ from kdelay.clock import now_ms as wall_ms
 from kdelay.durations import duration_ms
 from kdelay.errors import InvalidHeaderError, KdelayError
 
-PENDING = "pending"
 #: Entries read per store-lock acquisition by the timeline scan.
 CHUNK = 5_000
 #: Default bucket and horizon of ``GET /v1/pending`` (CONTRACT.md's example).
@@ -120,55 +115,6 @@ class Freshness:
             "ingest_lag": self.ingest_lag,
             "ingested_offsets": {str(p): o for p, o in sorted(self.ingested_offsets.items())},
         }
-
-
-def pending_status(entry: Entry) -> dict[str, Any]:
-    """The status document of a pending entry."""
-    msg = entry.message
-    doc: dict[str, Any] = {
-        "id": msg.id,
-        "state": PENDING,
-        "deliver_at": msg.deliver_at_ms,
-        "topic": msg.topic,
-        # -1: the partitioner picks one from the key when it is released.
-        "partition": None if msg.partition < 0 else msg.partition,
-        "buffer": {"partition": entry.partition, "offset": entry.offset, "key": msg.buffer_key},
-    }
-    if msg.owner is not None:  # the principal that scheduled it (README "Message owners")
-        doc["owner"] = msg.owner
-    if msg.repeat is not None:  # a recurring message: which occurrence is pending
-        doc["repeat"] = msg.repeat
-        doc["occurrence"] = msg.occurrence
-    return doc
-
-
-def outcome_status(outcome: Outcome) -> dict[str, Any]:
-    """The status document of a message that left the store."""
-    doc: dict[str, Any] = {
-        "id": outcome.id,
-        "state": outcome.state,
-        "deliver_at": outcome.deliver_at_ms,
-        "topic": outcome.topic,
-        "partition": outcome.partition,
-        "offset": outcome.offset,
-        ("cancelled_at" if outcome.state == CANCELLED else "released_at"): outcome.at_ms,
-        "source": outcome.source,
-    }
-    if outcome.occurrence is not None:
-        doc["occurrence"] = outcome.occurrence
-    return doc
-
-
-def message_status(store: Store, msg_id: str) -> dict[str, Any] | None:
-    """The status of message ``msg_id`` in ``store`` (module docstring), None when unknown."""
-    entry = store.get(msg_id)
-    outcome = store.outcome(msg_id)
-    if entry is not None:
-        doc = pending_status(entry)
-        if outcome is not None:
-            doc["last_outcome"] = outcome_status(outcome)
-        return doc
-    return None if outcome is None else outcome_status(outcome)
 
 
 def parse_window(bucket: str, horizon: str) -> tuple[int, int]:

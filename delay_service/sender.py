@@ -133,7 +133,7 @@ class Sender(InFlight):
         """Send permanently failing entries to the dead-letter topic without waiting."""
         for entry, err in failures:
             msg = entry.message
-            error = f"{error_name(err)}: {err.str()}"
+            error = dead_letter_error(err)
             log.warning(
                 "sender.dead_lettering",
                 id=msg.id,
@@ -177,3 +177,8 @@ class Sender(InFlight):
             if remaining:
                 log.warning("sender.unacknowledged_at_shutdown", count=remaining)
             self._producer = None
+
+
+def dead_letter_error(err: KafkaError) -> str:
+    """A dead letter's ``kdelay-error``: the target's error, by name and message."""
+    return f"{error_name(err)}: {err.str()}"

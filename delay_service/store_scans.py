@@ -196,3 +196,10 @@ class StoreScans(StoreState):
         with self._lock:
             self._check_open()
             return self._outcomes.get(msg_id)
+
+    def history(self, msg_id: str) -> list[Outcome]:
+        """What became of the messages with id ``msg_id`` that left the store (the last
+        :data:`HISTORY_MAX` + 1 this replica remembers), oldest first (``outcomes.py``)."""
+        with self._lock:
+            self._check_open()
+            return self._outcomes.history(msg_id)

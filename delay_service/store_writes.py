@@ -185,16 +185,18 @@ class StoreWrites(StoreState):
             index_key
         ) is not None:
             result.duplicates += 1
-        elif (retired := cancels.on_arrival(at, record)) is not None:
+        elif (found := cancels.on_arrival(at, record)) is not None:
+            retired, by = found
             result.retired.append(retired)
-            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
-        elif self._bulks.open and self._bulks.on_arrival(
-            txn.batch, record, accepted_ms(record.seq)
+        elif self._bulks.open and (
+            bulk := self._bulks.on_arrival(txn.batch, record, accepted_ms(record.seq))
         ):
             result.retired.append(Retired(record.id, record.uid, partition, offset))
-            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record)
+            by = (bulk.owner, bulk.admin)
+            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
             result.bulk_cancelled += 1
@@ -225,11 +227,16 @@ class StoreWrites(StoreState):
     ) -> None:
         """Apply the cancel of one id ``record`` read at ``at`` (``cancels.py``), and count
         what it found (``result.cancel_outcomes``)."""
-        removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of)
+        keys: list[bytes] = []
+        removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of, keys=keys)
         result.cancelled += len(removed)
         result.retired += [*removed, *owed]
         if removed:
-            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms())
+            by, now = (record.owner, record.admin), _wall_ms()
+            for key in keys:  # each in the id's history
+                msg = self._message_at(key)
+                accepted = accepted_ms(entry_seq(key))
+                self._outcomes.cancelled(txn.batch, record.id, at[2], now, msg, by, accepted)
             result.cancel_outcomes["cancelled"] += 1
             return
         last = self._outcomes.get(record.id)
@@ -285,7 +292,8 @@ class StoreWrites(StoreState):
         txn.delete(index_key, key)
         _, p, o = split_key(key)
         retired.append(Retired(msg.id, uid_of(index_key), p, o))
-        self._outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg)
+        by = (record.owner, record.admin)
+        self._outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg, by, accepted)
         return 1
 
     def bulk_step(
@@ -327,6 +335,14 @@ class StoreWrites(StoreState):
             self._pending += txn.delta
             self._floor = txn.floor
         return retired, done
+
+    def _message_at(self, key: bytes) -> Scheduled | None:
+        """The message of the pending entry ``key`` (under the lock, inside :meth:`apply`):
+        one this batch added, or one in the store."""
+        if key in self._added:
+            return self._added[key]
+        value = self._db.get(key)
+        return None if value is None else decode_entry(bytes(value))
 
     def _owner_of(self, key: bytes) -> str | None:
         """The owner of the pending entry ``key`` (under the lock, inside :meth:`apply`):
@@ -405,7 +421,8 @@ class StoreWrites(StoreState):
                     batch.delete(index_key, self._ids_cf)
                     self._done.add_key(index_key, message.uid, time.monotonic())
                     dropped += 1
-                    self._outcomes.covered(batch, message, _wall_ms())
+                    accepted = accepted_ms(entry_seq(key))
+                    self._outcomes.covered(batch, message, _wall_ms(), accepted)
                 elif first_kept is None:
                     first_kept = key
             batch.put(META_CHECKPOINT, cp.to_bytes(), self._meta_cf)

@@ -97,6 +97,25 @@ class MessageStatus(Freshness):
         default=None,
         description="pending: what became of an earlier message or occurrence with this id",
     )
+    accepted_at: int | None = Field(
+        default=None, description="when a proxy accepted it, epoch milliseconds (if known)"
+    )
+    headers: list[dict[str, Any]] | None = Field(
+        default=None,
+        description='pending: its headers, [{"key", "value"}] ("value_base64" if not UTF-8)',
+    )
+    reason: str | None = Field(
+        default=None, description="dead_lettered: why (the kdelay-error of its dead letter)"
+    )
+    cancelled_by: dict[str, Any] | None = Field(
+        default=None,
+        description='cancelled: who sent the cancel, {"principal", "admin"} (if known)',
+    )
+    history: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the id's messages and occurrences, oldest first: each accepted (when, by "
+        "whom), then delivered or dead_lettered (at, lateness_ms, reason) or cancelled (at, by)",
+    )
 
 
 class PendingBucket(BaseModel):

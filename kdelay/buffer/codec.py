@@ -53,6 +53,8 @@ ROUTE_FIELDS: dict[str, str] = {
     "to": "BIGINT",
     "ts": "BIGINT",
     "px": "STRING",
+    "dr": "STRING",
+    "ac": "BIGINT",
 }
 
 
@@ -131,6 +133,12 @@ def tombstone_route(msg_id: str, offset: int, fate: Fate | None) -> tuple[str, b
             done["d"] = fate.deliver_at_ms
         if fate.occurrence is not None:
             done["oc"] = fate.occurrence
+        if fate.reason is not None:
+            done["dr"] = fate.reason
+        if fate.accepted_ms is not None:
+            done["ac"] = fate.accepted_ms
+        if fate.owner is not None:
+            done["w"] = fate.owner
     return ROUTE_HEADER, dumps(done)
 
 
@@ -251,6 +259,7 @@ def _fate(route: dict[str, Any]) -> Fate | None:
         return None
     get = route.get
     topic, tp, to, ts, d, oc = get("t"), get("tp"), get("to"), get("ts"), get("d"), get("oc")
+    reason, ac = get("dr"), get("ac")
     return Fate(
         str(state),
         None if topic is None else str(topic),
@@ -259,6 +268,9 @@ def _fate(route: dict[str, Any]) -> Fate | None:
         None if ts is None else _i64(ts),
         None if d is None else _i64(d),
         None if oc is None else _i64(oc),
+        None if reason is None else str(reason),
+        None if ac is None else _i64(ac),
+        _owner(route),
     )
 
 

@@ -103,7 +103,9 @@ class Cancel:
 @immutable
 class Fate:
     """What became of a message, as its tombstone tells: ``state`` is ``delivered``,
-    ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written."""
+    ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written;
+    ``reason`` why it was dead-lettered; ``accepted_ms`` when a proxy accepted it and ``owner``
+    who scheduled it (its history, ``delay_service/outcomes.py``)."""
 
     state: str
     topic: str | None = None
@@ -112,6 +114,9 @@ class Fate:
     released_ms: int | None = None
     deliver_at_ms: int | None = None
     occurrence: int | None = None
+    reason: str | None = None
+    accepted_ms: int | None = None
+    owner: str | None = None
 
 
 @immutable

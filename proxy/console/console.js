@@ -308,15 +308,21 @@ function row(body, name, value) {
   body.appendChild(tr);
 }
 
+function eventLine(e) {
+  const who = (by) => (by == null ? "" : typeof by === "string" ? ` by ${by}`
+    : by.admin ? " by an administrator" : ` by ${by.principal}`);
+  const what = { accepted: "accepted", delivered: "released", dead_lettered: "dead-lettered", cancelled: "cancelled" }[e.event] || e.event;
+  let line = `${e.occurrence != null ? `occurrence ${e.occurrence}: ` : ""}${what} at ${iso(e.at)}${who(e.by)}`;
+  if (e.event === "accepted" && e.deliver_at != null) line += `, due ${iso(e.deliver_at)}`;
+  if (e.lateness_ms != null) line += ` (lateness ${seconds(e.lateness_ms / 1000)})`;
+  if (e.offset != null) line += `, offset ${e.offset}`;
+  if (e.reason) line += `: ${e.reason}`;
+  return line;
+}
+
 function history(doc) {
-  const out = [];
-  const late = (at) => (at != null && doc.deliver_at != null ? ` (lateness ${seconds((at - doc.deliver_at) / 1000)})` : "");
-  if (doc.last_outcome) out.push(`earlier: ${JSON.stringify(doc.last_outcome)}`);
-  if (doc.deliver_at != null) out.push(`due at ${iso(doc.deliver_at)}`);
-  if (doc.state === "pending") out.push(`pending: not released yet${doc.occurrence != null ? `, occurrence ${doc.occurrence}` : ""}`);
-  if (doc.state === "delivered") out.push(`released at ${iso(doc.released_at)}${late(doc.released_at)}${doc.offset != null ? `, offset ${doc.offset}` : ""}`);
-  if (doc.state === "cancelled") out.push(`cancelled at ${iso(doc.cancelled_at)}`);
-  if (doc.state === "dead_lettered") out.push(`dead-lettered at ${iso(doc.released_at)}${late(doc.released_at)}`);
+  const out = (doc.history || []).map(eventLine);
+  if (doc.state === "pending") out.push(`pending: due ${iso(doc.deliver_at)}${doc.occurrence != null ? `, occurrence ${doc.occurrence}` : ""}, not released yet`);
   return out;
 }
 
@@ -350,7 +356,10 @@ async function loadMessage(id) {
   row(body, "target", doc.topic == null ? null : `${doc.topic}, partition ${doc.partition == null ? "by key" : doc.partition}`);
   if (doc.owner) row(body, "owner", doc.owner);
   if (doc.repeat) row(body, "repeat", doc.repeat);
-  if (doc.headers) row(body, "headers", JSON.stringify(doc.headers));
+  if (doc.headers) row(body, "headers", doc.headers.length === 0 ? "none" : doc.headers.map((h) => `${h.key}: ${h.value_base64 != null ? `(base64) ${h.value_base64}` : h.value == null ? "null" : h.value}`).join("; "));
+  if (doc.accepted_at != null) row(body, "accepted", iso(doc.accepted_at));
+  if (doc.reason) row(body, "dead-letter reason", doc.reason);
+  if (doc.cancelled_by) row(body, "cancelled by", doc.cancelled_by.admin ? "an administrator" : doc.cancelled_by.principal);
   if (doc.buffer) row(body, "buffer record", `partition ${doc.buffer.partition}, offset ${doc.buffer.offset}`);
   if (doc.source) row(body, "known from", doc.source);
   row(body, "answered by", `${doc.answered_by} (${doc.role}), ingest lag ${doc.ingest_lag == null ? "unknown" : doc.ingest_lag}`);
@@ -361,9 +370,7 @@ async function loadMessage(id) {
     li.textContent = line;
     list.appendChild(li);
   }
-  $("#m-missing").textContent = "Not in the status answer, so not shown: when it was accepted, who " +
-    "cancelled it, why it was dead-lettered, occurrences of a series before the last one" +
-    (doc.headers ? "." : ", its headers and value.");
+  $("#m-missing").textContent = doc.state === "pending" ? "" : "Its headers and value left with it: a replica keeps only what became of it.";
   const pending = doc.state === "pending";
   $("#m-cancel").disabled = !pending;
   $("#r-go").disabled = !doc.topic;

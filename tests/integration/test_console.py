@@ -193,8 +193,9 @@ def test_a_message_is_looked_up_and_replaced_with_a_new_due_time(
     assert text(browser, "td[data-field=state]") == "pending"
     assert text(browser, "td[data-field=due]").startswith(rfc3339(due))
     assert text(browser, "td[data-field=target]") == f"{stack.topic}, partition 1"
-    assert "pending: not released yet" in text(browser, "#m-history")
-    assert "who cancelled it" in text(browser, "#m-missing")
+    assert f"pending: due {rfc3339(due)}" in text(browser, "#m-history")
+    assert "accepted at " in text(browser, "#m-history")
+    assert text(browser, "#m-missing") == ""
     assert browser.current_url.endswith(f"#/message/{msg_id}")
     shoot(browser, shots, "message")
 

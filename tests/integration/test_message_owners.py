@@ -223,6 +223,22 @@ def test_only_the_owner_and_administrators_cancel_or_replace_over_kafka(stack: S
     )
     assert [r.value for r in records] == [b"x"]  # x delivered; y, z and w never
 
+    # Each message's history tells who scheduled it and who cancelled it, or how late it was
+    # delivered; what became of alice's message is hers to read, not bob's.
+    y_doc = _status(stack, y, "alice").json()
+    assert y_doc["cancelled_by"] == {"principal": "User:alice", "admin": False}
+    assert [(e["event"], e.get("by")) for e in y_doc["history"]] == [
+        ("accepted", "User:alice"),
+        ("cancelled", {"principal": "User:alice", "admin": False}),
+    ]
+    assert _status(stack, z, "alice").json()["cancelled_by"]["admin"] is True  # carol's
+    wait_until(lambda: _state(stack, x) == "delivered", timeout=60, what="x delivered")
+    x_doc = _status(stack, x, "alice").json()
+    assert [e["event"] for e in x_doc["history"]] == ["accepted", "delivered"]
+    delivered = x_doc["history"][1]
+    assert delivered["lateness_ms"] == delivered["at"] - delivered["deliver_at"] >= 0
+    assert _status(stack, x, "bob").status_code == 403
+
 
 def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     stack: Stack,

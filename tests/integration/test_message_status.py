@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from delay_service.cli import status_command
 from dev.stack import wait_until
-from kdelay.buffer import BUFFER_TOPIC, Scheduled
+from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC, Scheduled
 from proxy import running_proxy
 from proxy.http_queries import MessageStatus, PendingTimeline
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
@@ -122,6 +122,10 @@ def test_a_pending_message_then_cancelled(stack: Stack) -> None:
     assert doc["ingest_lag"] >= 0
     assert doc["as_of_ms"] < due
     assert set(doc["buffer"]) == {"partition", "offset", "key"}
+    assert doc["headers"] == []
+    (accepted,) = doc["history"]  # the proxy accepted it, before it answered
+    assert accepted == {"event": "accepted", "at": doc["accepted_at"], "deliver_at": due}
+    assert accepted["at"] <= int(time.time() * 1000)
     # kdelay status --id prints the same document.
     cli = stack.cli("--id", msg_id, "--json")
     assert cli.exit_code == 0, cli.output
@@ -131,11 +135,15 @@ def test_a_pending_message_then_cancelled(stack: Stack) -> None:
     assert "state:       pending" in text.output
     assert f"target:      {stack.topic}, partition 1" in text.output
     assert f"answered by: {master} (master)" in text.output
+    assert "history:     accepted at " in text.output
 
     assert stack.http.delete(f"/v1/messages/{msg_id}").status_code == 202
     cancelled = stack.wait_state(msg_id, "cancelled")  # needs the recorded outcomes
     assert cancelled["id"] == msg_id
     assert isinstance(cancelled["cancelled_at"], int)
+    assert [e["event"] for e in cancelled["history"]] == ["accepted", "cancelled"]
+    assert cancelled["history"][1]["at"] == cancelled["cancelled_at"]
+    assert cancelled["history"][1]["deliver_at"] == due
 
 
 def test_a_delivered_message_has_its_offset_and_release_time(stack: Stack) -> None:
@@ -155,6 +163,14 @@ def test_a_delivered_message_has_its_offset_and_release_time(stack: Stack) -> No
     assert (doc["topic"], doc["partition"], doc["offset"]) == (stack.topic, 0, record.offset)
     assert doc["deliver_at"] == due
     assert doc["released_at"] >= due
+    assert [e["event"] for e in doc["history"]] == ["accepted", "delivered"]
+    released = doc["history"][1]
+    assert released["lateness_ms"] == doc["released_at"] - due
+    assert (released["topic"], released["partition"], released["offset"]) == (
+        stack.topic,
+        0,
+        record.offset,
+    )
     cli = stack.cli("--id", msg_id, "--json")
     assert cli.exit_code == 0, cli.output
     assert without_freshness(json.loads(cli.output)) == without_freshness(doc)
@@ -174,6 +190,22 @@ def test_a_dead_lettered_message(stack: Stack) -> None:
     assert doc["id"] == msg_id
     assert doc["deliver_at"] == due
     assert isinstance(doc["released_at"], int)
+    # Why: the kdelay-error its dead letter carries, in its status and its history.
+    (letter,) = [
+        r
+        for r in consume_until(
+            stack.bootstrap,
+            [DEAD_LETTER_TOPIC],
+            lambda rs: any(r.header("kdelay-id") == msg_id.encode() for r in rs),
+        )
+        if r.header("kdelay-id") == msg_id.encode()
+    ]
+    reason = (letter.header("kdelay-error") or b"").decode()
+    assert reason
+    assert doc["reason"] == reason
+    (event,) = doc["history"]  # written around the proxy: no acceptance time
+    assert (event["event"], event["reason"]) == ("dead_lettered", reason)
+    assert event["lateness_ms"] == doc["released_at"] - due
 
 
 def test_an_unknown_id_is_404_in_the_one_error_shape(stack: Stack) -> None:

@@ -15,6 +15,7 @@ from kdelay.buffer import (
     Fate,
     Scheduled,
     Tombstone,
+    decode,
     encode,
     route_schema,
 )
@@ -28,6 +29,7 @@ from kdelay.buffer import (
         Cancel("a"),
         Tombstone("a", 7),
         Tombstone("a", 7, "u", Fate("delivered", "t", 1, 9, 2, 3, 4)),
+        Tombstone("a", 7, "u", Fate("dead_lettered", "t", 1, None, 2, 3, 4, "E: x", 1, "bob")),
     ],
 )
 def test_every_field_written_is_in_the_schema(record: Scheduled | Cancel | Tombstone) -> None:
@@ -41,3 +43,12 @@ def test_schema_ddl() -> None:
     assert route_schema().count(",") == len(ROUTE_FIELDS) - 1
     with pytest.raises(ValueError, match="'zz'"):
         route_schema("zz")
+
+
+def test_a_tombstones_fate_reads_back_whole() -> None:
+    """What the master's tombstone tells every replica of a release (its history, too)."""
+    fate = Fate("dead_lettered", "t", 1, None, 2, 3, 4, "MSG_SIZE_TOO_LARGE: big", 1, "bob")
+    encoded = encode(Tombstone("a", 7, "u", fate))
+    decoded = decode(encoded.key, encoded.value, encoded.headers)
+    assert isinstance(decoded, Tombstone)
+    assert decoded.fate == fate

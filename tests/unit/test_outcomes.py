@@ -81,6 +81,7 @@ def test_an_outcome_learnt_from_a_fate_is_stored_as_the_same_outcome_put_whole()
         Fate("delivered", "t", 3, 42, 1_000, 900, 2),
         Fate("dead_lettered", "t", None, None, 1_000, 900),
         Fate("cancelled"),
+        Fate("dead_lettered", "t", 1, None, 1_000, 900, 3, "E: why", 850, "alice"),
     ):
         outcome = Outcome(
             "m",
@@ -92,6 +93,9 @@ def test_an_outcome_learnt_from_a_fate_is_stored_as_the_same_outcome_put_whole()
             fate.offset,
             fate.released_ms,
             fate.occurrence,
+            fate.reason,
+            fate.accepted_ms,
+            fate.owner,
         )
         whole = {f: v for f in _FIELDS if (v := getattr(outcome, f)) is not None}
         assert list(_body(fate, "master").items()) == list(whole.items())

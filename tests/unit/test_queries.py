@@ -23,16 +23,12 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from delay_service import health
 from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry, entry_key
-from delay_service.outcomes import CANCELLED, DEAD_LETTERED, DELIVERED, Outcome
+from delay_service.entry import entry_key
 from delay_service.queries import (
     MAX_BUCKETS,
     Answers,
     QueryError,
-    message_status,
-    outcome_status,
     parse_window,
-    pending_status,
     timeline,
 )
 from delay_service.store import Store
@@ -171,58 +167,6 @@ def test_window_parameters_in_any_unit() -> None:
     assert parse_window("1m", "24h") == (MIN, 24 * 60 * MIN)
     assert parse_window("500ms", "10s") == (500, 10_000)
     assert parse_window("1d", "7d") == (86_400_000, 7 * 86_400_000)
-
-
-# -- a message's status ----------------------------------------------------------------------
-
-
-def test_a_pending_message_reports_due_time_target_and_buffer_position(store: Store) -> None:
-    fill(store, [sched("other", NOW), sched("m", NOW + 5 * MIN, "orders", 3)], partition=2)
-    doc = message_status(store, "m")
-    assert doc == {
-        "id": "m",
-        "state": "pending",
-        "deliver_at": NOW + 5 * MIN,
-        "topic": "orders",
-        "partition": 3,
-        "buffer": {"partition": 2, "offset": 1, "key": "uid-m"},
-    }
-    assert message_status(store, "nobody") is None
-
-
-def test_a_message_partitioned_by_key_has_no_partition_yet(store: Store) -> None:
-    fill(store, [sched("k", NOW, partition=-1)])
-    doc = message_status(store, "k")
-    assert doc is not None
-    assert doc["partition"] is None
-
-
-def test_a_recurring_message_reports_its_series_and_occurrence() -> None:
-    msg = sched("r", NOW, repeat="R5/PT1S", occurrence=2)
-    doc = pending_status(Entry(entry_key(NOW, 0, 7), msg, 0, 7))
-    assert (doc["repeat"], doc["occurrence"]) == ("R5/PT1S", 2)
-    assert "repeat" not in pending_status(Entry(entry_key(NOW, 0, 8), sched("once", NOW), 0, 8))
-
-
-def test_outcome_documents_name_the_time_of_each_state() -> None:
-    delivered = Outcome("d", DELIVERED, "master", NOW, "orders", 1, 42, NOW + 7)
-    assert outcome_status(delivered) == {
-        "id": "d",
-        "state": "delivered",
-        "deliver_at": NOW,
-        "topic": "orders",
-        "partition": 1,
-        "offset": 42,
-        "released_at": NOW + 7,
-        "source": "master",
-    }
-    cancelled = outcome_status(Outcome("c", CANCELLED, "cancel", NOW, "orders", 0, None, NOW - 9))
-    assert (cancelled["state"], cancelled["cancelled_at"]) == ("cancelled", NOW - 9)
-    assert "released_at" not in cancelled
-    dead = outcome_status(Outcome("x", DEAD_LETTERED, "tombstone", NOW, "gone", 0, 3, NOW + 1))
-    assert (dead["state"], dead["released_at"], dead["offset"]) == ("dead_lettered", NOW + 1, 3)
-    series = outcome_status(Outcome("s", DELIVERED, "master", NOW, "t", 0, 1, NOW, occurrence=4))
-    assert series["occurrence"] == 4
 
 
 def test_answers_carry_their_freshness(store: Store) -> None:
