@@ -220,7 +220,9 @@ def test_a_message_is_looked_up_and_replaced_with_a_new_due_time(
     wait_for(browser, "the delivered one", lambda d: text(d, "td[data-field=id]") == done)
     assert text(browser, "td[data-field=state]") == "delivered"
     assert f"released at {rfc3339(released)} (lateness " in text(browser, "#m-history")
+    assert "accepted at " in text(browser, "#m-history")
     assert not find(browser, "#m-cancel").is_enabled()
+    shoot(browser, shots, "message-delivered")
 
 
 def notice_is(start: str) -> Callable[[WebDriver], bool]:
