@@ -71,6 +71,15 @@ class VerifierConfig(BaseSettings, KafkaClientSecurity):
     )
     spark_master: str = Field(default="local[2]", description="Spark master URL")
     driver_memory: str = Field(default="1g", description="Spark driver memory")
+    executor_memory: str = Field(
+        default="1g", description="Spark executor memory (spark:// and k8s:// masters)"
+    )
+    executor_cores: int = Field(
+        default=1, gt=0, description="cores per Spark executor (spark:// and k8s:// masters)"
+    )
+    kubernetes_image: str = Field(
+        default="", description="k8s:// masters: the executors' container image (required there)"
+    )
     shuffle_partitions: int = Field(default=4, gt=0, description="spark.sql.shuffle.partitions")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 

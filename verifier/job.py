@@ -56,6 +56,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from kdelay import jars, logs
 from kdelay.buffer import CANCEL_SENT_WITH_MS, CANCEL_WINDOW_MS
 from kdelay.errors import KdelayError
+from verifier import shipping
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
 from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
@@ -95,12 +96,20 @@ class VerifierError(KdelayError):
 
 
 def spark_session(cfg: VerifierConfig) -> SparkSession:
-    """The (one) local SparkSession, with Spark's Kafka connector and small settings."""
+    """The (one) SparkSession on ``cfg.spark_master`` (``local[N]``, ``spark://``, ``k8s://``),
+    with Spark's Kafka connector and small settings; what executors need is shipped from this
+    machine (:mod:`verifier.shipping`), the driver listens on 127.0.0.1 only."""
+    executors = shipping.cluster_settings(
+        cfg.spark_master,
+        executor_memory=cfg.executor_memory,
+        executor_cores=cfg.executor_cores,
+        kubernetes_image=cfg.kubernetes_image,
+    )
     jar_dir = jars.jar_dir("spark-kafka")
     spark_jars = ",".join(sorted(str(p) for p in jar_dir.glob("*.jar")))
     log4j = Path(tempfile.gettempdir()) / "kdelay-verifier-log4j2.properties"
     log4j.write_text(_LOG4J2)
-    spark = (
+    builder = (
         SparkSession.builder.master(cfg.spark_master)
         .appName("kdelay-verifier")
         .config("spark.jars", spark_jars)
@@ -117,9 +126,18 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
         # Plans and logs show the Kafka source's options: the JAAS login holds the password
         # (Spark already redacts a value matching spark.redaction.regex, "password").
         .config("spark.sql.redaction.options.regex", "(?i)url|jaas|password")
-        .getOrCreate()
     )
+    for key, value in executors.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.addPyFile(str(shipping.package_zip()))
+    log.info(
+        "verifier.spark_session",
+        master=cfg.spark_master,
+        kind=shipping.master_kind(cfg.spark_master),
+        jars=len(spark_jars.split(",")),
+    )
     return spark
 
 

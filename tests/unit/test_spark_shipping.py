@@ -1,0 +1,81 @@
+"""What ``kdelay verify`` ships to a Spark cluster's executors, per master kind (no Spark)."""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kdelay.errors import ConfigError
+from verifier import shipping
+from verifier.config import VerifierConfig
+
+SIZES = {"executor_memory": "2g", "executor_cores": 3, "kubernetes_image": ""}
+
+
+@pytest.mark.parametrize(
+    ("master", "kind"),
+    [
+        ("local", shipping.LOCAL),
+        ("local[2]", shipping.LOCAL),
+        ("spark://127.0.0.1:7077", shipping.STANDALONE),
+        ("k8s://https://127.0.0.1:6443", shipping.KUBERNETES),
+    ],
+)
+def test_master_kinds(master: str, kind: str) -> None:
+    assert shipping.master_kind(master) == kind
+
+
+@pytest.mark.parametrize("master", ["yarn", "spark://", "mesos://h:5050", ""])
+def test_an_unsupported_master_is_a_config_error_naming_the_option(master: str) -> None:
+    with pytest.raises(ConfigError, match="--spark-master"):
+        shipping.master_kind(master)
+
+
+def test_local_runs_executors_on_this_interpreter_and_sets_no_executor_sizes() -> None:
+    assert shipping.cluster_settings("local[2]", **SIZES) == {  # type: ignore[arg-type]
+        "spark.pyspark.python": sys.executable
+    }
+
+
+def test_standalone_sets_executor_python_memory_and_cores() -> None:
+    assert shipping.cluster_settings("spark://127.0.0.1:7077", **SIZES) == {  # type: ignore[arg-type]
+        "spark.pyspark.python": sys.executable,
+        "spark.executor.memory": "2g",
+        "spark.executor.cores": "3",
+    }
+
+
+def test_kubernetes_needs_an_image_and_the_error_names_the_setting() -> None:
+    with pytest.raises(ConfigError, match="--kubernetes-image"):
+        shipping.cluster_settings("k8s://https://127.0.0.1:6443", **SIZES)  # type: ignore[arg-type]
+    got = shipping.cluster_settings(
+        "k8s://https://127.0.0.1:6443",
+        executor_memory="1g",
+        executor_cores=1,
+        kubernetes_image="kdelay-verifier:dev",
+    )
+    assert got["spark.kubernetes.container.image"] == "kdelay-verifier:dev"
+
+
+def test_the_package_zip_holds_kdelay_and_verifier_at_their_import_paths(tmp_path: Path) -> None:
+    target = tmp_path / "p.zip"
+    shipping.write_package_zip(target)
+    names = set(zipfile.ZipFile(target).namelist())
+    assert {"kdelay/__init__.py", "kdelay/buffer/__init__.py", "verifier/job.py"} <= names
+    assert not any("__pycache__" in n or not n.endswith(".py") for n in names)
+    # The process-wide zip (what spark_session ships) is built once and exists.
+    assert zipfile.is_zipfile(shipping.package_zip())
+
+
+def test_executor_settings_are_configuration_fields_and_cli_options() -> None:
+    cfg = VerifierConfig()
+    assert (cfg.executor_memory, cfg.executor_cores, cfg.kubernetes_image) == ("1g", 1, "")
+    from verifier.cli import command
+
+    help_text = CliRunner().invoke(command, ["--help"]).output
+    for option in ("--executor-memory", "--executor-cores", "--kubernetes-image"):
+        assert option in help_text

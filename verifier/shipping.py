@@ -1,0 +1,112 @@
+"""What a Spark cluster's executors need from this machine, and the settings per master kind.
+
+``kdelay verify --spark-master URL`` runs on ``local[N]``, a standalone cluster
+(``spark://host:port``) or Kubernetes (``k8s://https://host:port``). The job ships everything
+its executors need itself, from the machine only (nothing is fetched from the internet):
+
+- the project's Python packages (``kdelay`` and ``verifier``): a zip built at start into a
+  temporary directory (:func:`package_zip`), added with ``SparkContext.addPyFile`` so every
+  executor's Python worker can import them;
+- the pinned spark-sql-kafka jars (``kdelay.jars.jar_dir("spark-kafka")``), passed as
+  ``spark.jars``: the driver serves them to the executors from its own file server.
+
+Executors run ``spark.pyspark.python`` = this interpreter (the same path on every machine of
+a cluster, as in a container image), ``spark.executor.memory`` / ``spark.executor.cores`` from
+the configuration. On Kubernetes the executors' image is ``--kubernetes-image`` (no default:
+a ``k8s://`` master without one is a ConfigError naming the setting). The driver binds to
+127.0.0.1 only (``spark.driver.host`` / ``spark.driver.bindAddress``).
+
+No Spark import here: the settings are plain data, unit-tested without a JVM.
+
+Threading: :func:`package_zip` builds one zip per process (guarded by a lock) and removes it
+at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import sys
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+
+from kdelay.errors import ConfigError
+
+#: The packages executors import (the wheel's product packages the verifier uses).
+SHIPPED_PACKAGES = ("kdelay", "verifier")
+LOCAL = "local"
+STANDALONE = "standalone"
+KUBERNETES = "kubernetes"
+
+_lock = threading.Lock()
+_zip: Path | None = None
+
+
+def master_kind(master: str) -> str:
+    """``local``, ``standalone`` or ``kubernetes`` for a Spark master URL (else ConfigError)."""
+    if master == "local" or master.startswith("local["):
+        return LOCAL
+    if master.startswith("spark://") and len(master) > len("spark://"):
+        return STANDALONE
+    if master.startswith("k8s://") and len(master) > len("k8s://"):
+        return KUBERNETES
+    raise ConfigError(
+        f"--spark-master {master!r} is not a Spark master this verifier supports: use local[N], "
+        "spark://host:port (standalone) or k8s://https://host:port (Kubernetes)"
+    )
+
+
+def cluster_settings(
+    master: str,
+    *,
+    executor_memory: str,
+    executor_cores: int,
+    kubernetes_image: str,
+    python: str | None = None,
+) -> dict[str, str]:
+    """The Spark settings for running executors on ``master`` (besides the common ones)."""
+    kind = master_kind(master)
+    settings = {"spark.pyspark.python": python or sys.executable}
+    if kind == LOCAL:
+        return settings
+    settings["spark.executor.memory"] = executor_memory
+    settings["spark.executor.cores"] = str(executor_cores)
+    if kind == KUBERNETES:
+        if not kubernetes_image:
+            raise ConfigError(
+                f"--spark-master {master} runs executors on Kubernetes, which needs their "
+                "container image: set --kubernetes-image (KDELAY_VERIFIER_KUBERNETES_IMAGE), "
+                "e.g. the project's verifier image"
+            )
+        settings["spark.kubernetes.container.image"] = kubernetes_image
+    return settings
+
+
+def package_zip() -> Path:
+    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files), built once per process into a
+    temporary directory removed at exit."""
+    global _zip  # noqa: PLW0603 - one zip per process
+    with _lock:
+        if _zip is not None and _zip.exists():
+            return _zip
+        tmp = Path(tempfile.mkdtemp(prefix="kdelay-verifier-py-"))
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        target = tmp / "kdelay-packages.zip"
+        write_package_zip(target)
+        _zip = target
+        return target
+
+
+def write_package_zip(target: Path, packages: tuple[str, ...] = SHIPPED_PACKAGES) -> None:
+    """Write the ``.py`` files of ``packages`` (imported from where this process imports them)
+    into ``target``, at their import paths."""
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in packages:
+            module = __import__(name)
+            root = Path(str(module.__file__)).parent
+            for path in sorted(root.rglob("*.py")):
+                if "__pycache__" in path.parts:
+                    continue
+                zf.write(path, f"{name}/{path.relative_to(root).as_posix()}")
