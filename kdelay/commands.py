@@ -25,6 +25,7 @@ from kdelay.errors import KdelayError
 #: name -> "module:attribute" of a click.Command.
 SUBCOMMANDS: dict[str, str] = {
     "up": "dev.up:command",
+    "spark": "dev.spark:command",
     "proxy": "proxy.cli:command",
     "send": "proxy.client:send_command",
     "cancel": "proxy.client:cancel_command",

@@ -1,0 +1,244 @@
+"""``kdelay verify`` on a real two-worker standalone Spark cluster (``dev.spark.SparkCluster``).
+
+One cluster for the module (a master and two workers from pyspark's jars, on loopback). The
+scenarios are those of test_verifier_once.py and test_verifier_continuous.py (their helpers,
+imported): a ``--once`` report must be identical on ``local[2]`` and on the cluster; the
+streaming verifier must survive a worker SIGKILLed mid-run with the same window counts, and
+resume from its checkpoint after a stop. Each test prints its own duration.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev.spark import SparkCluster
+from tests.integration.test_verifier_continuous import (
+    GRACE_MS,
+    _next_base,
+    _produce,
+    _window_totals,
+)
+from tests.integration.test_verifier_once import (
+    assert_same_report,
+    build_faults,
+    independent_report,
+)
+from tests.support.infra import KafkaInfra
+from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.schedule import create_target
+from verifier.cli import verify_continuous, verify_once
+from verifier.config import VerifierConfig
+from verifier.metrics import Metrics
+from verifier.report import Slo
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
+
+#: One window's totals in test_verifier_continuous's _produce scenario of 20 messages.
+WINDOW_OF_20 = {
+    "scheduled": 17,
+    "delivered": 16,
+    "missing": 1,
+    "duplicates": 1,
+    "early": 0,
+    "cancelled": 3,
+}
+
+
+@pytest.fixture(autouse=True)
+def _duration(request: pytest.FixtureRequest) -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    print(f"\n{request.node.name}: {time.monotonic() - start:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    with SparkCluster(tmp_path_factory.mktemp("spark"), workers=2) as c:
+        yield c
+
+
+def _release_sockets() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def cluster_spark(kafka: KafkaInfra, cluster: SparkCluster) -> Iterator[Any]:
+    """A SparkSession whose executors run on the cluster's two workers."""
+    from verifier import job
+
+    cfg = VerifierConfig(bootstrap_servers=kafka.bootstrap_servers, spark_master=cluster.master_url)
+    session = job.spark_session(cfg)
+    yield session
+    session.stop()
+    _release_sockets()
+
+
+def _executors(session: Any) -> int:
+    """Executors registered with the driver (the driver's own block manager excluded)."""
+    return int(session.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
+
+
+def test_once_gives_the_identical_report_on_local_and_on_a_two_worker_cluster(
+    kafka: KafkaInfra, cluster: SparkCluster
+) -> None:
+    from verifier import job
+
+    sc = build_faults(kafka.bootstrap_servers)  # missing, duplicate, early, cancelled
+    end_ms = int(time.time() * 1000)
+    reports: dict[str, str] = {}
+    for master in ("local[2]", cluster.master_url):
+        cfg = sc.config(end_ms=end_ms, spark_master=master)
+        session = job.spark_session(cfg)
+        try:
+            if master != "local[2]":
+                deadline = time.monotonic() + 60
+                while _executors(session) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.2)  # executors register a few seconds after the driver
+                assert _executors(session) == 2
+            outcome = verify_once(session, cfg, Slo(), None)
+        finally:
+            session.stop()
+            _release_sockets()
+        reports[master] = json.dumps(outcome.report, sort_keys=True)
+    assert reports["local[2]"] == reports[cluster.master_url]
+    report = json.loads(reports[cluster.master_url])
+    assert (report["missing"], report["duplicates"], report["early"]) == (1, 1, 1)
+    assert_same_report(report, independent_report(sc, end_ms))
+    # The work ran in executors on the workers (each has an application directory).
+    for w in cluster.workers:
+        assert list(w.work_dir.glob("app-*/*/stderr")), f"no executor ran on {w.work_dir}"
+
+
+class Streaming:
+    """The streaming verifier on a thread, publishing to its own output topic."""
+
+    def __init__(self, session: Any, cfg: VerifierConfig) -> None:
+        self.session = session
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self.errors: list[Exception] = []
+        self.thread = threading.Thread(target=self._run, name="verifier", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            verify_continuous(self.session, self.cfg, self.stop, Metrics())
+        except Exception as exc:  # noqa: BLE001 - handed to the test thread
+            self.errors.append(exc)
+
+    def __enter__(self) -> Streaming:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=90)
+        assert not self.thread.is_alive(), "the verifier did not stop within 90 s"
+        assert self.errors == []
+
+    def wait_for_progress(self, timeout: float = 120) -> None:
+        """Until the main query has completed a micro-batch."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert not self.errors, self.errors
+            active = self.session.streams.active
+            if any(q.lastProgress is not None for q in active):
+                return
+            assert time.monotonic() < deadline, "no micro-batch within the timeout"
+            time.sleep(0.2)  # polling Spark's progress, with a deadline
+
+
+def _stream_config(
+    bootstrap: str, topics: tuple[str, str, str], checkpoint: Path
+) -> VerifierConfig:
+    buffer_topic, target, out_topic = topics
+    return VerifierConfig(
+        bootstrap_servers=bootstrap,
+        buffer_topic=buffer_topic,
+        topics=target,
+        grace_ms=GRACE_MS,
+        early_horizon_ms=1_000,
+        window="10s",
+        trigger="500ms",
+        output_topic=out_topic,
+        console=False,
+        checkpoint_dir=checkpoint,
+    )
+
+
+def _topics(bootstrap: str) -> tuple[str, str, str]:
+    names = (unique_topic("kbuf"), unique_topic("ktgt"), unique_topic("kout"))
+    create_topic(bootstrap, names[0], partitions=2)
+    create_target(bootstrap, names[1], partitions=2)
+    create_topic(bootstrap, names[2])
+    return names
+
+
+def _settled(starts: list[int], errors: list[Exception]) -> Callable[[list[Record]], bool]:
+    def done(records: list[Record]) -> bool:
+        assert not errors, errors
+        return all(_window_totals(records, s).get("scheduled", 0) >= 17 for s in starts)
+
+    return done
+
+
+def test_streaming_resumes_from_its_checkpoint_after_a_stop(
+    kafka: KafkaInfra, cluster_spark: Any, tmp_path: Path
+) -> None:
+    bootstrap = kafka.bootstrap_servers
+    topics = _topics(bootstrap)
+    buffer_topic, target, out_topic = topics
+    cfg = _stream_config(bootstrap, topics, tmp_path / "checkpoint")
+    first = _next_base() - 1_000
+    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    second = _next_base(first + 1_000 + GRACE_MS) - 1_000
+    with Streaming(cluster_spark, cfg) as run:
+        # The second window's events move the watermark past the first (due + grace).
+        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+        consume_until(bootstrap, [out_topic], _settled([first], run.errors), timeout=180)
+    # Stopped; the second window is still open in the checkpointed state. Restarted from the
+    # checkpoint: a third window closes the second; the first is not published again.
+    with Streaming(cluster_spark, cfg) as run:
+        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
+        published = consume_until(
+            bootstrap, [out_topic], _settled([first, second], run.errors), timeout=180
+        )
+    assert _window_totals(published, first) == WINDOW_OF_20
+    assert _window_totals(published, second) == WINDOW_OF_20
+
+
+def test_streaming_survives_a_worker_killed_mid_run_with_the_same_counts(
+    kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: Any, tmp_path: Path
+) -> None:
+    bootstrap = kafka.bootstrap_servers
+    topics = _topics(bootstrap)
+    buffer_topic, target, out_topic = topics
+    cfg = _stream_config(bootstrap, topics, tmp_path / "checkpoint")
+    first = _next_base() - 1_000
+    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    with Streaming(cluster_spark, cfg) as run:
+        run.wait_for_progress()
+        # The first window's messages are in the join's state (its watermark has not passed
+        # them); one of the two executors goes with its worker.
+        cluster.kill_worker(0)
+        second = _next_base(first + 1_000 + GRACE_MS) - 1_000
+        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
+        published = consume_until(
+            bootstrap, [out_topic], _settled([first, second], run.errors), timeout=240
+        )
+        assert _executors(cluster_spark) == 1
+    assert _window_totals(published, first) == WINDOW_OF_20
+    assert _window_totals(published, second) == WINDOW_OF_20
