@@ -12,7 +12,8 @@ whose earlier occurrence was released) the answer is ``pending`` and carries the
 Every answer carries the id's ``history``, oldest first: each message with the id (each
 occurrence of a series) as ``accepted`` (when a proxy accepted it, by whom), then what became
 of it: ``delivered`` or ``dead_lettered`` (at what time, ``lateness_ms`` after its due time, and
-why for a dead letter), or ``cancelled`` (when, by whom). A replica keeps the last
+why for a dead letter), ``cancelled`` (when, by whom), or ``replaced`` (by a message sent with
+``kdelay-replace``: when, by whom). A replica keeps the last
 :data:`delay_service.outcomes.HISTORY_MAX` outcomes per id, for as long as it keeps outcomes.
 """
 
@@ -22,11 +23,15 @@ import base64
 from typing import Any
 
 from delay_service.entry import Entry, entry_seq
-from delay_service.outcomes import CANCELLED, Outcome
+from delay_service.outcomes import CANCELLED, REPLACED, Outcome
 from delay_service.store import Store
 from kdelay.buffer import accepted_ms
 
 PENDING = "pending"
+#: The time field of an outcome's document, by state (the others: ``released_at``).
+_AT_FIELD = {CANCELLED: "cancelled_at", REPLACED: "replaced_at"}
+#: Who removed it, by state.
+_BY = {CANCELLED: "cancelled_by", REPLACED: "replaced_by"}
 
 
 def headers_doc(headers: tuple[tuple[str, bytes | None], ...]) -> list[dict[str, Any]]:
@@ -76,7 +81,7 @@ def outcome_status(outcome: Outcome) -> dict[str, Any]:
         "topic": outcome.topic,
         "partition": outcome.partition,
         "offset": outcome.offset,
-        ("cancelled_at" if outcome.state == CANCELLED else "released_at"): outcome.at_ms,
+        _AT_FIELD.get(outcome.state, "released_at"): outcome.at_ms,
         "source": outcome.source,
     }
     if outcome.occurrence is not None:
@@ -87,8 +92,8 @@ def outcome_status(outcome: Outcome) -> dict[str, Any]:
         doc["owner"] = outcome.owner
     if outcome.reason is not None:
         doc["reason"] = outcome.reason
-    if outcome.state == CANCELLED and (outcome.by is not None or outcome.admin):
-        doc["cancelled_by"] = _canceller(outcome)
+    if outcome.state in _BY and (outcome.by is not None or outcome.admin):
+        doc[_BY[outcome.state]] = _canceller(outcome)
     return doc
 
 
@@ -108,7 +113,7 @@ def outcome_events(outcome: Outcome) -> list[dict[str, Any]]:
             accepted["by"] = outcome.owner
         events.append(accepted)
     last: dict[str, Any] = {"event": outcome.state, "at": outcome.at_ms, **common}
-    if outcome.state == CANCELLED:
+    if outcome.state in _BY:
         if outcome.by is not None or outcome.admin:
             last["by"] = _canceller(outcome)
     else:

@@ -46,6 +46,8 @@ from kdelay.immutable import immutable
 DELIVERED = "delivered"
 CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
+#: Not a state of a message's status: what became of one a replace removed (in its history).
+REPLACED = "replaced"
 
 
 @immutable
@@ -245,19 +247,21 @@ class OutcomeLog:
         msg: Scheduled | None = None,
         by: Canceller = (None, False),
         accepted: int | None = None,
+        state: str = CANCELLED,
     ) -> None:
         """A cancel (appended at ``at_ms``, sent by ``by``: its principal and whether an
         administrator) removed message ``msg_id`` (``msg`` when known, accepted at ``accepted``
-        or as its order field tells), or cancelled ``msg`` on arrival."""
+        or as its order field tells), or cancelled ``msg`` on arrival; ``state``
+        :data:`REPLACED`: a replace removed it."""
         principal, admin = by
         if msg is None:
             outcome = Outcome(
-                msg_id, CANCELLED, "cancel", at_ms=at_ms, by=principal, admin=admin or None
+                msg_id, state, "cancel", at_ms=at_ms, by=principal, admin=admin or None
             )
         else:  # one call, not a replace(): a bulk cancel records a million of these at once
             outcome = Outcome(
                 msg_id,
-                CANCELLED,
+                state,
                 "cancel",
                 at_ms=at_ms,
                 topic=msg.topic,

@@ -37,7 +37,7 @@ from delay_service.entry import (
     split_key,
 )
 from delay_service.ids import IndexedBatch, id_key, uid_of
-from delay_service.outcomes import DELIVERED
+from delay_service.outcomes import CANCELLED, DELIVERED, REPLACED, Canceller
 from delay_service.store_state import META_CHECKPOINT, META_OFFSET, META_PENDING, U64, StoreState
 from delay_service.tombstones import Retired
 from kdelay.buffer import (
@@ -204,16 +204,21 @@ class StoreWrites(StoreState):
             if record.replace:
                 # A cancel of everything before it with its id (and, while open, of what was
                 # sent with it), owing no tombstone of its own: its delivery retires it.
+                keys: list[bytes] = []
                 removed, owed = cancels.cancel(
                     txn,
                     at,
                     Cancel(record.id, owner=record.owner, admin=record.admin),
                     replace=True,
                     owner_of=self._owner_of,
+                    keys=keys,
                 )
                 result.cancelled += len(removed)
                 result.replaced += len(removed)
                 result.retired += [*removed, *owed]
+                self._record_cancels(
+                    txn, record.id, at, keys, (record.owner, record.admin), REPLACED
+                )
             key = entry_key(record.deliver_at_ms, partition, offset, record.seq)
             txn.put(record, key, index_key)
             self._owners[key] = record.owner
@@ -232,11 +237,7 @@ class StoreWrites(StoreState):
         result.cancelled += len(removed)
         result.retired += [*removed, *owed]
         if removed:
-            by, now = (record.owner, record.admin), _wall_ms()
-            for key in keys:  # each in the id's history
-                msg = self._message_at(key)
-                accepted = accepted_ms(entry_seq(key))
-                self._outcomes.cancelled(txn.batch, record.id, at[2], now, msg, by, accepted)
+            self._record_cancels(txn, record.id, at, keys, (record.owner, record.admin))
             result.cancel_outcomes["cancelled"] += 1
             return
         last = self._outcomes.get(record.id)
@@ -335,6 +336,23 @@ class StoreWrites(StoreState):
             self._pending += txn.delta
             self._floor = txn.floor
         return retired, done
+
+    def _record_cancels(  # noqa: PLR0917 - one cancel's facts, in one private call
+        self,
+        txn: IndexedBatch,
+        msg_id: str,
+        at: At,
+        keys: list[bytes],
+        by: Canceller,
+        state: str = CANCELLED,
+    ) -> None:
+        """The outcome of each pending entry ``keys`` of ``msg_id`` that a cancel (or a
+        replace, ``state``) read at ``at`` and sent by ``by`` removed: each in the history."""
+        now = _wall_ms()
+        for key in keys:
+            msg = self._message_at(key)
+            accepted = accepted_ms(entry_seq(key))
+            self._outcomes.cancelled(txn.batch, msg_id, at[2], now, msg, by, accepted, state)
 
     def _message_at(self, key: bytes) -> Scheduled | None:
         """The message of the pending entry ``key`` (under the lock, inside :meth:`apply`):

@@ -280,3 +280,8 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     assert _status(stack, msg_id, "carol").status_code == 200
     assert httpx.delete(url, headers=admin, timeout=30).status_code == 202
     wait_until(lambda: _state(stack, msg_id) == "cancelled", timeout=60, what="cancelled")
+    # Its history: alice's message, replaced by alice; the replacement, cancelled by carol.
+    history = _status(stack, msg_id, "alice").json()["history"]
+    assert [e["event"] for e in history] == ["accepted", "replaced", "accepted", "cancelled"]
+    assert history[1]["by"] == {"principal": "User:alice", "admin": False}
+    assert history[3]["by"]["admin"] is True

@@ -202,3 +202,19 @@ def test_the_history_keeps_the_last_outcomes_only(store: Store) -> None:
     assert len(history) == HISTORY_MAX + 1
     assert [o.offset for o in history] == list(range(4, HISTORY_MAX + 5))
     assert store.outcome("m") == history[-1]
+
+
+def test_a_replaced_message_stays_in_the_history_with_who_replaced_it(store: Store) -> None:
+    seq = (ACCEPTED << ORDER_SHIFT) | 1
+    fill(store, [sched("r", NOW, owner="alice", seq=seq)])
+    later = ((ACCEPTED + MIN) << ORDER_SHIFT) | 1
+    fill(store, [sched("r", NOW + MIN, owner="alice", seq=later, replace=True)])
+    doc = message_status(store, "r")
+    assert doc is not None
+    assert (doc["state"], doc["deliver_at"]) == ("pending", NOW + MIN)
+    assert doc["last_outcome"]["replaced_by"] == {"principal": "alice", "admin": False}
+    assert [(e["event"], e["deliver_at"], e["by"]) for e in doc["history"]] == [
+        ("accepted", NOW, "alice"),
+        ("replaced", NOW, {"principal": "alice", "admin": False}),
+        ("accepted", NOW + MIN, "alice"),
+    ]
