@@ -107,6 +107,8 @@ def outcome_events(outcome: Outcome) -> list[dict[str, Any]]:
     common: dict[str, Any] = {"deliver_at": outcome.deliver_at_ms}
     if outcome.occurrence is not None:
         common["occurrence"] = outcome.occurrence
+    if outcome.owner is not None:  # whose message (the proxy shows a principal only its own)
+        common["owner"] = outcome.owner
     if outcome.accepted_ms is not None:
         accepted = {"event": "accepted", "at": outcome.accepted_ms, **common}
         if outcome.owner is not None:
@@ -137,7 +139,7 @@ def pending_events(entry: Entry) -> list[dict[str, Any]]:
     if msg.repeat is not None:
         event["occurrence"] = msg.occurrence
     if msg.owner is not None:
-        event["by"] = msg.owner
+        event["by"] = event["owner"] = msg.owner
     return [event]
 
 

@@ -36,7 +36,7 @@ from kdelay.errors import InvalidHeaderError
 from kdelay.headers import parse_deliver_at
 from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
 from proxy.http_messages import CallerParam, NotOwnerError, path_id
-from proxy.owners import refusal
+from proxy.owners import others_in, own_view, refusal
 from zk.list_merge import cursor_key
 from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
@@ -293,13 +293,13 @@ def install_replica_queries(
             error = answer.body.get("error") or f"id: no message {msg_id!r} is known"
             raise MessageNotFoundError(str(error), field="id")
         owner = answer.body.get("owner")
-        if (
-            caller.principal is not None
-            and owner is not None
-            and owner != caller.principal
-            and not await caller.admin()
-        ):
+        principal = caller.principal
+        if principal is None:
+            return JSONResponse(answer.body)
+        if owner is not None and owner != principal and not await caller.admin():
             raise NotOwnerError(refusal(msg_id, "read"), field="id")
+        if others_in(answer.body, principal) and not await caller.admin():
+            return JSONResponse(own_view(answer.body, principal))  # a reused id: only its own
         return JSONResponse(answer.body)
 
     @app.get("/v1/pending", response_model=PendingTimeline, responses=timelines)

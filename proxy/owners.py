@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import kafka.errors as kerr
 import orjson
@@ -136,3 +136,24 @@ class Owners:
                     reason=NOT_OWNER,
                 )
         return routed
+
+
+def others_in(doc: dict[str, Any], principal: str) -> bool:
+    """Whether a message status ``doc`` (its ``history`` and ``last_outcome``) tells of
+    messages with the same id that another principal scheduled (a reused id)."""
+    owners = {e.get("owner") for e in doc.get("history") or [] if isinstance(e, dict)}
+    last = doc.get("last_outcome")
+    if isinstance(last, dict):
+        owners.add(last.get("owner"))
+    return bool(owners - {None, principal})
+
+
+def own_view(doc: dict[str, Any], principal: str) -> dict[str, Any]:
+    """``doc`` as ``principal`` (no administrator) may see it: without the history events and
+    the last outcome of another principal's messages with the same id."""
+    out = dict(doc)
+    out["history"] = [e for e in doc.get("history") or [] if e.get("owner") in (None, principal)]
+    last = doc.get("last_outcome")
+    if isinstance(last, dict) and last.get("owner") not in (None, principal):
+        del out["last_outcome"]
+    return out

@@ -238,6 +238,18 @@ def test_only_the_owner_and_administrators_cancel_or_replace_over_kafka(stack: S
     delivered = x_doc["history"][1]
     assert delivered["lateness_ms"] == delivered["at"] - delivered["deliver_at"] >= 0
     assert _status(stack, x, "bob").status_code == 403
+    # bob reuses the id: his message's status tells nothing of alice's, and alice may not read his.
+    _produce(stack, "bob", [(b"x2", _delayed(x, 600_000))])
+    wait_until(lambda: _pending_owner(stack, x) == "User:bob", timeout=60, what="bob's x")
+    bobs = _status(stack, x, "bob").json()
+    assert [(e["event"], e.get("owner")) for e in bobs["history"]] == [("accepted", "User:bob")]
+    assert "last_outcome" not in bobs
+    assert [e.get("owner") for e in _status(stack, x, "carol").json()["history"]] == [
+        "User:alice",
+        "User:alice",
+        "User:bob",
+    ]  # an administrator sees the whole history
+    assert _status(stack, x, "alice").status_code == 403
 
 
 def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(

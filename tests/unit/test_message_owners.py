@@ -19,7 +19,7 @@ from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled, may_cancel
 from proxy import records as rec
 from proxy.authorization import Access, AclCache, TopicAccess
-from proxy.owners import Owners
+from proxy.owners import Owners, others_in, own_view
 from proxy.routing import Incoming, Outgoing, route
 from proxy.sasl import Principal
 from zk.replica_api import NoReplicaError, ReplicaAnswer
@@ -324,3 +324,30 @@ def test_an_unknown_owner_lets_the_cancel_through_for_the_replicas_to_decide() -
 
     owners = Owners(_Down)  # type: ignore[arg-type]
     assert asyncio.run(owners.check_batch(unknown, _access("bob", {4}))) == unknown
+
+
+def test_a_reused_ids_history_shows_a_principal_only_its_own_messages() -> None:
+    """bob reused alice's id: bob's view of his pending message leaves out alice's earlier
+    message (its events and its outcome); an anonymous one (no owner) stays."""
+    doc = {
+        "id": "x",
+        "state": "pending",
+        "owner": "User:bob",
+        "last_outcome": {"id": "x", "state": "delivered", "owner": "User:alice"},
+        "history": [
+            {"event": "accepted", "at": 1, "owner": "User:alice", "by": "User:alice"},
+            {"event": "delivered", "at": 2, "owner": "User:alice"},
+            {"event": "accepted", "at": 3},
+            {"event": "cancelled", "at": 4},
+            {"event": "accepted", "at": 5, "owner": "User:bob", "by": "User:bob"},
+        ],
+    }
+    assert others_in(doc, "User:bob")
+    assert others_in(doc, "User:alice")
+    view = own_view(doc, "User:bob")
+    assert [e["at"] for e in view["history"]] == [3, 4, 5]
+    assert "last_outcome" not in view
+    assert doc["last_outcome"]["owner"] == "User:alice"  # the answer itself is left alone
+    mine = {**doc, "last_outcome": {"owner": "User:bob"}, "history": doc["history"][2:]}
+    assert not others_in(mine, "User:bob")
+    assert own_view(mine, "User:bob") == mine

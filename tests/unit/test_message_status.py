@@ -141,7 +141,8 @@ def test_the_history_tells_each_occurrence_its_lateness_a_dead_letters_reason_an
     assert doc is not None
     assert (doc["state"], doc["occurrence"]) == ("pending", 4)
     assert doc["last_outcome"]["cancelled_by"] == {"principal": "alice", "admin": False}
-    events = [{k: v for k, v in e.items() if k != "source"} for e in doc["history"]]
+    assert {e.get("owner") for e in doc["history"]} == {"alice"}  # whose message each is
+    events = [{k: v for k, v in e.items() if k not in ("source", "owner")} for e in doc["history"]]
     accepted = {"event": "accepted", "at": ACCEPTED, "by": "alice"}
     assert events == [
         {**accepted, "deliver_at": NOW, "occurrence": 1},
