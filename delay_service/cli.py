@@ -397,20 +397,12 @@ def _list_params(
     topic: str | None, id_prefix: str | None, due_before: str | None
 ) -> dict[str, str]:
     """The replicas' listing parameters of ``kdelay list``'s filters."""
-    from kdelay.errors import InvalidHeaderError
-    from kdelay.headers import parse_deliver_at
+    from kdelay.listing import listing_filters
 
-    params: dict[str, str] = {}
-    if topic:
-        params["topic"] = topic
-    if id_prefix:
-        params["id_prefix"] = id_prefix
-    if due_before:
-        try:
-            params["due_before"] = str(parse_deliver_at("due_before", due_before.encode()))
-        except InvalidHeaderError as exc:
-            raise click.BadParameter(exc.problem, param_hint="--due-before") from None
-    return params
+    try:
+        return listing_filters(topic, id_prefix, due_before)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--due-before") from None
 
 
 def _list_row(msg: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -32,8 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.durations import duration_ms
-from kdelay.errors import InvalidHeaderError
-from kdelay.headers import parse_deliver_at
+from kdelay.listing import listing_filters
 from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
 from proxy.http_messages import CallerParam, NotOwnerError, path_id
 from proxy.owners import others_in, own_view, refusal
@@ -197,16 +196,10 @@ def listing_params(
     """The replica's query parameters of a listing; BadRequestError naming the one at fault."""
     if state != "pending":
         raise BadRequestError(f"state: only pending messages are listed, not {state[:40]!r}")
-    params: dict[str, str] = {}
-    if topic:
-        params["topic"] = topic
-    if id_prefix:
-        params["id_prefix"] = id_prefix
-    if due_before:
-        try:
-            params["due_before"] = str(parse_deliver_at("due_before", due_before.encode()))
-        except InvalidHeaderError as exc:
-            raise BadRequestError(f"due_before: {exc.problem}") from None
+    try:
+        params = listing_filters(topic, id_prefix, due_before)
+    except ValueError as exc:
+        raise BadRequestError(f"due_before: {exc}") from None
     if cursor:
         try:
             key = cursor_key(cursor)
