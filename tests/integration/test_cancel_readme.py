@@ -13,10 +13,6 @@ the messages this rule leaves, and a message without a cancel.
 from __future__ import annotations
 
 import contextlib
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -46,20 +42,8 @@ def _about(records: list[Record], ids: set[str]) -> dict[str, list[tuple[Record,
     return out
 
 
-def _state(rs: ReplicaSet, name: str, msg_id: str) -> str | None:
-    """Replica ``name``'s own answer about ``msg_id``: its state, None when it knows none."""
-    urls = [str(r["metrics"]) for r in rs.status()["replicas"] if r["name"] == name]
-    if not urls:
-        return None
-    base = urls[0].rsplit("/metrics", 1)[0]
-    url = f"{base}/v1/messages/{urllib.parse.quote(msg_id, safe='')}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-            return str(json.load(resp).get("state"))
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+def _state(doc: dict[str, object] | None) -> object:
+    return None if doc is None else doc.get("state")
 
 
 def readme_example(port: int, topic: str, ids: list[str], failures: list[KafkaError]) -> None:
@@ -162,7 +146,7 @@ def test_the_readme_cancel_example_cancels_all_twenty(
         # checkpoint, so the replicas' log counts may differ.) Each replica's own answer, per id.
         def decisions() -> dict[str, frozenset[str]]:
             return {
-                name: frozenset(i for i in ids if _state(rs, name, i) == "cancelled")
+                name: frozenset(i for i in ids if _state(rs.message(name, i)) == "cancelled")
                 for name in rs.replicas
             }
 

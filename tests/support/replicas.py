@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -170,6 +172,24 @@ class ReplicaSet:
             if line.startswith(f"{metric} "):
                 return float(line.split()[1])
         return None
+
+    def message(self, name: str, msg_id: str) -> dict[str, Any] | None:
+        """Replica ``name``'s own answer about message ``msg_id`` (``GET /v1/messages/<id>``
+        on its HTTP port); None when it knows none or is not registered."""
+        url = self.metrics_url(name)
+        if url is None:
+            return None
+        base = url.rsplit("/metrics", 1)[0]
+        try:
+            with urllib.request.urlopen(  # noqa: S310 - loopback
+                f"{base}/v1/messages/{urllib.parse.quote(msg_id, safe='')}", timeout=5
+            ) as resp:
+                doc: dict[str, Any] = json.load(resp)
+                return doc
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
 
     def roles(self) -> dict[str, str]:
         return {r["name"]: r["role"] for r in self.status()["replicas"]}
