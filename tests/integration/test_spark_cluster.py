@@ -4,7 +4,8 @@ One cluster for the module (a master and two workers from pyspark's jars, on loo
 scenarios are those of test_verifier_once.py and test_verifier_continuous.py (their helpers,
 imported): a ``--once`` report must be identical on ``local[2]`` and on the cluster; the
 streaming verifier must survive a worker SIGKILLed mid-run with the same window counts, and
-resume from its checkpoint after a stop. Each test prints its own duration.
+resume from its checkpoint after a stop (one test: both need a streaming run on the cluster,
+the slow part). Each test prints its own duration (``-s``).
 """
 
 from __future__ import annotations
@@ -74,15 +75,31 @@ def _release_sockets() -> None:
         gc.collect()
 
 
-@pytest.fixture(scope="module")
-def cluster_spark(kafka: KafkaInfra, cluster: SparkCluster) -> Iterator[Any]:
-    """A SparkSession whose executors run on the cluster's two workers."""
-    from verifier import job
+class ClusterSession:
+    """The module's one SparkSession on the cluster, made on first use: a process has one
+    SparkContext at a time, and the first test runs ``local[2]`` before it."""
 
-    cfg = VerifierConfig(bootstrap_servers=kafka.bootstrap_servers, spark_master=cluster.master_url)
-    session = job.spark_session(cfg)
-    yield session
-    session.stop()
+    def __init__(self, bootstrap: str, master: str) -> None:
+        self.cfg = VerifierConfig(bootstrap_servers=bootstrap, spark_master=master)
+        self.session: Any = None
+
+    def get(self) -> Any:
+        from verifier import job
+
+        if self.session is None:
+            self.session = job.spark_session(self.cfg)
+            deadline = time.monotonic() + 60
+            while _executors(self.session) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)  # executors register a few seconds after the driver
+        return self.session
+
+
+@pytest.fixture(scope="module")
+def cluster_spark(kafka: KafkaInfra, cluster: SparkCluster) -> Iterator[ClusterSession]:
+    holder = ClusterSession(kafka.bootstrap_servers, cluster.master_url)
+    yield holder
+    if holder.session is not None:
+        holder.session.stop()
     _release_sockets()
 
 
@@ -92,31 +109,26 @@ def _executors(session: Any) -> int:
 
 
 def test_once_gives_the_identical_report_on_local_and_on_a_two_worker_cluster(
-    kafka: KafkaInfra, cluster: SparkCluster
+    kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: ClusterSession
 ) -> None:
     from verifier import job
 
     sc = build_faults(kafka.bootstrap_servers)  # missing, duplicate, early, cancelled
     end_ms = int(time.time() * 1000)
-    reports: dict[str, str] = {}
-    for master in ("local[2]", cluster.master_url):
-        cfg = sc.config(end_ms=end_ms, spark_master=master)
-        session = job.spark_session(cfg)
-        try:
-            if master != "local[2]":
-                deadline = time.monotonic() + 60
-                while _executors(session) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.2)  # executors register a few seconds after the driver
-                assert _executors(session) == 2
-            outcome = verify_once(session, cfg, Slo(), None)
-        finally:
-            session.stop()
-            _release_sockets()
-        reports[master] = json.dumps(outcome.report, sort_keys=True)
-    assert reports["local[2]"] == reports[cluster.master_url]
-    report = json.loads(reports[cluster.master_url])
-    assert (report["missing"], report["duplicates"], report["early"]) == (1, 1, 1)
-    assert_same_report(report, independent_report(sc, end_ms))
+    local_cfg = sc.config(end_ms=end_ms, spark_master="local[2]")
+    session = job.spark_session(local_cfg)
+    try:
+        local = verify_once(session, local_cfg, Slo(), None).report
+    finally:
+        session.stop()
+        _release_sockets()
+    on_cluster = cluster_spark.get()
+    assert _executors(on_cluster) == 2
+    remote_cfg = sc.config(end_ms=end_ms, spark_master=cluster.master_url)
+    remote = verify_once(on_cluster, remote_cfg, Slo(), None).report
+    assert json.dumps(local, sort_keys=True) == json.dumps(remote, sort_keys=True)
+    assert (remote["missing"], remote["duplicates"], remote["early"]) == (1, 1, 1)
+    assert_same_report(remote, independent_report(sc, end_ms))
     # The work ran in executors on the workers (each has an application directory).
     for w in cluster.workers:
         assert list(w.work_dir.glob("app-*/*/stderr")), f"no executor ran on {w.work_dir}"
@@ -194,9 +206,14 @@ def _settled(starts: list[int], errors: list[Exception]) -> Callable[[list[Recor
     return done
 
 
-def test_streaming_resumes_from_its_checkpoint_after_a_stop(
-    kafka: KafkaInfra, cluster_spark: Any, tmp_path: Path
+def test_streaming_survives_a_worker_killed_mid_run_and_resumes_from_its_checkpoint(
+    kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: ClusterSession, tmp_path: Path
 ) -> None:
+    """Run 1: a worker (and its executor) SIGKILLed while the first window's messages are in
+    the join's state; the first window comes out with the same counts as with no failure.
+    Stopped, then run 2 from the same checkpoint: the second window, still open at the stop,
+    comes out right, and the first is not published again (no double counting anywhere)."""
+    session = cluster_spark.get()
     bootstrap = kafka.bootstrap_servers
     topics = _topics(bootstrap)
     buffer_topic, target, out_topic = topics
@@ -204,41 +221,21 @@ def test_streaming_resumes_from_its_checkpoint_after_a_stop(
     first = _next_base() - 1_000
     _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
     second = _next_base(first + 1_000 + GRACE_MS) - 1_000
-    with Streaming(cluster_spark, cfg) as run:
+    with Streaming(session, cfg) as run:
+        run.wait_for_progress()
+        cluster.kill_worker(0)
         # The second window's events move the watermark past the first (due + grace).
         _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
-        consume_until(bootstrap, [out_topic], _settled([first], run.errors), timeout=180)
-    # Stopped; the second window is still open in the checkpointed state. Restarted from the
-    # checkpoint: a third window closes the second; the first is not published again.
-    with Streaming(cluster_spark, cfg) as run:
-        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
         published = consume_until(
-            bootstrap, [out_topic], _settled([first, second], run.errors), timeout=180
+            bootstrap, [out_topic], _settled([first], run.errors), timeout=240
         )
+        assert _executors(session) == 1
     assert _window_totals(published, first) == WINDOW_OF_20
-    assert _window_totals(published, second) == WINDOW_OF_20
-
-
-def test_streaming_survives_a_worker_killed_mid_run_with_the_same_counts(
-    kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: Any, tmp_path: Path
-) -> None:
-    bootstrap = kafka.bootstrap_servers
-    topics = _topics(bootstrap)
-    buffer_topic, target, out_topic = topics
-    cfg = _stream_config(bootstrap, topics, tmp_path / "checkpoint")
-    first = _next_base() - 1_000
-    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
-    with Streaming(cluster_spark, cfg) as run:
-        run.wait_for_progress()
-        # The first window's messages are in the join's state (its watermark has not passed
-        # them); one of the two executors goes with its worker.
-        cluster.kill_worker(0)
-        second = _next_base(first + 1_000 + GRACE_MS) - 1_000
-        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+    with Streaming(session, cfg) as run:
+        # A third window closes the second.
         _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
         published = consume_until(
             bootstrap, [out_topic], _settled([first, second], run.errors), timeout=240
         )
-        assert _executors(cluster_spark) == 1
     assert _window_totals(published, first) == WINDOW_OF_20
     assert _window_totals(published, second) == WINDOW_OF_20
