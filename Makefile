@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help install constraints jvm faketime chromium console-screenshots deploy-tools lint format test test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
+.PHONY: spark-up
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
@@ -110,6 +111,11 @@ check-leftovers: $(STAMP)
 
 demo: install
 	$(BIN)/python -m dev.demo
+
+# A standalone Spark master and two workers on loopback, in the foreground (Ctrl-C stops them);
+# then `kdelay verify --spark-master <the URL it prints>` (README, Verifying on a Spark cluster).
+spark-up: install
+	$(BIN)/kdelay spark up --workers 2
 
 # The same demo on `kdelay up --secure`: SASL_SSL, ACLs, a demo user allowed its topics only.
 demo-secure: install
