@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dev.spark import SparkCluster
 from dev.stack.process import KDELAY
+from kdelay.errors import InfrastructureError
 
 
 def _alive(pid: int) -> bool:
@@ -68,3 +70,16 @@ def test_spark_up_prints_ready_writes_its_state_and_sigterm_stops_every_process(
     with pytest.raises(urllib.error.URLError, match="refused"):
         urllib.request.urlopen(url, timeout=5)  # noqa: S310
     print(f"\nspark up/stop: {time.monotonic() - start:.1f} s")
+
+
+def test_a_worker_that_exits_at_start_is_named_with_its_log(tmp_path: Path) -> None:
+    start = time.monotonic()
+    cluster = SparkCluster(tmp_path, workers=1, worker_memory="lots")  # not a memory size
+    try:
+        with pytest.raises(InfrastructureError, match=r"Spark worker 0 exited .*worker-0\.log"):
+            cluster.start()
+    finally:
+        cluster.stop()
+    assert cluster.master is not None
+    assert not cluster.master.alive()
+    print(f"\nworker exit: {time.monotonic() - start:.1f} s")
