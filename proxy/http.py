@@ -31,6 +31,7 @@ from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
 from proxy.cancel_acks import CancelAcks
 from proxy.console import install_console
 from proxy.http_auth import STATE_AUTHENTICATES
+from proxy.http_cancels import install_cancel_routes
 from proxy.http_cluster import install_cluster_route
 from proxy.http_errors import BodyLimit, Problem, UnavailableError
 from proxy.http_login import Authenticate, HttpAuthenticator
@@ -114,7 +115,8 @@ def create_app(
 
     _install_common(app, metrics, max_body_bytes, budget, auth)
 
-    install_message_routes(
+    owners = Owners(lambda: replicas)
+    write_cancel = install_message_routes(
         app,
         topics,
         upstream,
@@ -125,8 +127,9 @@ def create_app(
         availability=availability,
         order=order,
         cancel_acks=cancel_acks,
-        owners=Owners(lambda: replicas),
+        owners=owners,
     )
+    install_cancel_routes(app, topics, metrics, owners, write_cancel)
     install_replica_queries(app, replicas, pending_timeout_s)
     install_cluster_route(app, replicas)
     install_console(app)

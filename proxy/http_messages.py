@@ -1,5 +1,6 @@
 """The HTTP API's message routes (CONTRACT.md): ``POST /v1/messages`` schedules a message,
-``DELETE /v1/messages/{id}`` cancels one.
+``PUT /v1/messages/{id}`` replaces one (the cancels: proxy/http_cancels.py, which shares this
+module's checks).
 
 A posted message is routed like a produced record (proxy/routing.py), so both reject the same
 values with the same reason, and its topic is looked up in the Kafka listener's topic cache
@@ -26,18 +27,15 @@ Runs on the proxy's asyncio loop; the functions are safe from any thread.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
 import json
-import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypedDict
 
 from confluent_kafka import KafkaException
 from fastapi import Depends, FastAPI
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from kdelay import buffer
@@ -48,7 +46,6 @@ from proxy import internal_topics
 from proxy.availability import UpstreamAvailability
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
 from proxy.cancel_acks import CancelAcks
-from proxy.cancel_wait import bulk_count, confirm_cancel, parse_wait
 from proxy.http_auth import Caller, current_caller
 from proxy.http_errors import (
     ApiError,
@@ -69,12 +66,10 @@ from proxy.routing import (
     Kind,
     Outgoing,
     RejectedRecordError,
-    cancel,
     route,
 )
 from proxy.topics import Topics
 from proxy.upstream import Upstream, UpstreamError
-from zk.replica_api import NoReplicaError, ReplicaApi
 
 _FIELD_OF_HEADER = {
     h.DELAY_MS: "delay_ms",
@@ -261,7 +256,7 @@ def _route_message(
     return routed
 
 
-async def _buffer_partitions(topics: Topics) -> int:
+async def buffer_partitions(topics: Topics) -> int:
     """The buffer topic's partition count (cached), or UnavailableError (503)."""
     try:
         info = await topics.info(buffer.BUFFER_TOPIC)
@@ -281,7 +276,7 @@ def path_id(message_id: str) -> str:
 
 
 #: The error answers an operation documents (proxy/http_errors.py).
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem} for code in (400, 403, 413, 422, 502, 503)
 }
 
@@ -309,23 +304,23 @@ async def _writable(caller: Caller, topic: str) -> None:
         )
 
 
-class _Sender(TypedDict):
+class Sender(TypedDict):
     """Who sends a cancel or replace: the routing functions' ``owner`` and ``admin``."""
 
     owner: str | None
     admin: bool
 
 
-async def _as_owner(owners: Owners | None, caller: Caller, msg_id: str, action: str) -> _Sender:
+async def as_owner(owners: Owners | None, caller: Caller, msg_id: str, action: str) -> Sender:
     """The caller as the sender of a cancel or replace of message ``msg_id`` (``admin``: a
     kdelay administrator); NotOwnerError (403) when it may not ``action`` it (module
     docstring). ``owners`` None: owners are unknown, the replicas decide."""
     if caller.principal is None:
-        return _Sender(owner=None, admin=False)
+        return Sender(owner=None, admin=False)
     admin = await caller.admin()
     if owners is not None and not await owners.allowed(caller.principal, admin, msg_id):
         raise NotOwnerError(refusal(msg_id, action), field="id")
-    return _Sender(owner=caller.principal, admin=admin)
+    return Sender(owner=caller.principal, admin=admin)
 
 
 def install_message_routes(
@@ -341,9 +336,10 @@ def install_message_routes(
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
     cancel_acks: CancelAcks | None = None,
     owners: Owners | None = None,
-) -> None:
-    """``POST /v1/messages``, ``PUT`` and ``DELETE /v1/messages/{id}`` on ``app`` (module
-    docstring); ``owners`` says who owns a message (None: unknown, the replicas decide)."""
+) -> Callable[[list[Any]], Awaitable[int]]:
+    """``POST /v1/messages`` and ``PUT /v1/messages/{id}`` on ``app`` (module docstring);
+    ``owners`` says who owns a message (None: unknown, the replicas decide). Returns how a
+    cancel is written (answered once it may be acknowledged), for proxy/http_cancels.py."""
 
     async def check_target(topic: str, partition: int | None) -> None:
         # Internal topics never get here: route() refused them (ForbiddenTopicError, 403).
@@ -369,14 +365,14 @@ def install_message_routes(
             await cancel_acks.hold()
         return offset
 
-    errors = _ERRORS
+    errors = ERRORS
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted, responses=errors)
     async def post_message(msg: MessageIn, caller: CallerParam) -> Accepted:
         """Schedule one message for delivery at a later time. ``deliver_at`` in the answer is
         exact for ``deliver_at``; for a delay it is the proxy's estimate (the due time counts
         from the buffer record's append time; the delivered ``kdelay-deliver-at`` is exact)."""
-        partitions = await _buffer_partitions(topics)
+        partitions = await buffer_partitions(topics)
         routed = _route_message(
             msg, now_ms(), policy, limits, partitions, order=order, owner=caller.principal
         )
@@ -400,7 +396,7 @@ def install_message_routes(
         if msg.id is not None and msg.id != msg_id:
             raise BadRequestError(f"id: the path names the message ({msg_id!r}); leave id out")
         msg = msg.model_copy(update={"id": msg_id})
-        partitions = await _buffer_partitions(topics)
+        partitions = await buffer_partitions(topics)
         await _writable(caller, msg.topic)
         routed = _route_message(
             msg,
@@ -410,7 +406,7 @@ def install_message_routes(
             partitions,
             order=order,
             replace=True,
-            **await _as_owner(owners, caller, msg_id, "replace"),
+            **await as_owner(owners, caller, msg_id, "replace"),
         )
         assert routed.deliver_at_ms is not None
         await check_target(msg.topic, msg.partition)
@@ -418,172 +414,4 @@ def install_message_routes(
         metrics.records.labels(Kind.DELAYED.value).inc()
         return Accepted(id=msg_id, deliver_at=routed.deliver_at_ms)
 
-    _install_cancel_routes(app, topics, metrics, owners, write_cancel)
-
-
-def _install_cancel_routes(
-    app: FastAPI,
-    topics: Topics,
-    metrics: ProxyMetrics,
-    owners: Owners | None,
-    write_cancel: Callable[[list[Any]], Awaitable[int]],
-) -> None:
-    """``DELETE /v1/messages/{id}`` (with ``wait``: a confirmed cancel) and ``DELETE
-    /v1/messages?id_prefix=..`` (a bulk cancel) on ``app``; ``write_cancel`` writes cancels
-    and answers once they may be acknowledged, with the offset of the batch's first
-    immediate record."""
-    errors = _ERRORS
-
-    def replica_api() -> ReplicaApi:
-        """The replicas to ask for a ``wait``; 400 naming ``wait`` when this proxy has none to
-        ask (a setting of this proxy, not a passing outage: leave ``wait`` out)."""
-        replicas = None if owners is None else owners.replica_api()
-        if replicas is None:
-            raise BadRequestError(
-                "wait: this proxy cannot confirm a cancel: it has no zk_connect to find the "
-                "delay-service replicas; cancel without wait"
-            )
-        return replicas
-
-    @app.delete(
-        "/v1/messages/{message_id}",
-        status_code=202,
-        response_model=None,
-        responses={
-            **errors,
-            200: {"description": "with wait: the master cancelled it"},
-            404: {"model": Problem, "description": "with wait: no message has that id"},
-            409: {"description": "with wait: already delivered (or dead-lettered)"},
-        },
-    )
-    async def delete_message(
-        message_id: str, caller: CallerParam, wait: str | None = None
-    ) -> JSONResponse:
-        """Cancel a pending message; answered once the cancel is durable (202). With ``wait``
-        (seconds, at most 60): once the master has decided, 200 ``{"id", "state":
-        "cancelled"}``, 409 ``{"id", "state": "already_delivered", "delivered_at"}``, 404 for
-        an unknown id, or 202 ``{"id", "state": "pending"}`` when not decided in time
-        (proxy/cancel_wait.py). 403: it belongs to another principal (and the caller is no
-        kdelay administrator)."""
-        msg_id = path_id(message_id)
-        wait_s = _wait(wait)
-        replicas = replica_api() if wait_s is not None else None
-        admin = await _as_owner(owners, caller, msg_id, "cancel")
-        partitions = await _buffer_partitions(topics)
-        record = cancel(msg_id, uid=h.new_id(), buffer_partitions=partitions, **admin)
-        if replicas is None:
-            await write_cancel([record])
-            metrics.records.labels(Kind.CANCEL.value).inc()
-            return JSONResponse({"id": msg_id}, status_code=202)
-        # Sent as the batch's "immediate" record only so that its delivery report gives its
-        # offset (proxy/upstream.py): the record itself is the same cancel.
-        offset = await write_cancel([record._replace(kind=Kind.IMMEDIATE)])
-        metrics.records.labels(Kind.CANCEL.value).inc()
-        assert wait_s is not None
-        decision = await confirm_cancel(replicas, msg_id, record.partition, offset, wait_s)
-        return JSONResponse(decision.body, status_code=decision.status)
-
-    @app.delete(
-        "/v1/messages",
-        status_code=202,
-        response_model=None,
-        responses={**errors, 200: {"description": "with wait: the count the masters cancelled"}},
-    )
-    async def delete_messages(
-        caller: CallerParam,
-        id_prefix: str | None = None,
-        topic: str | None = None,
-        wait: str | None = None,
-    ) -> JSONResponse:
-        """Bulk cancel: every pending message whose id starts with ``id_prefix`` (and whose
-        target is ``topic``), accepted before this cancel; one buffer record per shard, not
-        one per message. A non-administrator's cancels only its own messages. 202 ``{"id"}``
-        once durable; with ``wait`` (seconds, at most 60), 200 ``{"id", "cancelled",
-        "refused"}`` once every shard's master applied it (``cancelled``: the pending messages
-        it cancelled, as the masters counted them; ``refused``: other principals' it left), or
-        202 ``{"id", "state": "pending"}`` when not in time."""
-        prefix = _prefix(id_prefix)
-        if topic is not None and not re.fullmatch(TOPIC_PATTERN, topic):
-            raise BadRequestError(f"topic: {topic[:80]!r} is not a topic name")
-        wait_s = _wait(wait)
-        replicas = replica_api() if wait_s is not None else None
-        sender = _Sender(owner=caller.principal, admin=False)
-        if caller.principal is not None:
-            sender = _Sender(owner=caller.principal, admin=await caller.admin())
-        partitions = await _buffer_partitions(topics)
-        shards = await _shard_count(owners)
-        bulk_id = BULK_ID_PREFIX + h.new_id()
-        records = [
-            bulk_cancel(bulk_id, prefix, topic, uid=h.new_id(), partition=p, **sender)
-            for p in range(min(shards, partitions))
-        ]
-        await write_cancel(records)
-        metrics.records.labels(Kind.CANCEL.value).inc(len(records))
-        if replicas is None or wait_s is None:
-            return JSONResponse({"id": bulk_id}, status_code=202)
-        decision = await bulk_count(replicas, bulk_id, wait_s)
-        return JSONResponse(decision.body, status_code=decision.status)
-
-
-#: The id of a bulk cancel record (``kdelay-route`` ``i``): no message has it (README "Bulk
-#: cancel"); readers that predate bulk cancels see a cancel of this id, a no-op.
-BULK_ID_PREFIX = "bulk."
-
-
-def _wait(text: str | None) -> float | None:
-    try:
-        return parse_wait(text)
-    except ValueError as exc:
-        raise BadRequestError(str(exc)) from None
-
-
-def _prefix(text: str | None) -> str:
-    """The bulk cancel's id prefix: a non-empty id-like string (400 naming ``id_prefix``)."""
-    if not text:
-        raise BadRequestError(
-            "id_prefix: give the id prefix of the messages to cancel (an empty one would "
-            "cancel everything: refused)"
-        )
-    try:
-        return h.validate_id("id_prefix", utf8("id_prefix", text))
-    except InvalidHeaderError as exc:
-        raise BadRequestError(f"id_prefix: {exc.problem}") from None
-
-
-async def _shard_count(owners: Owners | None) -> int:
-    """How many shards the delay set has (one bulk cancel record each); 1 when the proxy
-    cannot ask ZooKeeper (then only shard 0 sees the bulk cancel: README "Bulk cancel")."""
-    replicas = None if owners is None else owners.replica_api()
-    if replicas is None:
-        return 1
-    try:
-        return await asyncio.to_thread(replicas.shard_count)
-    except NoReplicaError as exc:
-        raise UnavailableError(f"the delay set's shards are unknown: {exc}") from None
-
-
-def bulk_cancel(
-    bulk_id: str,
-    prefix: str,
-    topic: str | None,
-    *,
-    uid: str,
-    partition: int,
-    owner: str | None,
-    admin: bool,
-) -> Outgoing:
-    """The buffer record of a bulk cancel (``kdelay.buffer``'s contract) for buffer
-    ``partition`` (one of the shard that should apply it)."""
-    enc = buffer.encode(
-        buffer.Cancel(bulk_id, uid, owner=owner, admin=admin, prefix=prefix, topic=topic)
-    )
-    return Outgoing(
-        Kind.CANCEL,
-        buffer.BUFFER_TOPIC,
-        partition,
-        enc.key,
-        enc.value,
-        list(enc.headers),
-        None,
-        bulk_id,
-    )
+    return write_cancel
