@@ -24,15 +24,8 @@ from proxy.authorization import AclCache
 from proxy.broker_link import Link, LinkSettings
 from proxy.http import create_app
 from proxy.http_auth import Caller, current_caller
-from proxy.http_login import (
-    Authenticate,
-    Basic,
-    Bearer,
-    HttpAuthenticator,
-    HttpAuthSettings,
-    MalformedCredentialsError,
-    parse_authorization,
-)
+from proxy.http_credentials import Basic, Bearer, MalformedCredentialsError, parse_authorization
+from proxy.http_login import Authenticate, HttpAuthenticator, HttpAuthSettings
 from proxy.jwks import JwksFile
 from proxy.login_backoff import LoginBackoff
 from proxy.metrics import ProxyMetrics
