@@ -8,43 +8,22 @@ cancel of alice's message is 403 before anything is written.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 from click.testing import CliRunner
 
 from dev.stack import wait_until
-from kdelay import buffer
-from proxy import running_proxy
-from proxy.app import Proxy
 from proxy.client import cancel_command
 from tests.support.infra import ZooKeeperInfra
-from tests.support.kafka_helpers import create_topic, unique_topic
-from tests.support.replicas import ReplicaSet
-from tests.support.secure_kafka import SecureKafka, secured_kafka
+from tests.support.owners_stack import OwnersStack, owners_stack
 
 
-@dataclass
-class Stack:
-    secure: SecureKafka
-    proxy: Proxy
-    topic: str
-
-    @property
-    def http(self) -> str:
-        assert self.proxy.addresses is not None
-        return self.proxy.addresses.http
-
-    def auth(self, user: str) -> dict[str, str]:
-        pair = f"{user}:{self.secure.password(user)}".encode()
-        return {"authorization": "Basic " + base64.b64encode(pair).decode()}
-
+class Stack(OwnersStack):
     def post(self, user: str, msg_id: str) -> None:
         due = (int(time.time() * 1000) // 1000 + 3600) * 1000
         body = {"topic": self.topic, "value": "v", "id": msg_id, "deliver_at": due}
@@ -75,26 +54,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperInfra) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("bulkowners")
-    with secured_kafka(base, "SASL_PLAINTEXT") as secure:
-        topic = unique_topic("bulkowners")
-        create_topic(secure.plain, topic, partitions=1)
-        for user in ("alice", "bob", "carol"):
-            secure.grant(user, topic, "WRITE", "DESCRIBE")
-        secure.grant("carol", buffer.BUFFER_TOPIC, "ALTER")  # a kdelay administrator
-        with ReplicaSet(
-            base / "replicas", secure.plain, zookeeper.connect, count=1, partitions=3,
-            buffer_topic=buffer.BUFFER_TOPIC,
-        ) as rs:  # fmt: skip
-            config = secure.proxy_config(
-                zk_connect=zookeeper.connect,
-                zk_root=rs.root,
-                http_auth="kafka",
-                http_allow_plaintext_auth=True,
-            )
-            with running_proxy(config) as px:
-                rs.start_all()
-                rs.wait_master(timeout=90)
-                yield Stack(secure, px, topic)
+    with owners_stack(base, zookeeper.connect, "bulkowners") as s:
+        yield Stack(s.secure, s.proxy, s.replicas, s.topic)
 
 
 def test_bobs_bulk_cancel_over_alices_prefix_cancels_only_his_own(stack: Stack) -> None:

@@ -6,40 +6,19 @@ checked against Kafka), carol holds ALTER on the buffer topic (a kdelay administ
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
 from dev.stack import wait_until
-from kdelay import buffer
-from proxy import running_proxy
-from proxy.app import Proxy
 from tests.support.infra import ZooKeeperInfra
-from tests.support.kafka_helpers import create_topic, unique_topic
-from tests.support.replicas import ReplicaSet
-from tests.support.secure_kafka import SecureKafka, secured_kafka
+from tests.support.owners_stack import OwnersStack, owners_stack
 
 
-@dataclass
-class Stack:
-    secure: SecureKafka
-    proxy: Proxy
-    topic: str
-
-    @property
-    def http(self) -> str:
-        assert self.proxy.addresses is not None
-        return self.proxy.addresses.http
-
-    def auth(self, user: str) -> dict[str, str]:
-        pair = f"{user}:{self.secure.password(user)}".encode()
-        return {"authorization": "Basic " + base64.b64encode(pair).decode()}
-
+class Stack(OwnersStack):
     def listing(self, user: str, **params: Any) -> list[str]:
         """Every id ``user`` is listed, following ``next``, 3 a page."""
         ids: list[str] = []
@@ -59,26 +38,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperInfra) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("listing-owners")
-    with secured_kafka(base, "SASL_PLAINTEXT") as secure:
-        topic = unique_topic("list-owners")
-        create_topic(secure.plain, topic, partitions=1)
-        for user in ("alice", "bob", "carol"):
-            secure.grant(user, topic, "WRITE", "DESCRIBE")
-        secure.grant("carol", buffer.BUFFER_TOPIC, "ALTER")  # a kdelay administrator
-        with ReplicaSet(
-            base / "replicas", secure.plain, zookeeper.connect, count=1, partitions=3,
-            buffer_topic=buffer.BUFFER_TOPIC,
-        ) as rs:  # fmt: skip
-            config = secure.proxy_config(
-                zk_connect=zookeeper.connect,
-                zk_root=rs.root,
-                http_auth="kafka",
-                http_allow_plaintext_auth=True,
-            )
-            with running_proxy(config) as px:
-                rs.start_all()
-                rs.wait_master(timeout=90)
-                yield Stack(secure, px, topic)
+    with owners_stack(base, zookeeper.connect, "list-owners") as s:
+        yield Stack(s.secure, s.proxy, s.replicas, s.topic)
 
 
 def test_alice_lists_hers_bob_his_and_an_administrator_all(stack: Stack) -> None:

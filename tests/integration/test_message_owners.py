@@ -15,10 +15,8 @@ HTTP Basic checked against Kafka; plain HTTP here, ``http_allow_plaintext_auth``
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -29,10 +27,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from dev.stack import wait_until
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
 from tests.support.infra import ZooKeeperInfra
-from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import consume_until
+from tests.support.owners_stack import OwnersStack, owners_stack
 from tests.support.raw_client import (
     RawClient,
     plain_token,
@@ -41,8 +38,6 @@ from tests.support.raw_client import (
     sasl_authenticate_request,
     sasl_handshake_request,
 )
-from tests.support.replicas import ReplicaSet
-from tests.support.secure_kafka import SecureKafka, secured_kafka
 
 #: Long enough for every step before the messages fall due; the test never waits for it to
 #: pass except for the one message it expects delivered.
@@ -50,55 +45,16 @@ DUE_MS = 45_000
 REFUSED = "belongs to another principal: only its owner or a principal with ALTER on"
 
 
-@dataclass
-class Stack:
-    secure: SecureKafka
-    proxy: Proxy
-    replicas: ReplicaSet
-    topic: str
-
-    @property
-    def kafka(self) -> str:
-        assert self.proxy.addresses is not None
-        return self.proxy.addresses.kafka
-
-    @property
-    def http(self) -> str:
-        assert self.proxy.addresses is not None
-        return self.proxy.addresses.http
+Stack = OwnersStack
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperInfra) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("owners")
-    with secured_kafka(base, "SASL_PLAINTEXT") as secure:
-        topic = unique_topic("owners")
-        create_topic(secure.plain, topic, partitions=1)
-        for user in ("alice", "bob", "carol"):
-            secure.grant(user, topic, "WRITE", "DESCRIBE")
-        secure.grant("carol", buffer.BUFFER_TOPIC, "ALTER")  # a kdelay administrator
-        secure.add_user("dave")
-        secure.grant("dave", topic, "DESCRIBE")  # dave may not WRITE it
-        with ReplicaSet(
-            base / "replicas", secure.plain, zookeeper.connect, count=1, partitions=3,
-            buffer_topic=buffer.BUFFER_TOPIC,
-        ) as rs:  # fmt: skip
-            config = secure.proxy_config(
-                zk_connect=zookeeper.connect,
-                zk_root=rs.root,
-                http_auth="kafka",
-                http_allow_plaintext_auth=True,
-            )
-            with running_proxy(config) as px:
-                rs.start_all()
-                rs.wait_master(timeout=90)
-                yield Stack(secure, px, rs, topic)
-
-
-def _as(stack: Stack, user: str) -> dict[str, str]:
-    """HTTP Basic credentials of ``user``."""
-    pair = f"{user}:{stack.secure.password(user)}".encode()
-    return {"authorization": "Basic " + base64.b64encode(pair).decode()}
+    with owners_stack(base, zookeeper.connect, "owners") as s:
+        s.secure.add_user("dave")
+        s.secure.grant("dave", s.topic, "DESCRIBE")  # dave may not WRITE it
+        yield s
 
 
 def _produce(stack: Stack, user: str, records: list[tuple[bytes, list[tuple[str, bytes]]]]) -> None:
@@ -133,7 +89,7 @@ def _raw_produce(stack: Stack, user: str, headers: list[tuple[str, bytes]]) -> A
 
 def _status(stack: Stack, msg_id: str, user: str = "carol") -> httpx.Response:
     """The status of ``msg_id`` as ``user`` sees it (carol: an administrator)."""
-    return httpx.get(f"{stack.http}/v1/messages/{msg_id}", headers=_as(stack, user), timeout=30)
+    return httpx.get(f"{stack.http}/v1/messages/{msg_id}", headers=stack.auth(user), timeout=30)
 
 
 def _pending_owner(stack: Stack, msg_id: str) -> str | None:
@@ -214,8 +170,8 @@ def test_only_the_owner_and_administrators_cancel_or_replace_over_kafka(stack: S
     assert _state(stack, x) == "pending"
     # w is cancelled over HTTP by an administrator, after bob was refused (below).
     url = f"{stack.http}/v1/messages/{w}"
-    assert httpx.delete(url, headers=_as(stack, "bob"), timeout=30).status_code == 403
-    assert httpx.delete(url, headers=_as(stack, "carol"), timeout=30).status_code == 202
+    assert httpx.delete(url, headers=stack.auth("bob"), timeout=30).status_code == 403
+    assert httpx.delete(url, headers=stack.auth("carol"), timeout=30).status_code == 202
     wait_until(lambda: _state(stack, w) == "cancelled", timeout=60, what="w cancelled")
 
     records = consume_until(
@@ -256,7 +212,7 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     stack: Stack,
 ) -> None:
     msg_id = f"h-{uuid.uuid4().hex[:8]}"
-    alice, bob, admin = _as(stack, "alice"), _as(stack, "bob"), _as(stack, "carol")
+    alice, bob, admin = stack.auth("alice"), stack.auth("bob"), stack.auth("carol")
     body = {"topic": stack.topic, "partition": 0, "value": "h", "delay_ms": 600_000}
     posted = httpx.post(
         f"{stack.http}/v1/messages", json={**body, "id": msg_id}, headers=alice, timeout=30
@@ -264,7 +220,7 @@ def test_http_cancel_replace_and_status_are_for_the_owner_and_administrators(
     assert posted.status_code == 202, posted.text
     assert _pending_owner(stack, msg_id) == "User:alice"
     # A caller Kafka does not allow WRITE on the topic: 403 for POST and PUT.
-    dave = _as(stack, "dave")
+    dave = stack.auth("dave")
     for method, url in (("POST", "/v1/messages"), ("PUT", f"/v1/messages/other-{msg_id}")):
         denied = httpx.request(method, f"{stack.http}{url}", json=body, headers=dave, timeout=30)
         assert denied.status_code == 403, denied.text
