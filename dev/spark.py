@@ -132,9 +132,9 @@ class SparkCluster:
             SPARK_LOG_DIR=str(self.base_dir / "logs"),
             SPARK_WORKER_DIR=str(self.base_dir / "work"),
             SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
+            # The master and workers are marked; executors are not (their command line is the
+            # application's): they are in their worker's process group and exit with it.
             SPARK_DAEMON_JAVA_OPTS=f"-D{MARKER}={os.getpid()}",
-            # Executors are the worker's children: marked too.
-            SPARK_EXECUTOR_OPTS=f"-D{MARKER}={os.getpid()}",
         )
         if "JAVA_HOME" not in env:
             env["JAVA_HOME"] = str(Path(os.path.realpath(java)).parents[1])
