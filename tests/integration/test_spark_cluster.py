@@ -129,9 +129,14 @@ def test_once_gives_the_identical_report_on_local_and_on_a_two_worker_cluster(
     assert json.dumps(local, sort_keys=True) == json.dumps(remote, sort_keys=True)
     assert (remote["missing"], remote["duplicates"], remote["early"]) == (1, 1, 1)
     assert_same_report(remote, independent_report(sc, end_ms))
-    # The work ran in executors on the workers (each has an application directory).
+    # The work ran in executors on both workers, which fetched what the driver ships: the
+    # package zip and the pinned spark-sql-kafka jars.
     for w in cluster.workers:
-        assert list(w.work_dir.glob("app-*/*/stderr")), f"no executor ran on {w.work_dir}"
+        executor_dirs = [p.parent for p in w.work_dir.glob("app-*/*/stderr")]
+        assert executor_dirs, f"no executor ran on {w.work_dir}"
+        fetched = {p.name for d in executor_dirs for p in d.iterdir()}
+        assert "kdelay-packages.zip" in fetched
+        assert any(n.startswith("spark-sql-kafka-") and n.endswith(".jar") for n in fetched)
 
 
 class Streaming:
