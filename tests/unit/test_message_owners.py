@@ -329,7 +329,7 @@ def test_an_unknown_owner_lets_the_cancel_through_for_the_replicas_to_decide() -
 def test_a_reused_ids_history_shows_a_principal_only_its_own_messages() -> None:
     """bob reused alice's id: bob's view of his pending message leaves out alice's earlier
     message (its events and its outcome); an anonymous one (no owner) stays."""
-    doc = {
+    doc: dict[str, Any] = {
         "id": "x",
         "state": "pending",
         "owner": "User:bob",
