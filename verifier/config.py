@@ -81,6 +81,13 @@ class VerifierConfig(BaseSettings, KafkaClientSecurity):
         default="", description="k8s:// masters: the executors' container image (required there)"
     )
     shuffle_partitions: int = Field(default=4, gt=0, description="spark.sql.shuffle.partitions")
+    checkpoint_batches_retained: int = Field(
+        default=20,
+        ge=2,
+        description="streaming: the micro-batches whose offsets and state the checkpoint keeps "
+        "(spark.sql.streaming.minBatchesToRetain; Spark's default, 100, let a soak's checkpoint "
+        "grow by 2 MB a batch for 100 batches)",
+    )
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("window", "trigger")

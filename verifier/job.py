@@ -120,6 +120,7 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cfg.shuffle_partitions))
+        .config("spark.sql.streaming.minBatchesToRetain", str(cfg.checkpoint_batches_retained))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.sql.adaptive.enabled", "false")

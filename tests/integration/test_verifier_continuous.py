@@ -164,6 +164,8 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
         console=False,
         checkpoint_dir=tmp_path / "checkpoint",
     )
+    # The checkpoint keeps a bounded number of batches (bench.verifier_soak: 2 MB a batch).
+    assert spark.conf.get("spark.sql.streaming.minBatchesToRetain") == "20"
     metrics = Metrics()
     metrics.serve(port, "127.0.0.1")
     stop = threading.Event()
