@@ -41,10 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
-from dev.kafka_tools import HeaderList
+from dev.kafka_tools import HeaderList, create_topic
 from dev.spark import SparkCluster
 from dev.stack import KafkaSettings, LocalKafka
 from kdelay.buffer import Scheduled, encode
@@ -71,13 +69,10 @@ def progress(line: str) -> None:
 
 
 def create_topics(bootstrap: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [
-        NewTopic(BUFFER_TOPIC, PARTITIONS, 1),
-        NewTopic(TARGET_TOPIC, PARTITIONS, 1, config={"message.timestamp.type": "LogAppendTime"}),
-    ]
-    for future in admin.create_topics(topics).values():
-        future.result(60)
+    """The buffer topic and the LogAppendTime target topic."""
+    create_topic(bootstrap, BUFFER_TOPIC, PARTITIONS, timeout=60)
+    config = {"message.timestamp.type": "LogAppendTime"}
+    create_topic(bootstrap, TARGET_TOPIC, PARTITIONS, config=config, timeout=60)
 
 
 def fill(bootstrap: str, first: int, last: int, due0: int) -> None:

@@ -31,11 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from bench.harness.replicas import rss_bytes
-from dev.kafka_tools import HeaderList
+from dev.kafka_tools import HeaderList, create_topic
 from dev.spark import SparkCluster
 from dev.stack import KDELAY, KafkaSettings, LocalKafka, free_port
 from kdelay.buffer import Scheduled, encode
@@ -52,13 +50,10 @@ def progress(line: str) -> None:
 
 
 def create_topics(bootstrap: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [
-        NewTopic(BUFFER_TOPIC, PARTITIONS, 1),
-        NewTopic(TARGET_TOPIC, PARTITIONS, 1, config={"message.timestamp.type": "LogAppendTime"}),
-    ]
-    for future in admin.create_topics(topics).values():
-        future.result(60)
+    """The buffer topic and the LogAppendTime target topic."""
+    create_topic(bootstrap, BUFFER_TOPIC, PARTITIONS, timeout=60)
+    config = {"message.timestamp.type": "LogAppendTime"}
+    create_topic(bootstrap, TARGET_TOPIC, PARTITIONS, config=config, timeout=60)
 
 
 def feed(bootstrap: str, rate: int, until: float, stop: threading.Event) -> int:
