@@ -80,6 +80,27 @@ class VerifierConfig(BaseSettings, KafkaClientSecurity):
     kubernetes_image: str = Field(
         default="", description="k8s:// masters: the executors' container image (required there)"
     )
+    executor_instances: int = Field(
+        default=2, gt=0, description="k8s:// masters: the executor pods (spark.executor.instances)"
+    )
+    kubernetes_namespace: str = Field(
+        default="default", description="k8s:// masters: the executor pods' namespace"
+    )
+    kubernetes_driver_pod: str = Field(
+        default="",
+        description="k8s:// masters, driver in a pod: its name, so the executor pods are owned "
+        "by it and deleted with it (spark.kubernetes.driver.pod.name)",
+    )
+    driver_host: str = Field(
+        default="127.0.0.1",
+        description="the address the driver listens on and executors reach it at (in a pod: "
+        "the pod's IP)",
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="further Spark settings, applied last (e.g. "
+        "spark.kubernetes.executor.request.cores)",
+    )
     shuffle_partitions: int = Field(default=4, gt=0, description="spark.sql.shuffle.partitions")
     checkpoint_batches_retained: int = Field(
         default=20,

@@ -98,12 +98,18 @@ class VerifierError(KdelayError):
 def spark_session(cfg: VerifierConfig) -> SparkSession:
     """The (one) SparkSession on ``cfg.spark_master`` (``local[N]``, ``spark://``, ``k8s://``),
     with Spark's Kafka connector and small settings; what executors need is shipped from this
-    machine (:mod:`verifier.shipping`), the driver listens on 127.0.0.1 only."""
+    machine (:mod:`verifier.shipping`), the driver listens on ``cfg.driver_host`` only (127.0.0.1 by
+    default); ``cfg.spark_conf`` is applied last."""
     executors = shipping.cluster_settings(
         cfg.spark_master,
-        executor_memory=cfg.executor_memory,
-        executor_cores=cfg.executor_cores,
-        kubernetes_image=cfg.kubernetes_image,
+        shipping.Executors(
+            memory=cfg.executor_memory,
+            cores=cfg.executor_cores,
+            instances=cfg.executor_instances,
+            kubernetes_image=cfg.kubernetes_image,
+            kubernetes_namespace=cfg.kubernetes_namespace,
+            kubernetes_driver_pod=cfg.kubernetes_driver_pod,
+        ),
     )
     jar_dir = jars.jar_dir("spark-kafka")
     spark_jars = ",".join(sorted(str(p) for p in jar_dir.glob("*.jar")))
@@ -114,8 +120,8 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
         .appName("kdelay-verifier")
         .config("spark.jars", spark_jars)
         .config("spark.driver.memory", cfg.driver_memory)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", cfg.driver_host)
+        .config("spark.driver.bindAddress", cfg.driver_host)
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -128,7 +134,7 @@ def spark_session(cfg: VerifierConfig) -> SparkSession:
         # (Spark already redacts a value matching spark.redaction.regex, "password").
         .config("spark.sql.redaction.options.regex", "(?i)url|jaas|password")
     )
-    for key, value in executors.items():
+    for key, value in {**executors, **cfg.spark_conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -13,8 +13,11 @@ its executors need itself, from the machine only (nothing is fetched from the in
 Executors run ``spark.pyspark.python`` = this interpreter (the same path on every machine of
 a cluster, as in a container image), ``spark.executor.memory`` / ``spark.executor.cores`` from
 the configuration. On Kubernetes the executors' image is ``--kubernetes-image`` (no default:
-a ``k8s://`` master without one is a ConfigError naming the setting). The driver binds to
-127.0.0.1 only (``spark.driver.host`` / ``spark.driver.bindAddress``).
+a ``k8s://`` master without one is a ConfigError naming the setting), in the image
+``deploy/docker/verifier-entrypoint.sh`` turns into an executor; ``--executor-instances`` of
+them, in ``--kubernetes-namespace``, owned by the driver's pod when ``--kubernetes-driver-pod``
+names it (the driver then runs in that pod, Spark's client mode, and ``--driver-host`` is the
+pod's IP). The driver listens on ``--driver-host`` only (127.0.0.1 by default).
 
 No Spark import here: the settings are plain data, unit-tested without a JVM.
 
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import threading
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from kdelay.errors import ConfigError
@@ -58,29 +62,40 @@ def master_kind(master: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Executors:
+    """Where and how big the executors are (the verifier's settings of the same names)."""
+
+    memory: str = "1g"
+    cores: int = 1
+    instances: int = 2
+    kubernetes_image: str = ""
+    kubernetes_namespace: str = "default"
+    kubernetes_driver_pod: str = ""
+
+
 def cluster_settings(
-    master: str,
-    *,
-    executor_memory: str,
-    executor_cores: int,
-    kubernetes_image: str,
-    python: str | None = None,
+    master: str, executors: Executors, *, python: str | None = None
 ) -> dict[str, str]:
     """The Spark settings for running executors on ``master`` (besides the common ones)."""
     kind = master_kind(master)
     settings = {"spark.pyspark.python": python or sys.executable}
     if kind == LOCAL:
         return settings
-    settings["spark.executor.memory"] = executor_memory
-    settings["spark.executor.cores"] = str(executor_cores)
+    settings["spark.executor.memory"] = executors.memory
+    settings["spark.executor.cores"] = str(executors.cores)
     if kind == KUBERNETES:
-        if not kubernetes_image:
+        if not executors.kubernetes_image:
             raise ConfigError(
                 f"--spark-master {master} runs executors on Kubernetes, which needs their "
                 "container image: set --kubernetes-image (KDELAY_VERIFIER_KUBERNETES_IMAGE), "
                 "e.g. the project's verifier image"
             )
-        settings["spark.kubernetes.container.image"] = kubernetes_image
+        settings["spark.kubernetes.container.image"] = executors.kubernetes_image
+        settings["spark.executor.instances"] = str(executors.instances)
+        settings["spark.kubernetes.namespace"] = executors.kubernetes_namespace
+        if executors.kubernetes_driver_pod:
+            settings["spark.kubernetes.driver.pod.name"] = executors.kubernetes_driver_pod
     return settings
 
 

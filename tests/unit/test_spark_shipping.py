@@ -13,7 +13,7 @@ from kdelay.errors import ConfigError
 from verifier import shipping
 from verifier.config import VerifierConfig
 
-SIZES = {"executor_memory": "2g", "executor_cores": 3, "kubernetes_image": ""}
+SIZES = shipping.Executors(memory="2g", cores=3, instances=4)
 
 
 @pytest.mark.parametrize(
@@ -36,13 +36,11 @@ def test_an_unsupported_master_is_a_config_error_naming_the_option(master: str) 
 
 
 def test_local_runs_executors_on_this_interpreter_and_sets_no_executor_sizes() -> None:
-    assert shipping.cluster_settings("local[2]", **SIZES) == {  # type: ignore[arg-type]
-        "spark.pyspark.python": sys.executable
-    }
+    assert shipping.cluster_settings("local[2]", SIZES) == {"spark.pyspark.python": sys.executable}
 
 
 def test_standalone_sets_executor_python_memory_and_cores() -> None:
-    assert shipping.cluster_settings("spark://127.0.0.1:7077", **SIZES) == {  # type: ignore[arg-type]
+    assert shipping.cluster_settings("spark://127.0.0.1:7077", SIZES) == {
         "spark.pyspark.python": sys.executable,
         "spark.executor.memory": "2g",
         "spark.executor.cores": "3",
@@ -51,14 +49,28 @@ def test_standalone_sets_executor_python_memory_and_cores() -> None:
 
 def test_kubernetes_needs_an_image_and_the_error_names_the_setting() -> None:
     with pytest.raises(ConfigError, match="--kubernetes-image"):
-        shipping.cluster_settings("k8s://https://127.0.0.1:6443", **SIZES)  # type: ignore[arg-type]
+        shipping.cluster_settings("k8s://https://127.0.0.1:6443", SIZES)
     got = shipping.cluster_settings(
         "k8s://https://127.0.0.1:6443",
-        executor_memory="1g",
-        executor_cores=1,
-        kubernetes_image="kdelay-verifier:dev",
+        shipping.Executors(kubernetes_image="kdelay-verifier:dev", kubernetes_namespace="v"),
     )
-    assert got["spark.kubernetes.container.image"] == "kdelay-verifier:dev"
+    assert got == {
+        "spark.pyspark.python": sys.executable,
+        "spark.executor.memory": "1g",
+        "spark.executor.cores": "1",
+        "spark.kubernetes.container.image": "kdelay-verifier:dev",
+        "spark.executor.instances": "2",
+        "spark.kubernetes.namespace": "v",
+    }
+
+
+def test_a_driver_in_a_pod_owns_its_executor_pods() -> None:
+    got = shipping.cluster_settings(
+        "k8s://https://kubernetes.default.svc",
+        shipping.Executors(instances=3, kubernetes_image="i", kubernetes_driver_pod="verifier-0"),
+    )
+    assert got["spark.kubernetes.driver.pod.name"] == "verifier-0"
+    assert got["spark.executor.instances"] == "3"
 
 
 def test_the_package_zip_holds_kdelay_and_verifier_at_their_import_paths(tmp_path: Path) -> None:
@@ -77,5 +89,15 @@ def test_executor_settings_are_configuration_fields_and_cli_options() -> None:
     from verifier.cli import command
 
     help_text = CliRunner().invoke(command, ["--help"]).output
-    for option in ("--executor-memory", "--executor-cores", "--kubernetes-image"):
+    for option in (
+        "--executor-memory",
+        "--executor-cores",
+        "--kubernetes-image",
+        "--executor-instances",
+        "--kubernetes-namespace",
+        "--kubernetes-driver-pod",
+        "--driver-host",
+    ):
         assert option in help_text
+    # A mapping has no flag: KDELAY_VERIFIER_SPARK_CONF (JSON) or the config file.
+    assert "--spark-conf" not in help_text
