@@ -29,6 +29,19 @@ Names and labels, after the conventions of the Bitnami and Strimzi charts.
 {{- define "kdelay.proxy.fullname" -}}
 {{- printf "%s-proxy" (include "kdelay.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- define "kdelay.verifier.fullname" -}}
+{{- printf "%s-verifier" (include "kdelay.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kdelay.verifier.image" -}}
+{{- $i := .Values.verifier.image -}}
+{{- if $i.digest -}}
+{{- printf "%s@%s" $i.repository $i.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $i.repository (default .Chart.AppVersion $i.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kdelay.delayService.fullname" -}}
 {{- printf "%s-delay-service" (include "kdelay.fullname" .) | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
