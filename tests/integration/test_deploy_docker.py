@@ -262,7 +262,11 @@ def test_the_staged_build_context_is_what_the_dockerfile_copies(tmp_path: Path) 
     stage(tmp_path)
     staged = {p.name for p in tmp_path.iterdir()}
     packages = {"kdelay", "proxy", "delay_service", "zk", "verifier"}
-    assert staged == {"pyproject.toml", "README.md", "LICENSE"} | packages
+    assert staged == {"pyproject.toml", "README.md", "LICENSE", "deploy"} | packages
+    # Of deploy/, only the verifier image's entrypoint (a Spark executor on Kubernetes).
+    assert [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "deploy").rglob("*.*")] == [
+        "deploy/docker/verifier-entrypoint.sh"
+    ]
     assert (tmp_path / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
     assert (tmp_path / "kdelay" / "jvm" / "spark-kafka" / "pom.xml").is_file()
     assert not (tmp_path / "dev").exists()  # development tooling only
