@@ -167,6 +167,11 @@ def command(
             "pip install 'kdelay[verifier]' (make install does this)"
         ) from None
 
+    metrics = Metrics()
+    if not once and cfg.metrics_port:
+        # Before Spark starts (tens of seconds): a pod's readiness probe reads /metrics, and
+        # Spark on Kubernetes waits for its driver pod to be ready before creating executors.
+        metrics.serve(cfg.metrics_port, cfg.metrics_host)
     spark = job.spark_session(cfg)
     try:
         if once:
@@ -179,9 +184,6 @@ def command(
             sys.exit(outcome.exit_code)
         stop = threading.Event()
         on_stop_signals(lambda _signum: stop.set())
-        metrics = Metrics()
-        if cfg.metrics_port:
-            metrics.serve(cfg.metrics_port, cfg.metrics_host)
         verify_continuous(spark, cfg, stop, metrics)
     finally:
         spark.stop()

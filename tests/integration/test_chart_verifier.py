@@ -75,7 +75,10 @@ def test_the_driver_pod_runs_kdelay_verify_on_kubernetes_with_two_executors(tool
     service = one(docs, "Service", "-verifier")
     assert service["spec"]["ports"][0]["port"] == 9500
     assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
+    # A read-only root file system; Spark writes under its working directory, an emptyDir.
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["workingDir"] == "/tmp"
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
 def test_the_rendered_arguments_are_ones_kdelay_verify_accepts(tools: Tools) -> None:
