@@ -162,7 +162,7 @@ demo-compose: $(STAMP) jvm
 # from the Go module proxy (once per version, .cache/k8s), Debian's containerd, runc and CNI
 # plugins, state and logs in .kdelay/k8s, the project's images (make containers) loaded into
 # containerd. Left running until `make k8s-down`, which leaves no process, mount or netns.
-K8S_IMAGES := kdelay kafka zookeeper
+K8S_IMAGES := kdelay verifier kafka zookeeper
 k8s-up: $(STAMP) jvm
 	$(BIN)/python -m dev.containers up --no-service --only $(K8S_IMAGES)
 	$(BIN)/python -m dev.k8s up

@@ -22,8 +22,9 @@ from dev.containers.images import catalogue
 from dev.k8s.settings import PAUSE_IMAGE, Layout
 from kdelay.errors import InfrastructureError
 
-#: The images the chart's tests run: kdelay itself, Kafka and ZooKeeper.
-WANTED = ("kdelay", "kafka", "zookeeper")
+#: The images the chart's tests run: kdelay itself, its verifier (Spark driver and executors),
+#: Kafka and ZooKeeper.
+WANTED = ("kdelay", "verifier", "kafka", "zookeeper")
 
 
 def _podman(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -54,6 +54,11 @@ def wait(condition: Any, what: str, timeout: float) -> None:
         time.sleep(0.5)
 
 
+#: A hostPath on the one node is shareable by every pod (the verifier's checkpoint is mounted by
+#: its driver and its executors).
+ACCESS_MODES = ["ReadWriteOnce", "ReadWriteMany"]
+
+
 def _volume(layout: Layout, index: int) -> str:
     path = layout.volumes / f"pv-{index}"
     return json.dumps(
@@ -63,7 +68,7 @@ def _volume(layout: Layout, index: int) -> str:
             "metadata": {"name": f"kdelay-pv-{index}", "labels": {"kdelay.dev/local": "true"}},
             "spec": {
                 "capacity": {"storage": _VOLUME_SIZE},
-                "accessModes": ["ReadWriteOnce"],
+                "accessModes": ACCESS_MODES,
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "kdelay-local",
                 "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
@@ -92,6 +97,12 @@ def ensure_storage(layout: Layout) -> str:
     kubectl(layout, "apply", "-f", str(layout.deploy / "storage.yaml"))
     existing = get_json(layout, "pv", "-l", "kdelay.dev/local=true")["items"]
     phases = {pv["metadata"]["name"]: pv["status"].get("phase", "") for pv in existing}
+    for pv in existing:  # made by an earlier version with ReadWriteOnce only
+        if pv["spec"].get("accessModes") != ACCESS_MODES and phases[pv["metadata"]["name"]] == (
+            "Available"
+        ):
+            patch = json.dumps({"spec": {"accessModes": ACCESS_MODES}})
+            kubectl(layout, "patch", "pv", pv["metadata"]["name"], "-p", patch)
     created = recycled = 0
     for index in range(PERSISTENT_VOLUMES):
         name = f"kdelay-pv-{index}"
