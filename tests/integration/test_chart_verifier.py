@@ -140,3 +140,13 @@ def test_an_unknown_verifier_value_is_rejected_by_the_schema(tools: Tools) -> No
     result = helm_template_text(tools, values=[VALUES], sets={"verifier.executor.instances": "3"})
     assert result.returncode != 0
     assert "executor" in result.stderr
+
+
+def test_the_verifier_is_scraped_with_the_other_components(tools: Tools) -> None:
+    docs = helm_template(tools, values=[VALUES], sets={"metrics.serviceMonitor.enabled": "true"})
+    monitor = one(docs, "ServiceMonitor", "-verifier")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    service = one(docs, "Service", "-verifier")
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    without = helm_template(tools, sets={"metrics.serviceMonitor.enabled": "true"})
+    assert len(find(without, "ServiceMonitor")) == 2
