@@ -167,11 +167,15 @@ def command(
             "pip install 'kdelay[verifier]' (make install does this)"
         ) from None
 
+    stop = threading.Event()
     metrics = Metrics()
-    if not once and cfg.metrics_port:
-        # Before Spark starts (tens of seconds): a pod's readiness probe reads /metrics, and
-        # Spark on Kubernetes waits for its driver pod to be ready before creating executors.
-        metrics.serve(cfg.metrics_port, cfg.metrics_host)
+    if not once:
+        # Before Spark starts (tens of seconds): a stop signal meanwhile stops the verifier as
+        # soon as it runs; a pod's readiness probe reads /metrics, and Spark on Kubernetes waits
+        # for its driver pod to be ready before creating executors.
+        on_stop_signals(lambda _signum: stop.set())
+        if cfg.metrics_port:
+            metrics.serve(cfg.metrics_port, cfg.metrics_host)
     spark = job.spark_session(cfg)
     try:
         if once:
@@ -182,8 +186,6 @@ def command(
             for line in outcome.breaches:
                 click.echo(line, err=True)
             sys.exit(outcome.exit_code)
-        stop = threading.Event()
-        on_stop_signals(lambda _signum: stop.set())
         verify_continuous(spark, cfg, stop, metrics)
     finally:
         spark.stop()
