@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install constraints jvm faketime chromium console-screenshots deploy-tools lint format test coverage test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
+.PHONY: help install constraints jvm faketime chromium console-screenshots deploy-tools lint format test coverage test-spark test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 .PHONY: spark-up
@@ -18,6 +18,7 @@ help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
 	@echo "make test    install everything, lint, run every test tier"
 	@echo "make coverage  make test, with the coverage of the run"
+	@echo "make test-spark  the verifier on a standalone Spark cluster (tests/spark, not in make test)"
 	@echo "make install virtualenv in $(VENV), the project with dev extras, the pinned jars"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict, lint-imports"
 	@echo "make constraints  regenerate constraints.txt from $(VENV) (the tested versions)"
@@ -89,10 +90,20 @@ format: $(STAMP)
 # and stacks the tests start as subprocesses are not measured): the files not fully covered and
 # the total; no threshold. Not in `make test`: its tracer costs the suite's in-process Python
 # about 75% more CPU (tests/unit: 75 s -> 138 s), minutes of a 2-core CI run's 30.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# --no-loadscope-reorder: files in collection order (tests/e2e, tests/integration, then the many
+# short files of tests/packaging and tests/unit, which fill the end evenly), not xdist's default
+# of the files with the most tests first, which left the slowest files of one or two tests (a
+# Spark cluster, the wheel) to run last, one worker idle beside them for minutes.
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 COVERAGE ?=
 test: install lint
 	$(BIN)/pytest $(PYTEST_WORKERS) $(COVERAGE) $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+# tests/spark: the verifier on a standalone Spark cluster (five JVMs; about 5 min of a loaded
+# `make test`, past CI's 30-minute budget): its own target, like test-k8s.
+test-spark: install
+	KDELAY_TEST_SPARK_CLUSTER=1 $(BIN)/pytest tests/spark $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
 coverage:
