@@ -44,6 +44,15 @@ pytestmark = pytest.mark.filterwarnings(
 
 WINDOW_MS = 10_000
 SPACING_MS = 10  # between the due times of one _produce call: all in one window
+#: One window's totals in the scenario of 20 messages _produce writes (tests/spark, tests/k8s).
+WINDOW_OF_20 = {
+    "scheduled": 17,
+    "delivered": 16,
+    "missing": 1,
+    "duplicates": 1,
+    "early": 0,
+    "cancelled": 3,
+}
 GRACE_MS = 3_000  # more than a delivery's lateness here, even on a busy machine
 
 

@@ -30,6 +30,7 @@ from dev.k8s import kube
 from dev.k8s.settings import Layout
 from tests.integration.test_verifier_continuous import (
     GRACE_MS,
+    WINDOW_OF_20,
     _next_base,
     _produce,
     _window_totals,
@@ -42,15 +43,6 @@ RELEASE = "kv"
 SELECTOR = "app.kubernetes.io/component=verifier"
 EXECUTORS = "spark-role=executor"
 TEMPLATES = ("verifier-rbac.yaml", "verifier-statefulset.yaml", "verifier-service.yaml")
-#: test_verifier_continuous's scenario of 20 messages: one window's totals.
-WINDOW_OF_20 = {
-    "scheduled": 17,
-    "delivered": 16,
-    "missing": 1,
-    "duplicates": 1,
-    "early": 0,
-    "cancelled": 3,
-}
 TIMEOUT = 420.0
 #: The two windows' starts the first test fills, for the second.
 WINDOWS: list[int] = []

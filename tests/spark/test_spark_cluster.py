@@ -24,6 +24,7 @@ import pytest
 from dev.spark import SparkCluster
 from tests.integration.test_verifier_continuous import (
     GRACE_MS,
+    WINDOW_OF_20,
     _next_base,
     _produce,
     _window_totals,
@@ -44,16 +45,6 @@ from verifier.report import Slo
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
 )
-
-#: One window's totals in test_verifier_continuous's _produce scenario of 20 messages.
-WINDOW_OF_20 = {
-    "scheduled": 17,
-    "delivered": 16,
-    "missing": 1,
-    "duplicates": 1,
-    "early": 0,
-    "cancelled": 3,
-}
 
 
 @pytest.fixture(autouse=True)
