@@ -34,12 +34,7 @@ Names and labels, after the conventions of the Bitnami and Strimzi charts.
 {{- end -}}
 
 {{- define "kdelay.verifier.image" -}}
-{{- $i := .Values.verifier.image -}}
-{{- if $i.digest -}}
-{{- printf "%s@%s" $i.repository $i.digest -}}
-{{- else -}}
-{{- printf "%s:%s" $i.repository (default .Chart.AppVersion $i.tag) -}}
-{{- end -}}
+{{- include "kdelay.imageRef" (dict "image" .Values.verifier.image "ctx" .) -}}
 {{- end -}}
 
 {{- define "kdelay.delayService.fullname" -}}
@@ -81,11 +76,17 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 
 {{- define "kdelay.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- include "kdelay.imageRef" (dict "image" .Values.image "ctx" .) -}}
+{{- end -}}
+
+{{/* An image reference from image values ({repository, tag, digest}): the digest when set,
+else the tag, else the chart's appVersion. Pass (dict "image" <values> "ctx" $). */}}
+{{- define "kdelay.imageRef" -}}
+{{- $i := .image -}}
+{{- if $i.digest -}}
+{{- printf "%s@%s" $i.repository $i.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- printf "%s:%s" $i.repository (default .ctx.Chart.AppVersion $i.tag) -}}
 {{- end -}}
 {{- end -}}
 
