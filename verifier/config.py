@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from kdelay.buffer import BUFFER_TOPIC
@@ -131,6 +131,27 @@ class VerifierConfig(BaseSettings, KafkaClientSecurity):
         if value not in (READ_UNCOMMITTED, READ_COMMITTED):
             raise ValueError(f"must be {READ_UNCOMMITTED!r} or {READ_COMMITTED!r}")
         return value
+
+    @model_validator(mode="after")
+    def _ca_readable(self) -> VerifierConfig:
+        self.kafka_ca_pem()  # at start, naming the setting, not in an executor's first task
+        return self
+
+    def kafka_ca_pem(self) -> str | None:
+        """The PEM CA bundle of ``kafka_ssl_ca_file`` when the protocol uses TLS. Spark's
+        executors get its text (``kafka.ssl.truststore.certificates``), not its path: on a
+        cluster they run where the driver's file is not."""
+        path = self.kafka_client_config().get("ssl.ca.location")
+        if path is None:
+            return None
+        try:
+            pem = Path(path).read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not a PEM file (ASCII)"
+            raise ValueError(f"kafka_ssl_ca_file: cannot read {path}: {reason}") from None
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise ValueError(f"kafka_ssl_ca_file: {path} holds no PEM certificate")
+        return pem
 
     @property
     def window_ms(self) -> int:

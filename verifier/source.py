@@ -72,15 +72,17 @@ def _jaas_quoted(value: str) -> str:
 
 def kafka_security_options(cfg: VerifierConfig) -> dict[str, str]:
     """The verifier's Kafka security settings as options of Spark's Kafka source (the Java
-    client's names with ``kafka.``): the CA as a PEM truststore (KIP-651), SASL as a JAAS
-    login. The JAAS value holds the password: Spark redacts an option whose key or value
-    matches ``spark.redaction.regex`` (``password``) in plans and logs, and the Java client
-    logs ``sasl.jaas.config`` as ``[hidden]``."""
+    client's names with ``kafka.``): the CA's certificates as a PEM truststore (KIP-651), by
+    value, so an executor needs no file of the driver's; SASL as a JAAS login. The JAAS value
+    holds the password: Spark redacts an option whose key or value matches
+    ``spark.redaction.regex`` (``password``) in plans and logs, and the Java client logs
+    ``sasl.jaas.config`` as ``[hidden]``."""
     conf = cfg.kafka_client_config()
     out = {"kafka.security.protocol": conf["security.protocol"]}
-    if "ssl.ca.location" in conf:
+    pem = cfg.kafka_ca_pem()
+    if pem is not None:
         out["kafka.ssl.truststore.type"] = "PEM"
-        out["kafka.ssl.truststore.location"] = conf["ssl.ca.location"]
+        out["kafka.ssl.truststore.certificates"] = pem
     if cfg.kafka_sasl:
         mechanism = conf["sasl.mechanism"]
         out["kafka.sasl.mechanism"] = mechanism

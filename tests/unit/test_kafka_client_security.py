@@ -54,25 +54,73 @@ def test_client_config_has_librdkafka_names_and_the_repr_hides_the_password() ->
 def test_the_password_file_is_read(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("from-file\n")
-    cfg = VerifierConfig(**_sasl(kafka_sasl_password=None, kafka_sasl_password_file=secret))
+    cfg = VerifierConfig(
+        **_sasl(kafka_sasl_password=None, kafka_sasl_password_file=secret, kafka_ssl_ca_file=None)
+    )
     assert cfg.kafka_client_config()["sasl.password"] == "from-file"
 
 
-def test_spark_options_use_a_pem_truststore_and_an_escaped_jaas_login() -> None:
-    opts = kafka_security_options(VerifierConfig(**_sasl(kafka_sasl_mechanism="SCRAM-SHA-256")))
+#: Two certificates (a bundle); the text is passed as it is, only its PEM form is checked.
+CA_PEM = (
+    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"
+)
+
+
+def _ca(tmp_path: Path) -> Path:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(CA_PEM)
+    return ca
+
+
+def test_spark_options_carry_the_ca_bundle_by_value_and_an_escaped_jaas_login(
+    tmp_path: Path,
+) -> None:
+    ca = _ca(tmp_path)
+    opts = kafka_security_options(
+        VerifierConfig(**_sasl(kafka_sasl_mechanism="SCRAM-SHA-256", kafka_ssl_ca_file=ca))
+    )
     assert opts == {
         "kafka.security.protocol": "SASL_SSL",
         "kafka.ssl.truststore.type": "PEM",
-        "kafka.ssl.truststore.location": "/ca.pem",
+        # By value: an executor on another machine or pod has no file at the driver's path.
+        "kafka.ssl.truststore.certificates": CA_PEM,
         "kafka.sasl.mechanism": "SCRAM-SHA-256",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
         'required username="svc" password="s3cr\\"et\\\\pw";',
     }
-    plain = kafka_security_options(VerifierConfig(**_sasl(kafka_sasl_mechanism="PLAIN")))
+    plain = kafka_security_options(
+        VerifierConfig(**_sasl(kafka_sasl_mechanism="PLAIN", kafka_ssl_ca_file=ca))
+    )
     assert plain["kafka.sasl.jaas.config"].startswith(
         "org.apache.kafka.common.security.plain.PlainLoginModule required"
     )
     assert kafka_security_options(VerifierConfig()) == {"kafka.security.protocol": "PLAINTEXT"}
+    # Without TLS the CA is not used, so not read.
+    no_tls = _sasl(kafka_security_protocol="SASL_PLAINTEXT")
+    assert "kafka.ssl.truststore.certificates" not in kafka_security_options(
+        VerifierConfig(**no_tls)
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "kafka_ssl_ca_file: cannot read"),
+        ("not a certificate\n", "holds no PEM certificate"),
+        (b"\xff\xfe", "not a PEM file"),
+    ],
+)
+def test_a_verifier_ca_file_it_cannot_use_is_refused_at_start_naming_the_setting(
+    tmp_path: Path, content: str | bytes | None, error: str
+) -> None:
+    ca = tmp_path / "ca.pem"
+    if isinstance(content, bytes):
+        ca.write_bytes(content)
+    elif content is not None:
+        ca.write_text(content)
+    with pytest.raises(ValidationError, match=error):
+        VerifierConfig(**_sasl(kafka_ssl_ca_file=ca))
 
 
 def test_merge_adds_upstream_settings_and_plaintext_default_gives_way() -> None:
