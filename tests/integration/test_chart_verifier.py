@@ -1,20 +1,29 @@
 """`helm template` of helm/kdelay's verifier (verifier.enabled): the streaming verifier's Spark
 driver in a pod, with a ServiceAccount and Role to create its executor pods, and its metrics
 Service. The rendered arguments are parsed by the real ``kdelay verify`` command, so a flag the
-CLI does not know fails here, not in a pod.
+CLI does not know fails here, not in a pod; on a secured Kafka, its environment is loaded by the
+real settings.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
+
+import pytest
+import yaml
 
 from tests.support.deploy_tools import CHART, Tools, find, helm_template, helm_template_text, one
 from verifier.cli import command
 from verifier.config import VerifierConfig
+from verifier.source import kafka_security_options
 
 VALUES = CHART / "ci" / "verifier-values.yaml"
+SECURED = CHART / "examples" / "secured-values.yaml"
+PASSWORD = "verifier-pw"  # noqa: S105 - a stand-in
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
 def _container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +67,9 @@ def test_the_driver_pod_runs_kdelay_verify_on_kubernetes_with_two_executors(tool
         "spark.kubernetes.executor.request.cores": "250m",
         "spark.kubernetes.executor.limit.cores": "1",
         "spark.sql.warehouse.dir": "/tmp/spark-warehouse",
+        # The RPC to the executors, whose tasks carry the Kafka login: authenticated, encrypted.
+        "spark.authenticate": "true",
+        "spark.network.crypto.enabled": "true",
         # The executors mount the checkpoint's claim where the driver has it.
         f"{claim_conf}.options.claimName": "kd-kdelay-verifier",
         f"{claim_conf}.mount.path": "/var/lib/kdelay/verifier",
@@ -125,15 +137,81 @@ def test_only_the_verifier_gets_an_api_token_and_only_over_its_namespace(tools: 
     ]
 
 
-def test_a_secured_kafka_with_the_verifier_is_refused_naming_the_setting(tools: Tools) -> None:
+def test_on_a_secured_kafka_the_verifier_logs_in_as_its_own_user_from_mounted_files(
+    tools: Tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The secured example (SASL_SSL, a CA, ZooKeeper's digest user and TLS) with the verifier:
+    its pod gets its own Kafka user's password and the CA as files, and no ZooKeeper setting
+    (it uses none); with stand-ins at those paths, the real settings load from that
+    environment, and the executors get the CA's certificates by value."""
+    docs = helm_template(tools, values=[SECURED, VALUES])
+    rendered = "\n".join(yaml.safe_dump(d) for d in docs)
+    workload = one(docs, "StatefulSet", "-verifier")
+    container = _container(workload)
+    entries = container["env"]
+    values = {e["name"]: e.get("value") for e in entries}
+    prefix = "KDELAY_VERIFIER_"
+    assert values[f"{prefix}KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert values[f"{prefix}KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert values[f"{prefix}KAFKA_SASL_USERNAME"] == "kdelay-verifier"
+    # No ZooKeeper setting (the verifier has none: its configuration would refuse one).
+    assert not [n for n in values if "_ZK_" in n]
+    unknown = [
+        n
+        for n in values
+        if n.startswith(prefix)
+        and n.removeprefix(prefix).lower() not in VerifierConfig.model_fields
+    ]
+    assert not unknown, f"no such verifier setting: {unknown}"
+    # Files from a Secret and only its own: the verifier's password, the CA.
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for name, secret, key, path in (
+        (
+            "kafka-sasl",
+            "kdelay-kafka-verifier",
+            "password",
+            values[f"{prefix}KAFKA_SASL_PASSWORD_FILE"],
+        ),
+        ("kafka-ca", "kafka-ca", "ca.crt", values[f"{prefix}KAFKA_SSL_CA_FILE"]),
+    ):
+        source = volumes[name]["secret"]
+        assert source["secretName"] == secret
+        assert mounts[name]["readOnly"] is True
+        assert path == f"{mounts[name]['mountPath']}/{source['items'][0]['path']}"
+        assert source["items"][0]["key"] == key
+    secrets = {v["secret"]["secretName"] for v in volumes.values() if "secret" in v}
+    assert secrets == {"kdelay-kafka-verifier", "kafka-ca"}
+    # The settings load from that environment, with stand-ins at the mounted paths.
+    with monkeypatch.context() as env:
+        for name, value in values.items():
+            if not name.startswith(prefix):
+                continue
+            setting = value
+            if value.startswith("/etc/kdelay/"):
+                stand_in = tmp_path / value.lstrip("/")
+                stand_in.parent.mkdir(parents=True, exist_ok=True)
+                stand_in.write_text(PASSWORD + "\n" if value.endswith("/password") else CA_PEM)
+                setting = str(stand_in)
+            env.setenv(name, setting)
+        cfg = VerifierConfig()
+    client = cfg.kafka_client_config()
+    assert (client["security.protocol"], client["sasl.username"]) == ("SASL_SSL", "kdelay-verifier")
+    assert client["sasl.password"] == PASSWORD
+    options = kafka_security_options(cfg)
+    assert options["kafka.ssl.truststore.certificates"] == CA_PEM
+    assert PASSWORD not in rendered
+
+
+def test_a_secured_kafka_without_the_verifiers_secret_is_refused_naming_it(tools: Tools) -> None:
     result = helm_template_text(
-        tools,
-        values=[VALUES],
-        sets={"kafka.securityProtocol": "SASL_SSL"},
+        tools, values=[SECURED, VALUES], sets={"kafka.sasl.verifier.existingSecret": ""}
     )
     assert result.returncode != 0
-    assert "verifier.enabled" in result.stderr
-    assert "kafka.securityProtocol is SASL_SSL" in result.stderr
+    assert "kafka.sasl.verifier.existingSecret is required" in result.stderr
+    # Without the verifier, its user is not asked for.
+    unused = {"kafka.sasl.verifier.existingSecret": ""}
+    assert helm_template_text(tools, values=[SECURED], sets=unused).returncode == 0
 
 
 def test_an_unknown_verifier_value_is_rejected_by_the_schema(tools: Tools) -> None:

@@ -9,11 +9,12 @@ bundles and the JWKS are mounted the same way (ConfigMaps allowed for what is pu
 settings are the components' own (env = prefix + upper-case setting name); nothing is rendered
 unless it is asked for, so the default render has no security environment and no volume more.
 
-Pass (dict "ctx" $ "component" "proxy"|"delayService").
+Pass (dict "ctx" $ "component" "proxy"|"delayService"|"verifier"). The verifier uses no
+ZooKeeper: it gets the Kafka part only.
 */}}
 
 {{- define "kdelay.security.prefix" -}}
-{{- if eq .component "proxy" }}KDELAY_PROXY_{{ else }}KDELAY_REPLICA_{{ end -}}
+{{- if eq .component "proxy" }}KDELAY_PROXY_{{ else if eq .component "verifier" }}KDELAY_VERIFIER_{{ else }}KDELAY_REPLICA_{{ end -}}
 {{- end -}}
 
 {{/* Mount points (fixed: the components are told them in the environment). */}}
@@ -74,6 +75,9 @@ jwks: /etc/kdelay/jwks/jwks.json
 
 {{/* ZooKeeper: digest user and TLS; fails on an incomplete setting. */}}
 {{- define "kdelay.security.zk" -}}
+{{- if eq .component "verifier" -}}
+{{- toJson (dict "auth" dict "tls" false "ca" dict "hasCa" false) -}}
+{{- else -}}
 {{- $z := .ctx.Values.zookeeper -}}
 {{- $auth := $z.auth | default dict -}}
 {{- $tls := $z.tls | default dict -}}
@@ -89,6 +93,7 @@ jwks: /etc/kdelay/jwks/jwks.json
 {{- fail "zookeeper.tls.ca is set but zookeeper.tls.enabled is false" -}}
 {{- end -}}
 {{- toJson (dict "auth" $auth "tls" (default false $tls.enabled) "ca" $ca "hasCa" $hasCa) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The proxy's listener and HTTP API; fails on a contradiction the proxy would refuse. */}}
