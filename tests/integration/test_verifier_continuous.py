@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,18 +138,33 @@ def _window_totals(records: list[Record], start_ms: int) -> dict[str, int]:
     return totals
 
 
+def _scenario_topics(bootstrap: str, tag: str) -> tuple[str, str, str]:
+    """A buffer topic and a LogAppendTime target (2 partitions each) and an output topic."""
+    names = (unique_topic(f"{tag}buf"), unique_topic(f"{tag}tgt"), unique_topic(f"{tag}out"))
+    create_topic(bootstrap, names[0], partitions=2)
+    create_target(bootstrap, names[1], partitions=2)
+    create_topic(bootstrap, names[2])
+    return names
+
+
+def _settled(
+    starts: Sequence[int], errors: Sequence[Exception] = ()
+) -> Callable[[list[Record]], bool]:
+    """Whether the windows starting at ``starts`` were all published with _produce's 17
+    scheduled messages; fails at once on an error of a verifier run in a thread."""
+
+    def done(records: list[Record]) -> bool:
+        assert not errors, errors
+        return all(_window_totals(records, s).get("scheduled", 0) >= 17 for s in starts)
+
+    return done
+
+
 def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
     bootstrap = kafka.bootstrap_servers
-    buffer_topic, target, out_topic = (
-        unique_topic("sbuf"),
-        unique_topic("stgt"),
-        unique_topic("sout"),
-    )
-    create_topic(bootstrap, buffer_topic, partitions=2)
-    create_target(bootstrap, target, partitions=2)
-    create_topic(bootstrap, out_topic)
+    buffer_topic, target, out_topic = _scenario_topics(bootstrap, "s")
     # Written straight to the target two minutes before its due time: early, though no schedule
     # exists, and stamped as if released after its due time.
     forged_due = int(time.time() * 1000) + 120_000
@@ -196,13 +211,8 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
         _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
 
         def first_two_windows_settled(records: list[Record]) -> bool:
-            assert not errors, errors
-            return (
-                _window_totals(records, first).get("scheduled", 0) >= 17
-                and _window_totals(records, second).get("scheduled", 0) >= 17
-                and _window_totals(records, forged_due // WINDOW_MS * WINDOW_MS).get("early", 0)
-                >= 1
-            )
+            forged = _window_totals(records, forged_due // WINDOW_MS * WINDOW_MS)
+            return _settled((first, second), errors)(records) and forged.get("early", 0) >= 1
 
         published = consume_until(bootstrap, [out_topic], first_two_windows_settled, timeout=180)
         for start in (first, second):

@@ -33,10 +33,11 @@ from tests.integration.test_verifier_continuous import (
     WINDOW_OF_20,
     _next_base,
     _produce,
+    _scenario_topics,
+    _settled,
     _window_totals,
 )
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
-from tests.support.schedule import create_target
+from tests.support.kafka_helpers import consume_until
 
 NAMESPACE = "kdelay-verifier"
 RELEASE = "kv"
@@ -81,12 +82,7 @@ def _wait(condition: Callable[[], bool], what: str, lay: Layout, timeout: float 
 
 @pytest.fixture(scope="module")
 def topics(kafka_zookeeper: tuple[str, str]) -> tuple[str, str, str]:
-    bootstrap, _ = kafka_zookeeper
-    names = (unique_topic("k8sbuf"), unique_topic("k8stgt"), unique_topic("k8sout"))
-    create_topic(bootstrap, names[0], partitions=2)
-    create_target(bootstrap, names[1], partitions=2)
-    create_topic(bootstrap, names[2])
-    return names
+    return _scenario_topics(kafka_zookeeper[0], "k8s")
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +163,6 @@ def _executors_of(lay: Layout, driver: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _settled(*starts: int) -> Callable[[list[Record]], bool]:
-    def done(records: list[Record]) -> bool:
-        return all(_window_totals(records, s).get("scheduled", 0) >= 17 for s in starts)
-
-    return done
-
-
 def _metric(url: str, name: str) -> float:
     text = urllib.request.urlopen(url, timeout=10).read().decode()  # noqa: S310 - the pod's IP
     found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
@@ -198,13 +187,18 @@ def test_the_charts_verifier_runs_with_two_executor_pods_and_counts_exactly(
         k8s,
     )
     print(f"driver and two executors running in {time.monotonic() - began:.1f} s")
+    # Spark's RPC is authenticated (the chart's spark.authenticate): each executor pod is given
+    # the application's secret, without which the driver would refuse it.
+    for pod in _executors_of(k8s, driver):
+        (container,) = pod["spec"]["containers"]
+        assert "_SPARK_AUTH_SECRET" in {e["name"] for e in container.get("env", [])}
     first = _next_base() - 1_000
     _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
     second = _next_base(first + 1_000 + GRACE_MS) - 1_000
     # The second window's messages move the watermark past the first (due + grace).
     _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
     WINDOWS[:] = [first, second]
-    published = consume_until(bootstrap, [out_topic], _settled(first), timeout=TIMEOUT)
+    published = consume_until(bootstrap, [out_topic], _settled([first]), timeout=TIMEOUT)
     assert _window_totals(published, first) == WINDOW_OF_20
     print(f"first window verified {time.monotonic() - began:.1f} s after apply")
     # The driver's Prometheus figures (the verifier Service's target) count that window too.
@@ -255,6 +249,6 @@ def test_a_new_driver_resumes_from_the_checkpoint_with_new_executor_pods(
     print(f"new driver and executors running {time.monotonic() - began:.1f} s after the delete")
     first, second = WINDOWS
     _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
-    published = consume_until(bootstrap, [out_topic], _settled(first, second), timeout=TIMEOUT)
+    published = consume_until(bootstrap, [out_topic], _settled([first, second]), timeout=TIMEOUT)
     assert _window_totals(published, first) == WINDOW_OF_20
     assert _window_totals(published, second) == WINDOW_OF_20

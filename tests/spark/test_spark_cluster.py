@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from tests.integration.test_verifier_continuous import (
     WINDOW_OF_20,
     _next_base,
     _produce,
+    _scenario_topics,
+    _settled,
     _window_totals,
 )
 from tests.integration.test_verifier_once import (
@@ -35,8 +37,7 @@ from tests.integration.test_verifier_once import (
     independent_report,
 )
 from tests.support.infra import KafkaInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
-from tests.support.schedule import create_target
+from tests.support.kafka_helpers import consume_until
 from verifier.cli import verify_continuous, verify_once
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
@@ -186,22 +187,6 @@ def _stream_config(
     )
 
 
-def _topics(bootstrap: str) -> tuple[str, str, str]:
-    names = (unique_topic("kbuf"), unique_topic("ktgt"), unique_topic("kout"))
-    create_topic(bootstrap, names[0], partitions=2)
-    create_target(bootstrap, names[1], partitions=2)
-    create_topic(bootstrap, names[2])
-    return names
-
-
-def _settled(starts: list[int], errors: list[Exception]) -> Callable[[list[Record]], bool]:
-    def done(records: list[Record]) -> bool:
-        assert not errors, errors
-        return all(_window_totals(records, s).get("scheduled", 0) >= 17 for s in starts)
-
-    return done
-
-
 def test_streaming_survives_a_worker_killed_mid_run_and_resumes_from_its_checkpoint(
     kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: ClusterSession, tmp_path: Path
 ) -> None:
@@ -211,7 +196,7 @@ def test_streaming_survives_a_worker_killed_mid_run_and_resumes_from_its_checkpo
     comes out right, and the first is not published again (no double counting anywhere)."""
     session = cluster_spark.get()
     bootstrap = kafka.bootstrap_servers
-    topics = _topics(bootstrap)
+    topics = _scenario_topics(bootstrap, "k")
     buffer_topic, target, out_topic = topics
     cfg = _stream_config(bootstrap, topics, tmp_path / "checkpoint")
     first = _next_base() - 1_000
