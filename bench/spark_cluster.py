@@ -22,10 +22,19 @@ Figures depend on the machine (this one: 2 cores, shared).
 On 2026-11-28, 2 cores shared with other jobs (load 4-5), 1,000,000 delivered records (and as
 many schedule records): local[2] 110.8 s (9,025 records/s), the two-worker cluster 155.8 s
 (6,418/s), 0.71 of local[2]; a second run 126.9 s (7,878/s) against 197.9 s (5,052/s), 0.64
-(executors' start-up, 8.9 s, apart). The cluster is slower here: the same two cores, plus two
-executor JVMs, the shuffle over loopback and the driver's serving of tasks; a real cluster adds
-cores. 10,000,000 was not measured: at these rates it needs about 45 minutes on this machine
-(fill about 100 s, local[2] about 1,100 s, the cluster about 1,600 s).
+(executors' start-up, 8.9 s, apart). At 1M the cluster is slower here: the same two cores, plus
+two executor JVMs, the shuffle over loopback and the driver's serving of tasks.
+
+On 2026-11-29, 10,000,000 delivered records (``--records 10000000 --driver-memory 4g
+--executor-memory 3g``, beside a soak of the streaming verifier on another cluster, load 4-6):
+local[2] 632.8 s (15,804 records/s), the cluster 464.3 s (21,538/s), 1.36 of local[2]; the
+reports identical. At 10M the two executors' heaps (3 GiB each, against one 4 GiB driver heap
+for local[2]) pay off. With ``--executor-memory 1g`` the cluster failed: the exact percentiles
+(Spark's ``percentile``) keep each distinct lateness value of the run with its count in one
+task, and this fill gives nearly every message its own lateness in milliseconds (due times 1 ms
+apart, delivered at about 75,000 a second), so the final merge of 10M values ran out of a
+1 GiB heap (``OutOfMemoryError`` in ``PercentileBase.merge``, executor exit 52). Real lateness
+takes far fewer distinct values; a backlog released hours late does not.
 """
 
 from __future__ import annotations
@@ -135,6 +144,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shuffle-partitions", type=int, default=4)
     ap.add_argument("--driver-memory", default="2g")
+    ap.add_argument(
+        "--executor-memory",
+        default="1g",
+        help="each executor's (and worker's) memory; 10M records need more than 1g (see above)",
+    )
     args = ap.parse_args()
     sizes = sorted(int(x) for x in args.records.split(","))
     base = Path(tempfile.mkdtemp(prefix="kdelay-bench-spark-"))
@@ -146,8 +160,9 @@ def main() -> None:
         kafka.start()
         bootstrap = kafka.bootstrap_servers
         create_topics(bootstrap)
-        with SparkCluster(base / "spark", workers=args.workers) as cluster:
-            progress(f"cluster {cluster.master_url}: {args.workers} workers, 1 core and 1g each")
+        memory = args.executor_memory
+        with SparkCluster(base / "spark", workers=args.workers, worker_memory=memory) as cluster:
+            progress(f"cluster {cluster.master_url}: {args.workers} workers, 1 core, {memory} each")
             due0 = int(time.time() * 1000) - 3_600_000
             filled = 0
             rows = []
@@ -167,6 +182,7 @@ def main() -> None:
                         spark_master=master,
                         shuffle_partitions=args.shuffle_partitions,
                         driver_memory=args.driver_memory,
+                        executor_memory=memory,
                         log_level="WARNING",
                     )
                     executors = 0 if master.startswith("local") else args.workers
