@@ -14,6 +14,11 @@ checkpoint directory's size on disk, and the verifier's ``kdelay_verifier_schedu
 (progress); the driver's figure is the ``kdelay verify`` process and the JVM it starts. It
 prints a line per sample and, at the end, the first, last and largest of each figure and the
 last half's growth; a JSON file goes to ``--out``. Not part of ``make test``.
+
+On 2026-11-29, ``--minutes 120 --rate 300`` (2,160,000 messages; its minutes 76-96 beside a CI
+run): checkpoint 45-71 MB from minute 20 on; executors 2.4-2.5 GB from minute 25 on; the
+driver's largest sample per 20 minutes 1,164, 1,239, 1,278, 1,262, 1,283 and 1,353 MB; the
+published windows about 150 s behind the feed throughout.
 """
 
 from __future__ import annotations
