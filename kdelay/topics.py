@@ -23,7 +23,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata  # not re-exported i
 from confluent_kafka.cimpl import NewTopic
 
 from kdelay import logs
-from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
+from kdelay.buffer import BUFFER_TOPIC, CANCEL_WINDOW_MS, DEAD_LETTER_TOPIC
 from kdelay.errors import BrokerClockError, ConfigError, InfrastructureError
 
 log = logs.get(__name__)
@@ -36,6 +36,9 @@ AUTO_REPLICATION = 3
 AUTO_MIN_INSYNC = 2
 MIN_INSYNC = "min.insync.replicas"
 
+#: The buffer topic's ``min.compaction.lag.ms``: the cancel window and a minute (6 min).
+MIN_COMPACTION_LAG_MS = CANCEL_WINDOW_MS + 60_000
+
 BUFFER_TOPIC_CONFIG = {
     # Delivered and cancelled ids get tombstones: compaction keeps about the pending set.
     "cleanup.policy": "compact",
@@ -43,7 +46,9 @@ BUFFER_TOPIC_CONFIG = {
     "message.timestamp.type": "LogAppendTime",
     # Pending messages must never age out, however long their delay.
     "retention.ms": "-1",
-    "min.compaction.lag.ms": "60000",
+    # A cancel stays open for CANCEL_WINDOW_MS to cancel a schedule appended after it: until
+    # then the cleaner must not remove it (a rebuilt store would miss it), so a minute more.
+    "min.compaction.lag.ms": str(MIN_COMPACTION_LAG_MS),
     "delete.retention.ms": "86400000",
 }
 

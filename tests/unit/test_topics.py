@@ -15,10 +15,16 @@ import pytest
 
 from delay_service.config import ReplicaConfig
 from kdelay import topics
-from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
+from kdelay.buffer import BUFFER_TOPIC, CANCEL_WINDOW_MS, DEAD_LETTER_TOPIC
 from kdelay.config_loader import load
 from kdelay.errors import ConfigError
-from kdelay.topics import CHECKPOINT_TOPIC, Durability, WeakTopic
+from kdelay.topics import (
+    BUFFER_TOPIC_CONFIG,
+    CHECKPOINT_TOPIC,
+    MIN_COMPACTION_LAG_MS,
+    Durability,
+    WeakTopic,
+)
 from proxy.config import ProxyConfig
 
 
@@ -183,3 +189,11 @@ def test_components_default_to_auto_and_reject_a_min_isr_above_the_replication(
     assert (cfg.buffer_replication, cfg.buffer_min_insync_replicas) == (None, None)
     with pytest.raises(ConfigError, match="buffer_min_insync_replicas"):
         load(model, {"buffer_replication": 2, "buffer_min_insync_replicas": 3})
+
+
+def test_the_cleaner_keeps_a_cancel_for_its_whole_window() -> None:
+    """A cancel cancels schedules appended up to CANCEL_WINDOW_MS after it: removed earlier by
+    compaction, a store rebuilt from the topic would keep such a schedule pending."""
+    lag = int(BUFFER_TOPIC_CONFIG["min.compaction.lag.ms"])
+    assert lag > CANCEL_WINDOW_MS
+    assert lag == MIN_COMPACTION_LAG_MS
