@@ -423,18 +423,50 @@ def _list_row(msg: dict[str, Any]) -> tuple[str, str, str, str]:
     "--shards", type=click.IntRange(1, 1024), required=True, help="the new number of shards"
 )
 @click.option("--timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+@click.option(
+    "--bootstrap-servers",
+    envvar="KDELAY_REPLICA_BOOTSTRAP_SERVERS",
+    default=None,
+    help="Kafka, to fence the transactional ids of the shards a smaller layout removes (its "
+    "login: the replicas' KDELAY_REPLICA_KAFKA_* settings); without it they are not fenced",
+)
+@click.option(
+    "--buffer-topic",
+    envvar="KDELAY_REPLICA_BUFFER_TOPIC",
+    default="__kdelay_buffer",
+    show_default=True,
+    help="the delay set's buffer topic (part of its transactional ids)",
+)
 @zk_security_options
 def reshard_command(
-    zk_connect: str, zk_root: str, shards: int, timeout: float, **security_flags: Any
+    *,
+    zk_connect: str,
+    zk_root: str,
+    shards: int,
+    timeout: float,
+    bootstrap_servers: str | None,
+    buffer_topic: str,
+    **security_flags: Any,
 ) -> None:
     """Change the shard count of a delay set whose replicas are all stopped; then start them
     with the new --shards (docs/operations.md, "Shards")."""
     from kazoo.exceptions import NoAuthError
 
-    from delay_service.reshard import reshard
+    from delay_service.reshard import fence, reshard
     from zk import Paths, Session
 
     security = zk_security(**security_flags)
+    fence_removed: Callable[[list[str]], None] | None = None
+    if bootstrap_servers:
+        kafka = load(ReplicaConfig, {"bootstrap_servers": bootstrap_servers}).kafka_connection(
+            bootstrap_servers
+        )
+
+        def fence_removed_shards(removed: list[str]) -> None:
+            fence(removed, buffer_topic, kafka, timeout)
+
+        fence_removed = fence_removed_shards
+
     try:
         paths = Paths(zk_root)
     except ValueError as exc:
@@ -444,7 +476,7 @@ def reshard_command(
     session.start(timeout=timeout)
     try:
         _check_access(session.client, zk_root, security)
-        result = reshard(session.client, paths, shards)
+        result = reshard(session.client, paths, shards, fence_removed)
     except NoAuthError:
         raise _no_auth(zk_root, security) from None
     finally:
@@ -456,4 +488,7 @@ def reshard_command(
     for root, record in result.checkpoints.items():
         offsets = json.dumps({str(p): o for p, o in sorted(record.offsets.items())})
         click.echo(f"  {root}: checkpoint time_ms={record.time_ms} offsets={offsets}")
+    if result.removed:
+        state = "fenced" if bootstrap_servers else "NOT fenced (no --bootstrap-servers)"
+        click.echo(f"  removed shards' transactional ids {state}: {', '.join(result.removed)}")
     click.echo(f"start the replicas with --shards {shards} (--shard 0..{shards - 1})")

@@ -9,11 +9,17 @@ the replicas with ``--shards M``. Nothing is lost or released twice:
   names them.
 - **A checkpoint per new shard, derived from the old ones.** The new shard ``j``'s claim is
   ``(T, O)`` with ``O[p]`` the old checkpoint's offset of each partition ``p`` it now owns and
-  ``T`` the *earliest* of the old shards' times: it covers only what some old checkpoint
-  covered (so nothing pending is dropped), and what the old masters released after ``T`` is
-  removed from the new stores by its tombstones, read with the rest of the topic. It is written
+  ``T`` the *earliest* time of the old checkpoints it takes offsets from: it covers only what
+  some old checkpoint covered (so nothing pending is dropped), and what the old masters
+  released after ``T`` is removed from the new stores by its tombstones, read with the rest of
+  the topic. An old shard whose partitions the new one does not own does not lower ``T``: at
+  least once, a release whose tombstone was lost would otherwise be released again. It is written
   under a newly claimed epoch of the new shard's root, so it outranks an older master's
   checkpoint there (in ZooKeeper, and in ``__kdelay_checkpoint``, where the higher epoch wins).
+- **Removed shards fenced.** Given Kafka (``--bootstrap-servers``), the transactional id of
+  every old shard the new layout does not keep (3 -> 2 drops ``shard-2``'s; any change to or
+  from one shard drops the others') is initialised once: Kafka bumps its epoch, so a frozen old
+  master of that shard can no longer commit a release. Without Kafka it is only logged.
 - **The layout last.** Only then is ``<root>/layout`` changed; replicas started with another
   ``--shards`` refuse to run. A replica whose store holds another shard rebuilds it from the
   buffer topic before it joins its shard's election (``shard_dir.py``).
@@ -24,14 +30,16 @@ Changing the buffer topic's partition count is a different step (docs/operations
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from delay_service.txn_sender import release_transactional_id
 from kdelay import logs
 from kdelay.checkpoint import CheckpointRecord
-from kdelay.errors import ConfigError
+from kdelay.errors import ConfigError, InfrastructureError
 from kdelay.shards import owns
 from zk import CheckpointStore, Paths, read_checkpoint
 from zk.layout import Layout, read_layout, write_layout
@@ -48,6 +56,30 @@ class ReshardResult:
     old: int
     new: int
     checkpoints: dict[str, CheckpointRecord]  # by the new shard's root
+    removed: tuple[str, ...] = ()  # the old shards' roots the new layout does not keep
+
+
+def fence(
+    removed: list[str], buffer_topic: str, client_config: dict[str, str], timeout: float
+) -> None:
+    """Initialise the transactional id of each removed shard root (the one its masters used,
+    ``delay_service/txn_sender.py``): Kafka aborts what it left open and fences its producer.
+    InfrastructureError naming the id when Kafka refuses or does not answer."""
+    from confluent_kafka import KafkaException, Producer
+
+    for root in removed:
+        txn_id = release_transactional_id(root, buffer_topic)
+        producer = Producer({**client_config, "transactional.id": txn_id})
+        try:
+            producer.init_transactions(timeout)
+        except KafkaException as exc:
+            raise InfrastructureError(
+                f"reshard: could not fence transactional id {txn_id!r} of removed shard "
+                f"{root}: {exc.args[0]}"
+            ) from None
+        finally:
+            producer.flush(0)
+        log.info("reshard.fenced", root=root, transactional_id=txn_id)
 
 
 def running(client: KazooClient, roots: list[Paths]) -> list[str]:
@@ -68,20 +100,33 @@ def derive(
 ) -> tuple[int, dict[int, int]]:
     """The claim ``(T, O)`` of new shard ``shard`` of ``shards`` from the old shards'
     checkpoints (module docstring); ``T`` is -1 when no old shard had one."""
-    records = [r for r in old.values() if r is not None]
-    time_ms = min((r.time_ms for r in records), default=-1)
     offsets: dict[int, int] = {}
+    sources: list[int] = []  # the times of the old checkpoints this claim takes offsets from
     for i, record in old.items():
         if record is None:
             continue
-        for partition, offset in record.offsets.items():
-            if owns(partition, shard, shards) and owns(partition, i, old_shards):
-                offsets[partition] = offset
-    return time_ms, offsets
+        mine = {
+            partition: offset
+            for partition, offset in record.offsets.items()
+            if owns(partition, shard, shards) and owns(partition, i, old_shards)
+        }
+        if mine:
+            offsets.update(mine)
+            sources.append(record.time_ms)
+    if not sources:  # nothing claimed: the time covers nothing without offsets
+        sources = [r.time_ms for r in old.values() if r is not None]
+    return min(sources, default=-1), offsets
 
 
-def reshard(client: KazooClient, root: Paths, shards: int) -> ReshardResult:
-    """Change the delay set under ``root`` to ``shards`` shards (module docstring)."""
+def reshard(
+    client: KazooClient,
+    root: Paths,
+    shards: int,
+    fence_removed: Callable[[list[str]], None] | None = None,
+) -> ReshardResult:
+    """Change the delay set under ``root`` to ``shards`` shards (module docstring);
+    ``fence_removed`` (e.g. :func:`fence` with the Kafka settings) gets the removed shards'
+    roots before the layout changes."""
     layout = read_layout(client, root)
     old_shards = 1 if layout is None else layout.shards
     if shards == old_shards:
@@ -117,6 +162,16 @@ def reshard(client: KazooClient, root: Paths, shards: int) -> ReshardResult:
             offsets=offsets,
             epoch=epoch,
         )
+    kept = {p.root for p in new_roots}
+    removed = [p.root for p in old_roots if p.root not in kept]
+    if removed and fence_removed is not None:
+        fence_removed(removed)
+    elif removed:
+        log.warning(
+            "reshard.not_fenced",
+            removed=removed,
+            why="no --bootstrap-servers: a frozen old master of these shards could still commit",
+        )
     write_layout(client, root, Layout(shards))
     log.info("reshard.layout_written", root=root.root, old=old_shards, new=shards)
-    return ReshardResult(old_shards, shards, written)
+    return ReshardResult(old_shards, shards, written, tuple(removed))

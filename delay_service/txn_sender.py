@@ -89,7 +89,13 @@ def set_key(cfg: ReplicaConfig) -> str:
 
 def transactional_id(cfg: ReplicaConfig) -> str:
     """The transactional id every master of the set shares: the next one fences the last."""
-    return f"kdelay-release:{set_key(cfg)}"
+    return release_transactional_id(cfg.set_paths.root, cfg.buffer_topic)
+
+
+def release_transactional_id(shard_root: str, buffer_topic: str) -> str:
+    """The transactional id of the masters of the shard at ``shard_root`` (its ZooKeeper root)
+    on ``buffer_topic``."""
+    return f"kdelay-release:{shard_root}|{buffer_topic}"
 
 
 def make_txn_producer(cfg: ReplicaConfig) -> Producer:

@@ -69,6 +69,17 @@ def test_a_reshard_claims_only_what_some_old_checkpoint_covered() -> None:
                         assert mine.covers(p, offset, due), (j, p, offset, due)
 
 
+def test_a_reshard_takes_its_time_only_from_the_old_shards_it_takes_partitions_from() -> None:
+    # 2 shards of 8 partitions -> 4: new shards 0 and 2 hold only old shard 0's partitions.
+    old: dict[int, CheckpointRecord | None] = {
+        0: record(1_000, {p: p for p in range(0, 8, 2)}),
+        1: record(900, {p: p for p in range(1, 8, 2)}),
+    }
+    claims = [derive(old, 2, j, 4) for j in range(4)]
+    assert [t for t, _ in claims] == [1_000, 900, 1_000, 900]
+    assert [sorted(o) for _, o in claims] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
 def test_a_reshard_without_old_checkpoints_claims_nothing() -> None:
     assert derive({0: None}, 1, 0, 2) == (-1, {})
     # An old shard without a checkpoint contributes no offsets (its partitions stay unclaimed).
