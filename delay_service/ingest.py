@@ -72,6 +72,8 @@ class Ingest:
         #: Whether this replica releases now (the master): it reads with the short linger.
         self.leading: Callable[[], bool] = lambda: True
         self.caught_up = threading.Event()
+        #: Called (on the ingest thread) when every partition was read to its end.
+        self.on_synced: Callable[[], None] = lambda: None
         self._progress = threading.Condition()
         self._lag = 0
         self._targets: dict[int, int] = {}  # catch-up target per partition
@@ -251,6 +253,8 @@ class Ingest:
             if total == 0:
                 self._last_progress = time.monotonic()
         self._metrics.buffer_lag.set(total)
+        if total == 0 and self._partitions and not self._unassigned and self.caught_up.is_set():
+            self.on_synced()  # read to the end of every partition: delay_service/away.py
 
     def check_caught_up(self, consumer: BufferConsumer) -> None:
         """Set :attr:`caught_up` once every assigned partition reached its target."""

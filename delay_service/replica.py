@@ -39,7 +39,7 @@ from typing import Any
 
 from kazoo.recipe.watchers import DataWatch
 
-from delay_service import health, shard_dir, startup
+from delay_service import away, health, startup
 from delay_service.config import ReplicaConfig
 from delay_service.errors import ComponentFailedError
 from delay_service.follower_checkpoints import FollowerCheckpoints
@@ -141,8 +141,7 @@ class Replica:
         except (ConfigError, CoordinationError):
             session.stop()
             raise
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        shard_dir.prepare(cfg)  # a store of another shard or layout is rebuilt from the topic
+        startup.prepare_data_dir(cfg)  # rebuilt: a store of another shard, or away too long
         store = Store(cfg.data_dir / "store")
         self.metrics.pending.set(store.pending)
         self.health.beat()
@@ -159,6 +158,7 @@ class Replica:
         )
         ingest.on_new = forwarder.notify_new
         ingest.on_cancelled = forwarder.add_tombstones
+        ingest.on_synced = away.SyncStamp(cfg.data_dir).synced
         ingest.leading = forwarder.active.is_set
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
         ingest_stop = threading.Event()

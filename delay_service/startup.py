@@ -21,7 +21,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from delay_service import health
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported in the stubs
+
+from delay_service import away, health, shard_dir
 from delay_service.broker_clock import SkewHold
 from delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from delay_service.exactly_once import make_forwarder
@@ -85,6 +89,34 @@ def ensure_topics(cfg: ReplicaConfig) -> None:
         )
     if unchecked and acl_check.awaiting_topics(unchecked):
         check_acls(cfg)
+
+
+def prepare_data_dir(cfg: ReplicaConfig) -> None:
+    """Make ``cfg.data_dir`` ready for the store: a store of another shard or layout
+    (``shard_dir.py``), or one away longer than the buffer topic keeps tombstones
+    (``away.py``), is removed, to be rebuilt from the topic."""
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    shard_dir.prepare(cfg)
+    away.rebuild_if_away(cfg.data_dir, cfg.data_dir / shard_dir.STORE_DIR, delete_retention_ms(cfg))
+
+
+def delete_retention_ms(cfg: ReplicaConfig, timeout: float = 10.0) -> int:
+    """The buffer topic's ``delete.retention.ms`` (how long the cleaner keeps tombstones), or
+    Kafka's default, with a warning, when it cannot be read (delay_service/away.py)."""
+    conf: dict[str, str | int | float | bool] = {**cfg.kafka_connection(cfg.bootstrap_servers)}
+    admin = AdminClient(conf)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, cfg.buffer_topic)
+    try:
+        configs = admin.describe_configs([resource])[resource].result(timeout=timeout)
+        return int(configs["delete.retention.ms"].value)
+    except (KafkaException, KeyError, ValueError, TimeoutError) as exc:
+        log.warning(
+            "replica.delete_retention_unknown",
+            topic=cfg.buffer_topic,
+            error=str(exc),
+            assumed_ms=away.DEFAULT_DELETE_RETENTION_MS,
+        )
+        return away.DEFAULT_DELETE_RETENTION_MS
 
 
 def check_layout(cfg: ReplicaConfig, session: Session) -> None:
