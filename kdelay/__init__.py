@@ -1,7 +1,8 @@
 """kdelay: delayed and scheduled messages for Apache Kafka.
 
 What every component shares: the control headers (:mod:`kdelay.headers`), the buffer-record
-contract (:mod:`kdelay.buffer`), errors, logging, the CLI and the embedded local stack.
+contract (:mod:`kdelay.buffer`), errors, logging and the CLI. The development stack is
+``dev/`` in a checkout, not part of this package.
 """
 
 from __future__ import annotations
