@@ -1,10 +1,10 @@
 """``kdelay delay-service`` (run one replica), ``kdelay status`` (CONTRACT.md), whose
 ``--id ID`` asks the replicas about one message (docs/status.md), and ``kdelay list``, the
 pending messages in due order as the replicas list them (``GET /v1/messages?state=pending``),
-following each page's ``next`` up to ``--limit``.
+following each page's ``next`` up to ``--limit``. ``kdelay reshard`` is reshard_cli.py.
 
 ``kdelay status``, ``kdelay list`` and ``kdelay reshard`` log in to ZooKeeper as the replicas
-do (zk/security.py): ``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and
+do (zk_flags.py): ``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and
 ``--zk-tls-ca-file``, each also read from the replicas' own variable
 (``KDELAY_REPLICA_ZK_AUTH_USERNAME`` ...), so they run unchanged beside a replica. The password
 is never a flag: ``KDELAY_ZK_AUTH_PASSWORD`` (else the replicas'
@@ -14,18 +14,16 @@ is never a flag: ``KDELAY_ZK_AUTH_PASSWORD`` (else the replicas'
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import SecretStr, ValidationError
 
 from delay_service.config import ReplicaConfig
+from delay_service.zk_flags import check_access, no_auth, zk_security, zk_security_options
 from kdelay import logs, memory
 from kdelay.config_loader import load
 from kdelay.options import config_options
@@ -34,14 +32,10 @@ from zk.paths import DEFAULT_ROOT
 from zk.security import ZkSecurity
 
 if TYPE_CHECKING:
-    from kazoo.client import KazooClient
-
-F = TypeVar("F", bound=Callable[..., Any])
+    pass
 
 #: Most messages one listing page holds (GET /v1/messages, CONTRACT.md v3).
 LIST_PAGE_MAX = 1000
-#: Where ``kdelay status`` and ``kdelay reshard`` read the ZooKeeper password, first found wins.
-PASSWORD_ENV = ("KDELAY_ZK_AUTH_PASSWORD", "KDELAY_REPLICA_ZK_AUTH_PASSWORD")
 
 
 @click.command("delay-service")
@@ -64,86 +58,6 @@ def command(config_file: Path | None, **flags: Any) -> None:
     memory.freeze_startup_objects()  # no full collection walks them again (kdelay/memory.py)
     memory.collect_young_less_often()
     replica.run()
-
-
-def zk_security_options(func: F) -> F:
-    """The ZooKeeper login and TLS flags of ``kdelay status`` and ``kdelay reshard``."""
-    options = [
-        click.option(
-            "--zk-auth-username",
-            envvar="KDELAY_REPLICA_ZK_AUTH_USERNAME",
-            help="ZooKeeper digest user (the replicas' zk_auth_username); its password from "
-            f"{' or '.join(PASSWORD_ENV)}, or --zk-auth-password-file",
-        ),
-        click.option(
-            "--zk-auth-password-file",
-            envvar="KDELAY_REPLICA_ZK_AUTH_PASSWORD_FILE",
-            type=click.Path(path_type=Path),
-            help="file holding that user's password",
-        ),
-        click.option(
-            "--zk-tls/--no-zk-tls",
-            envvar="KDELAY_REPLICA_ZK_TLS",
-            default=False,
-            help="connect to ZooKeeper over TLS",
-        ),
-        click.option(
-            "--zk-tls-ca-file",
-            envvar="KDELAY_REPLICA_ZK_TLS_CA_FILE",
-            type=click.Path(path_type=Path),
-            help="PEM CA bundle that signed ZooKeeper's certificate [the system's CAs]",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def zk_security(
-    zk_auth_username: str | None,
-    zk_auth_password_file: Path | None,
-    zk_tls: bool,
-    zk_tls_ca_file: Path | None,
-) -> ZkSecurity:
-    """The ZooKeeper settings of a command's flags and the password's environment; a usage
-    error naming the setting when they do not fit together (never the password)."""
-    password = next((os.environ[n] for n in PASSWORD_ENV if os.environ.get(n)), None)
-    try:
-        return ZkSecurity(
-            zk_auth_username=zk_auth_username,
-            zk_auth_password=None if password is None else SecretStr(password),
-            zk_auth_password_file=zk_auth_password_file,
-            zk_tls=zk_tls,
-            zk_tls_ca_file=zk_tls_ca_file,
-        )
-    except ValidationError as exc:
-        why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        raise click.UsageError(f"ZooKeeper security: {why}") from None
-
-
-def _check_access(client: KazooClient, zk_root: str, security: ZkSecurity) -> None:
-    """Fail with what to give when ZooKeeper will not let this session read ``zk_root`` (a
-    root not created yet is not an error here)."""
-    from kazoo.exceptions import NoAuthError, NoNodeError
-
-    try:
-        client.get_children(zk_root)
-    except NoNodeError:
-        pass
-    except NoAuthError:
-        raise _no_auth(zk_root, security) from None
-
-
-def _no_auth(zk_root: str, security: ZkSecurity) -> click.ClickException:
-    """ZooKeeper said NoAuth: name what to give."""
-    if security.zk_auth_username is None:
-        hint = (
-            "its znodes are closed to anonymous clients: give the replicas' ZooKeeper user "
-            f"(--zk-auth-username, the password in {PASSWORD_ENV[0]} or --zk-auth-password-file)"
-        )
-    else:
-        hint = f"is the password of ZooKeeper user {security.zk_auth_username!r} right?"
-    return click.ClickException(f"ZooKeeper refused access under {zk_root} (NoAuth): {hint}")
 
 
 @click.command("status")
@@ -191,10 +105,10 @@ def status_command(
     session = Session(zk_connect, timeout, security=security)
     session.start(timeout=timeout)
     try:
-        _check_access(session.client, zk_root, security)
+        check_access(session.client, zk_root, security)
         status = delay_set_status(session.client, paths)
     except NoAuthError:
-        raise _no_auth(zk_root, security) from None
+        raise no_auth(zk_root, security) from None
     finally:
         session.stop()
     if as_json:
@@ -414,81 +328,3 @@ def _list_row(msg: dict[str, Any]) -> tuple[str, str, str, str]:
         str(msg.get("topic")),
         "by key" if partition is None else str(partition),
     )
-
-
-@click.command("reshard")
-@click.option("--zk-connect", envvar="KDELAY_REPLICA_ZK_CONNECT", default="127.0.0.1:2181")
-@click.option("--zk-root", envvar="KDELAY_REPLICA_ZK_ROOT", default=DEFAULT_ROOT)
-@click.option(
-    "--shards", type=click.IntRange(1, 1024), required=True, help="the new number of shards"
-)
-@click.option("--timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
-@click.option(
-    "--bootstrap-servers",
-    envvar="KDELAY_REPLICA_BOOTSTRAP_SERVERS",
-    default=None,
-    help="Kafka, to fence the transactional ids of the shards a smaller layout removes (its "
-    "login: the replicas' KDELAY_REPLICA_KAFKA_* settings); without it they are not fenced",
-)
-@click.option(
-    "--buffer-topic",
-    envvar="KDELAY_REPLICA_BUFFER_TOPIC",
-    default="__kdelay_buffer",
-    show_default=True,
-    help="the delay set's buffer topic (part of its transactional ids)",
-)
-@zk_security_options
-def reshard_command(
-    *,
-    zk_connect: str,
-    zk_root: str,
-    shards: int,
-    timeout: float,
-    bootstrap_servers: str | None,
-    buffer_topic: str,
-    **security_flags: Any,
-) -> None:
-    """Change the shard count of a delay set whose replicas are all stopped; then start them
-    with the new --shards (docs/operations.md, "Shards")."""
-    from kazoo.exceptions import NoAuthError
-
-    from delay_service.reshard import fence, reshard
-    from zk import Paths, Session
-
-    security = zk_security(**security_flags)
-    fence_removed: Callable[[list[str]], None] | None = None
-    if bootstrap_servers:
-        kafka = load(ReplicaConfig, {"bootstrap_servers": bootstrap_servers}).kafka_connection(
-            bootstrap_servers
-        )
-
-        def fence_removed_shards(removed: list[str]) -> None:
-            fence(removed, buffer_topic, kafka, timeout)
-
-        fence_removed = fence_removed_shards
-
-    try:
-        paths = Paths(zk_root)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--zk-root") from None
-    # It writes the tree as a replica does: an open one is closed first (zk/acls.py).
-    session = Session(zk_connect, timeout, security=security, close_root=zk_root)
-    session.start(timeout=timeout)
-    try:
-        _check_access(session.client, zk_root, security)
-        result = reshard(session.client, paths, shards, fence_removed)
-    except NoAuthError:
-        raise _no_auth(zk_root, security) from None
-    finally:
-        session.stop()
-    if result.old == result.new:
-        click.echo(f"{zk_root} has {shards} shard(s) already: nothing changed")
-        return
-    click.echo(f"{zk_root}: {result.old} -> {result.new} shard(s)")
-    for root, record in result.checkpoints.items():
-        offsets = json.dumps({str(p): o for p, o in sorted(record.offsets.items())})
-        click.echo(f"  {root}: checkpoint time_ms={record.time_ms} offsets={offsets}")
-    if result.removed:
-        state = "fenced" if bootstrap_servers else "NOT fenced (no --bootstrap-servers)"
-        click.echo(f"  removed shards' transactional ids {state}: {', '.join(result.removed)}")
-    click.echo(f"start the replicas with --shards {shards} (--shard 0..{shards - 1})")

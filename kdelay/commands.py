@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "delay-service": "delay_service.cli:command",
     "status": "delay_service.cli:status_command",
     "list": "delay_service.cli:list_command",
-    "reshard": "delay_service.cli:reshard_command",
+    "reshard": "delay_service.reshard_cli:reshard_command",
     "verify": "verifier.cli:command",
     "jvm": "kdelay.commands:jvm",
 }

@@ -23,7 +23,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
-from delay_service.cli import reshard_command, status_command
+from delay_service.cli import status_command
+from delay_service.reshard_cli import reshard_command
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Scheduled
 from proxy import running_proxy

@@ -16,8 +16,10 @@ from kazoo.security import Permissions, make_digest_acl
 from pydantic import SecretStr, ValidationError
 
 import zk.replica_api
-from delay_service.cli import reshard_command, status_command, zk_security
+from delay_service.cli import status_command
 from delay_service.config import ReplicaConfig
+from delay_service.reshard_cli import reshard_command
+from delay_service.zk_flags import zk_security
 from kdelay.config_loader import load
 from kdelay.errors import ConfigError
 from proxy.config import ProxyConfig
