@@ -1,8 +1,9 @@
 """Generates the Grafana dashboards and keeps the Helm chart's copies in sync.
 
 deploy/grafana/*.json are the dashboards users import or provision, written from the panel lists
-in :mod:`dev.tools.grafana.boards` (the builders: :mod:`dev.tools.grafana.panels`, the JSON model:
-:mod:`dev.tools.grafana.render`); edit there, run ``python dev/tools/dashboards.py``, commit both.
+in :mod:`dev.tools.grafana.boards` (the builders: :mod:`dev.tools.grafana.panels`; built into
+Grafana's JSON model with grafana-foundation-sdk by :mod:`dev.tools.grafana.render`); edit there,
+run ``python dev/tools/dashboards.py``, commit both.
 
 helm/kdelay/files/ holds byte-identical copies of them and of deploy/prometheus/rules.yml (a
 chart reads no file outside it); ``--check`` (run by the tests) exits 1 when one is stale.
@@ -11,7 +12,6 @@ chart reads no file outside it); ``--check`` (run by the tests) exits 1 when one
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,13 +26,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dev.tools.grafana.boards import DASHBOARDS  # noqa: E402
+from dev.tools.grafana.render import to_json  # noqa: E402
 
 
 def expected_files() -> dict[Path, bytes]:
     """Every generated or copied file and the bytes it must hold."""
     files: dict[Path, bytes] = {}
     for name, board in DASHBOARDS.items():
-        data = (json.dumps(board, indent=2) + "\n").encode()
+        data = to_json(board).encode()
         files[GRAFANA / name] = data
         files[CHART_FILES / "dashboards" / name] = data
     files[CHART_FILES / "rules.yml"] = RULES.read_bytes()

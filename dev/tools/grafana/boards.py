@@ -5,7 +5,7 @@ Edit a panel here, then run ``python dev/tools/dashboards.py`` and commit the JS
 
 from __future__ import annotations
 
-from typing import Any
+from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dev.tools.grafana.panels import (
     MASTER,
@@ -53,7 +53,7 @@ OVERVIEW = [
         "none",
         kind="stat",
         width=6,
-        options={"textMode": "name", "colorMode": "background"},
+        show_name=True,
         description="The replica holding each shard's election; a shard without one forwards "
         "nothing (KdelayNoMaster names it).",
     ),
@@ -385,7 +385,7 @@ PROXY = [
 ]
 
 
-DASHBOARDS: dict[str, dict[str, Any]] = {
+DASHBOARDS: dict[str, Dashboard] = {
     "kdelay-overview.json": dashboard(
         "kdelay-overview", "kdelay / Overview", OVERVIEW, "Flow, backlog, lateness and errors."
     ),

@@ -6,8 +6,7 @@ Every expression uses only metric names from docs/metrics.md (a test checks). Er
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 RATE = "$__rate_interval"
 MASTER = "on (instance) (kdelay_replica_is_master == 1)"
@@ -24,13 +23,18 @@ def per_shard(metric: str) -> str:
 
 @dataclass(frozen=True)
 class Panel:
+    """One panel as the boards write it; :mod:`dev.tools.grafana.render` turns it into the SDK's
+    typed panel. ``kind`` is a panel plugin the renderer knows (timeseries, stat, bargauge);
+    ``show_name`` makes a stat show its series' name on a coloured background instead of a
+    number (which replica is master)."""
+
     title: str
     targets: list[tuple[str, str]]  # (expr, legend)
     unit: str = "short"
     kind: str = "timeseries"
     description: str = ""
     width: int = 12
-    options: dict[str, Any] = field(default_factory=dict)
+    show_name: bool = False
 
 
 def q(expr: str, legend: str = "") -> tuple[str, str]:

@@ -1,80 +1,104 @@
-"""A panel list laid out on Grafana's 24-column grid and rendered as a dashboard's JSON model.
+"""A panel list built into a dashboard with Grafana's own SDK (grafana-foundation-sdk).
 
-Grafana 10+, schemaVersion 39, the Prometheus data source chosen through the ``datasource``
+The SDK's builders are typed against Grafana's schema (the pinned release targets Grafana 11.6,
+the image deploy/ runs), so a misspelt option or a panel field Grafana does not know is a type
+error here instead of a key Grafana silently ignores; its ``Dashboard`` builder lays the panels
+out on the 24-column grid. The Prometheus data source is chosen through the ``datasource``
 template variable, so the same file works for provisioning, the Grafana sidecar and manual import.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as builders
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
 
 from dev.tools.grafana.panels import Panel
 
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+HEIGHT = 8
+
+PanelBuilder = timeseries.Panel | stat.Panel | bargauge.Panel
+KINDS: dict[str, Callable[[], PanelBuilder]] = {
+    "timeseries": timeseries.Panel,
+    "stat": stat.Panel,
+    "bargauge": bargauge.Panel,
+}
 
 
-def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": pid,
-        "type": panel.kind,
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": DS,
-        "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-        "options": dict(panel.options),
-        "targets": [
-            {
-                "datasource": DS,
-                "refId": chr(ord("A") + i),
-                "expr": expr,
-                "legendFormat": legend or "__auto",
-                "range": True,
-            }
-            for i, (expr, legend) in enumerate(panel.targets)
-        ],
-    }
-    if panel.kind == "stat":
-        out["options"].setdefault("reduceOptions", {"calcs": ["lastNotNull"], "values": False})
-    return out
+def _query(ref: int, expr: str, legend: str) -> prometheus.Dataquery:
+    return (
+        prometheus.Dataquery()
+        .datasource(DS)
+        .ref_id(chr(ord("A") + ref))
+        .expr(expr)
+        .legend_format(legend or "__auto")
+        .range()
+    )
 
 
-def dashboard(uid: str, title: str, panels: list[Panel], description: str) -> dict[str, Any]:
-    rendered, x, y = [], 0, 0
+def _panel(panel: Panel, pid: int) -> PanelBuilder:
+    if panel.kind not in KINDS:
+        raise ValueError(
+            f"panel {panel.title!r}: kind {panel.kind!r} is not one of {sorted(KINDS)}"
+        )
+    built = KINDS[panel.kind]()
+    built.id(pid).title(panel.title).datasource(DS).height(HEIGHT).span(panel.width)
+    built.unit(panel.unit)
+    if panel.description:
+        built.description(panel.description)
+    for ref, (expr, legend) in enumerate(panel.targets):
+        built.with_target(_query(ref, expr, legend))
+    if isinstance(built, stat.Panel):
+        # The latest value, not a sum over the range: these stats are gauges.
+        built.reduce_options(
+            common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False)
+        )
+        if panel.show_name:
+            built.text_mode(common.BigValueTextMode.NAME)
+            built.color_mode(common.BigValueColorMode.BACKGROUND)
+    elif panel.show_name:
+        raise ValueError(f"panel {panel.title!r}: show_name is for stat panels only")
+    return built
+
+
+def dashboard(uid: str, title: str, panels: list[Panel], description: str) -> model.Dashboard:
+    """The dashboard ``uid``: ``panels`` in order, left to right, wrapping at 24 columns."""
+    board = (
+        builders.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["kdelay"])
+        .editable()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .version(1)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("")
+        .link(
+            builders.DashboardLink("kdelay")
+            .type(model.DashboardLinkType.DASHBOARDS)
+            .tags(["kdelay"])
+            .as_dropdown(True)
+        )
+        .with_variable(
+            builders.DatasourceVariable("datasource")
+            .label("Data source")
+            .type("prometheus")
+            .hide(model.VariableHide.DONT_HIDE)
+        )
+    )
     for pid, panel in enumerate(panels, start=1):
-        if x + panel.width > 24:
-            x, y = 0, y + 8
-        rendered.append(_panel(panel, pid, x, y))
-        x += panel.width
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["kdelay"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timezone": "",
-        "links": [
-            {"type": "dashboards", "tags": ["kdelay"], "asDropdown": True, "title": "kdelay"}
-        ],
-        "annotations": {"list": []},
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Data source",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "current": {},
-                    "hide": 0,
-                    "refresh": 1,
-                    "regex": "",
-                }
-            ]
-        },
-        "panels": rendered,
-    }
+        board.with_panel(_panel(panel, pid))
+    return board.build()
+
+
+def to_json(board: model.Dashboard) -> str:
+    """The dashboard's JSON model as committed under deploy/grafana (the SDK's encoding)."""
+    return json.dumps(board, cls=JSONEncoder, indent=2) + "\n"
