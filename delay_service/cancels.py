@@ -68,8 +68,10 @@ big-endian; times signed, :data:`UNKNOWN` for a record without a timestamp):
   owed at its close (retired at once, or format 1);
 - ``cancel/i/<p><len(id)><id>`` -> offset | ``t_C`` of the newest open cancel of that id, then
   ``r`` when it is a replace's (a replace is not cancelled on arrival by an earlier replace:
-  among replaces, the buffer's order decides), then ``A`` when an administrator sent it, or
-  ``W`` and the principal that sent it (nothing: sent without authentication);
+  among replaces, the buffer's order decides), or ``R`` | len (1) | the replace's buffer key
+  (written since issue 48: nor are its own series' later occurrences, ``own_series``), then
+  ``A`` when an administrator sent it, or ``W`` and the principal that sent it (nothing: sent
+  without authentication);
 - ``cancel/s/<p><offset><partition><offset>`` -> buffer key: a record that cancel cancelled.
 
 A store written before these keys existed simply has no open cancels. Not thread-safe: the
@@ -80,7 +82,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -91,9 +93,9 @@ from delay_service.ids import IndexedBatch, id_prefix, uid_of
 from delay_service.outcomes import Canceller
 from delay_service.tombstones import Retired
 from kdelay import buffer
-from kdelay.buffer import Cancel, Scheduled, may_cancel
+from kdelay.buffer import Cancel, Scheduled, may_cancel, own_series
 
-#: The rule's window (``kdelay/buffer/cancel_rule.py``: the verifier applies the same rule).
+#: The rule's window (``kdelay/buffer/cancel_rule.py``).
 WINDOW_MS = buffer.CANCEL_WINDOW_MS
 SENT_WITH_MS = buffer.CANCEL_SENT_WITH_MS
 #: Open cancels per buffer partition at most: the oldest closes when a newer one opens beyond
@@ -109,8 +111,9 @@ _S = b"cancel/s/"
 _P = struct.Struct(">I")
 _PO = struct.Struct(">IQ")
 _COUNTS = struct.Struct(">QQ")
-_AT = struct.Struct(">Qq")  # offset, time (then b"r" when it is a replace's)
+_AT = struct.Struct(">Qq")  # offset, time (then b"r" or b"R..." when it is a replace's)
 _REPLACE = b"r"
+_REPLACE_OF = b"R"  # then len (1 byte) and the replace's buffer key
 _ADMIN = b"A"
 _SENDER = b"W"
 _OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
@@ -139,13 +142,28 @@ def _sender(record: Cancel) -> bytes:
 
 def _sent_by(suffix: bytes) -> tuple[str | None, bool]:
     """(principal, admin) from an open-cancel index value's suffix after ``_AT``."""
-    if suffix[:1] == _REPLACE:
-        suffix = suffix[1:]
+    suffix = _replace_of(suffix)[2]
     if suffix[:1] == _ADMIN:
         return None, True
     if suffix[:1] == _SENDER:
         return suffix[1:].decode(), False
     return None, False
+
+
+def _replace_of(suffix: bytes) -> tuple[bool, str, bytes]:
+    """(a replace's, its buffer key or "", the rest) of an open-cancel index value's suffix."""
+    if suffix[:1] == _REPLACE_OF:
+        end = 2 + suffix[1]
+        return True, suffix[2:end].decode(), suffix[end:]
+    if suffix[:1] == _REPLACE:
+        return True, "", suffix[1:]
+    return False, "", suffix
+
+
+def _replace_mark(series: str) -> bytes:
+    """The index value's replace marker for a replace with buffer key ``series``."""
+    raw = series.encode()
+    return _REPLACE_OF + bytes([len(raw)]) + raw if 0 < len(raw) < 256 else _REPLACE
 
 
 def accepted_ms(record: Scheduled) -> int | None:
@@ -298,12 +316,18 @@ class CancelBatch:
         replace: bool = False,
         owner_of: Callable[[bytes], str | None] = lambda key: None,
         keys: list[bytes] | None = None,
+        in_release: Container[bytes] = frozenset(),
+        deferred: list[bytes] | None = None,
+        series: str = "",
     ) -> tuple[list[Retired], list[Retired]]:
         """Apply the cancel ``record`` read at ``at``: remove every pending entry with its id
         that its sender may cancel (rule 1; ``owner_of`` gives an entry key's owner, the others
         go to :attr:`refused`; the removed entries' keys go to ``keys`` when given) and open it.
         Returns the records removed, and the tombstones owed: the cancel's own when it removed
-        any (right after theirs), those of older cancels that the count bound closed."""
+        any (right after theirs), those of older cancels that the count bound closed.
+        ``series``: a replace's own buffer key, whose series it never cancels (``own_series``).
+        An entry ``in_release`` (the master is releasing it, ``in_round.py``) stays pending:
+        its key goes to ``deferred``, and the cancel waits for that release's outcome."""
         partition, offset, time_ms = at
         removed = []
         for index_key, key in list(txn.with_id(record.id)):
@@ -312,6 +336,10 @@ class CancelBatch:
                 if not may_cancel(record.owner, record.admin, owner):
                     self.refused.append(Refused(record.id, owner, record.owner, partition, offset))
                     continue
+            if key in in_release:
+                if deferred is not None:
+                    deferred.append(key)
+                continue
             txn.delete(index_key, key)
             _, p, o = split_key(key)
             removed.append(Retired(record.id, uid_of(index_key), p, o))
@@ -333,7 +361,7 @@ class CancelBatch:
         self._batch.put(_W + _PO.pack(partition, offset), opened.encode(), self._cf)
         index_key = _I + _P.pack(partition) + id_prefix(record.id)
         self._index[index_key] = (
-            _AT.pack(offset, stamp) + (_REPLACE if replace else b"") + _sender(record)
+            _AT.pack(offset, stamp) + (_replace_mark(series) if replace else b"") + _sender(record)
         )
         self._batch.put(index_key, self._index[index_key], self._cf)
         return removed, owed
@@ -366,8 +394,11 @@ class CancelBatch:
             return None
         by, cancel_ms = _AT.unpack_from(found)
         suffix = found[_AT.size :]
-        if record.replace and suffix[:1] == _REPLACE:
-            return None  # a later replace in the buffer wins over an earlier one
+        by_replace, series, _ = _replace_of(suffix)
+        # A later replace in the buffer wins over an earlier one; a replace's own series is
+        # the new message, not what it replaced.
+        if by_replace and (record.replace or own_series(series, record.buffer_key)):
+            return None
         if by >= offset:  # a schedule before its cancel was removed when the cancel was read
             return None
         known = None if cancel_ms == UNKNOWN else cancel_ms

@@ -217,6 +217,7 @@ class ExactlyOnceForwarder(Forwarder):
         self._silent_aborts = self._silent_aborts + 1 if silent else 0
         if failures or unanswered:
             txn.abort()
+            self._not_released(keys)
             self._metrics.transactions.labels("aborted").inc()
             self._failed(failures, unanswered, releases, dead)
             return None
@@ -228,6 +229,7 @@ class ExactlyOnceForwarder(Forwarder):
         phase.labels("commit").observe(clock.monotonic() - acked)
         if failed is not None:
             self._claim = previous
+            self._not_released(keys)
             self._metrics.transactions.labels("aborted").inc()
             return None
         self._committed_mono = self._clock.monotonic()
@@ -238,6 +240,11 @@ class ExactlyOnceForwarder(Forwarder):
             if not c.dead_letter
         )
         return fates
+
+    def _not_released(self, keys: list[bytes]) -> None:
+        """The transaction was aborted: none of its releases became visible. A cancel that
+        waited on one applies now (``in_round.py``); its tombstones join the next one."""
+        self._tombstones.add(self._store.not_released(keys))
 
     def _patience_s(self) -> float:
         """How long this round waits for its acknowledgements: ``txn_ack_wait_ms``, doubled for

@@ -46,10 +46,11 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from delay_service.config import ReplicaConfig
-from delay_service.delivery_reports import Settler
+from delay_service.delivery_reports import Settled, Settler
 from delay_service.entry import Entry
 from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
 from delay_service.metrics import Metrics
+from delay_service.producer import is_permanent
 from delay_service.release_backoff import ReleaseBackoff
 from delay_service.round import DueScan, RoundResult, Target, claim_ms, next_wake_ms, plan_scan
 from delay_service.sender import Sender
@@ -93,6 +94,9 @@ class Forwarder(ForwarderControl):
         self._store = store
         self._ingest = ingest
         self._sender = sender
+        # What is produced is claimed first: a cancel read since the scan keeps it back, and
+        # a cancel read after waits for the release's outcome (in_round.py).
+        sender.claim_with(store.claim_release)
         self._on_fenced = on_fenced
         self._clock = clock
         self._hold = hold  # a reason to release nothing this round (clock skew), or None
@@ -189,11 +193,20 @@ class Forwarder(ForwarderControl):
             if self._unwritten:
                 self._write_checkpoint(checkpoints)
         finally:
-            # Their entries stay in the store; the claim never covered them.
-            self._sender.abandon()
-            self._metrics.targets_held.set(0)
-            self._metrics.in_flight.set(0)
-            self._produce_tombstones()  # acknowledged or cancelled entries: due whoever leads
+            self.end_term()
+
+    def end_term(self) -> None:
+        """A term as master ended (deactivated, fenced, stopping, or a round that raised).
+        Records in flight are abandoned: their entries stay in the store, the claim never
+        covered them. A cancel that waited on a release applies in this store, as it did in
+        the followers' (``in_round.py``): ``active`` is cleared first, so no proxy takes this
+        replica's answer for the master's meanwhile (the next master's decides)."""
+        self.active.clear()
+        self._sender.abandon()
+        self._metrics.targets_held.set(0)
+        self._metrics.in_flight.set(0)
+        self._tombstones.add(self._store.end_releases())
+        self._produce_tombstones()  # acknowledged or cancelled entries: due whoever leads
 
     def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
         return checkpoints.load()  # at-least-once: ZooKeeper's (exactly_once.py: Kafka's too)
@@ -251,7 +264,7 @@ class Forwarder(ForwarderControl):
         may_send = self._may_forward(generation) and self._hold() is None
         # 1. plan: first what completed since the last round, so its targets are free again
         self._sender.pump(0)
-        settled = self._settler.settle(self._sender.take_completed(), may_send=may_send)
+        settled = self._settle_reports(may_send)
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
         now = self._planned_ms = self._clock.wall_ms()
         held = self._sender.in_flight_targets() | self._retries.held_targets()
@@ -270,7 +283,7 @@ class Forwarder(ForwarderControl):
         waiting_for = [*(e.key for e in sent), *settled.dead_letters_sent]
         while waiting_for:
             self._sender.wait(waiting_for, deadline)
-            more = self._settler.settle(self._sender.take_completed(), may_send=may_send)
+            more = self._settle_reports(may_send)
             settled = settled.merged(more)
             waiting_for = more.dead_letters_sent
         # 4. checkpoint
@@ -283,6 +296,23 @@ class Forwarder(ForwarderControl):
         self._metrics.in_flight.set(self._sender.in_flight)
         held_count = plan.skipped + sum(1 for e in plan.entries if e.key not in removed)
         return RoundResult(len(settled.delivered), len(settled.dead_lettered), held_count, claim)
+
+    def _settle_reports(self, may_send: bool) -> Settled:
+        """Settle the delivery reports that arrived (``delivery_reports.py``). A release the
+        broker or the client refused (a permanent error: surely not written) first leaves the
+        release: a cancel that waited on it applies now (``in_round.py``), and that entry is
+        settled no further (no retry, no dead letter). A release that may have been written (a
+        timeout) stays in release and is retried, as at-least-once retries it anyway: a cancel
+        waiting on it then learns it was delivered or dead-lettered."""
+        done = self._sender.take_completed()
+        refused = [c.entry.key for c in done if c.error is not None and is_permanent(c.error)]
+        if refused:
+            gone = self._store.not_released(refused)
+            if gone:
+                self._tombstones.add(gone)
+                cancelled = {(r.partition, r.offset) for r in gone}
+                done = [c for c in done if (c.entry.partition, c.entry.offset) not in cancelled]
+        return self._settler.settle(done, may_send=may_send)
 
     def _scan(self, now: int, held: set[Target]) -> tuple[DueScan, set[Target]]:
         """This round's scan of the pass (``sweep.py``), passing over ``held`` targets, those

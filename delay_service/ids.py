@@ -77,11 +77,12 @@ def reindex(db: Any, ids: Any, ids_cf: Any) -> WriteBatch:
 
 
 class RecentlyDone:
-    """Index keys of records that left the store recently (delivered, or covered by a
-    checkpoint), remembered for 2.5 to 5 minutes: a copy of such a record that arrives later
-    (an idempotent producer's retry through a restarted proxy, written after the first copy
-    was delivered) is a duplicate, not a new message. Only records of format 2 (a buffer key)
-    are remembered.
+    """Index keys of records that left the store recently (delivered, covered by a
+    checkpoint, cancelled, bulk-cancelled or replaced), remembered for 2.5 to 5 minutes: a
+    copy of such a record that arrives later (an idempotent producer's retry through a
+    restarted proxy, written after the first copy was delivered or cancelled) is a duplicate,
+    not a new message. A new message reusing the id has a new buffer key, so it is not one.
+    Only records of format 2 (a buffer key) are remembered.
 
     Kept as 16-byte BLAKE2b digests in two generations: keys go into the current set; every
     ``ttl_s / 2`` the current set becomes the previous one and the previous one is dropped,

@@ -5,9 +5,12 @@ A pending entry (:meth:`Store.get`) is ``pending``, with its due time, target, b
 headers and ``owner`` (the principal that scheduled it; absent without authentication); a
 message that left the store is what :meth:`Store.outcome` remembers (``delivered``,
 ``cancelled``, ``dead_lettered``), with who cancelled it (``cancelled_by``) or why it was
-dead-lettered (``reason``) when known. When both exist (a reused id, or a recurring message
-whose earlier occurrence was released) the answer is ``pending`` and carries the other as
-``last_outcome``. Neither: unknown (None; the caller answers 404).
+dead-lettered (``reason``) when known. A pending entry the master is releasing right now (its
+outcome not known yet: a cancel read meanwhile waits for it, ``in_round.py``) carries
+``"releasing": true``: a confirmed cancel is not decided by such an answer. When both exist (a
+reused id, or a recurring message whose earlier occurrence was released) the answer is
+``pending`` and carries the other as ``last_outcome``. Neither: unknown (None; the caller
+answers 404).
 
 Every answer carries the id's ``history``, oldest first: each message with the id (each
 occurrence of a series) as ``accepted`` (when a proxy accepted it, by whom), then what became
@@ -150,6 +153,8 @@ def message_status(store: Store, msg_id: str) -> dict[str, Any] | None:
     history = [event for outcome in earlier for event in outcome_events(outcome)]
     if entry is not None:
         doc = pending_status(entry)
+        if store.in_release(entry.key):
+            doc["releasing"] = True
         if earlier:
             doc["last_outcome"] = outcome_status(earlier[-1])
         doc["history"] = [*history, *pending_events(entry)]

@@ -79,6 +79,13 @@ class Sender(InFlight):
     ) -> None:
         super().__init__(producer_factory, produce_timeout_ms=produce_timeout_ms, clock=clock)
         self._buffer_topic = buffer_topic
+        self._claim: Callable[[Sequence[Entry]], Sequence[Entry]] = _all
+
+    def claim_with(self, claim: Callable[[Sequence[Entry]], Sequence[Entry]]) -> None:
+        """Produce a release or dead letter only for the entries ``claim`` returns, called
+        just before (the forwarder's ``Store.claim_release``: those still pending, marked in
+        release, so a cancel read after the round's scan keeps its message from leaving)."""
+        self._claim = claim
 
     @classmethod
     def for_replica(cls, cfg: ReplicaConfig, clock: Clock = SYSTEM_CLOCK) -> Sender:
@@ -99,6 +106,7 @@ class Sender(InFlight):
     def submit(self, entries: Sequence[Entry]) -> None:
         """Release ``entries`` to their targets, in order, without waiting; their
         :class:`Completion` comes from :meth:`take_completed` after a :meth:`pump`."""
+        entries = self._claim(entries) if entries else entries
         if not entries:
             return  # no producer is created for nothing
         released_ms = 0
@@ -131,6 +139,9 @@ class Sender(InFlight):
 
     def submit_dead_letters(self, failures: Sequence[tuple[Entry, KafkaError]]) -> None:
         """Send permanently failing entries to the dead-letter topic without waiting."""
+        if failures:
+            claimed = {e.key for e in self._claim([e for e, _ in failures])}
+            failures = [(e, err) for e, err in failures if e.key in claimed]
         for entry, err in failures:
             msg = entry.message
             error = dead_letter_error(err)
@@ -177,6 +188,10 @@ class Sender(InFlight):
             if remaining:
                 log.warning("sender.unacknowledged_at_shutdown", count=remaining)
             self._producer = None
+
+
+def _all(entries: Sequence[Entry]) -> Sequence[Entry]:
+    return entries
 
 
 def dead_letter_error(err: KafkaError) -> str:

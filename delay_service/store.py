@@ -25,17 +25,19 @@ point tombstones in front; an iterator upper bound stops it at the due time. (ro
 Concurrency: every public method takes one lock; the ingest thread (``apply``), the forwarder
 (``due``, ``remove``, ``apply_checkpoint``) and the control thread (gauges) may call any of them.
 
-:class:`Store` is assembled from three modules: ``store_state.py`` (opening RocksDB, the state
+:class:`Store` is assembled from four modules: ``store_state.py`` (opening RocksDB, the state
 mirrored from ``meta``, the floor, closing), ``store_scans.py`` (the reads: due entries, held
-targets passed over, counts, chunks, one id) and ``store_writes.py`` (the writes: consumed
-records, the master's removals, checkpoints).
+targets passed over, counts, chunks, one id), ``store_writes.py`` (the writes of consumed
+records) and ``store_releases.py`` (the master's: claims, removals, checkpoints, and the
+cancels that wait on a release, ``in_round.py``).
 """
 
 from __future__ import annotations
 
+from delay_service.store_releases import StoreReleases
 from delay_service.store_scans import StoreScans
 from delay_service.store_state import DEFAULT_STATUS_MAX_ENTRIES, DEFAULT_STATUS_RETENTION_MS
-from delay_service.store_writes import ApplyResult, Incoming, StoreWrites
+from delay_service.store_writes import ApplyResult, Incoming
 
 __all__ = [
     "DEFAULT_STATUS_MAX_ENTRIES",
@@ -46,5 +48,5 @@ __all__ = [
 ]
 
 
-class Store(StoreWrites, StoreScans):
+class Store(StoreReleases, StoreScans):
     """The pending set of one replica; open with the constructor, close with :meth:`close`."""

@@ -27,6 +27,7 @@ from delay_service.cancels import CancelMemory
 from delay_service.entry import due_bound
 from delay_service.errors import StoreError
 from delay_service.ids import RecentlyDone, reindex
+from delay_service.in_round import InRound
 from delay_service.outcomes import OutcomeLog
 from kdelay.checkpoint import NOTHING, Checkpoint
 
@@ -64,7 +65,9 @@ class StoreState:
         self._meta_cf = self._db.get_column_family_handle("meta")
         self._lock = threading.Lock()
         self._closed = False
-        self._done = RecentlyDone()  # delivered records: a late copy is a duplicate
+        # Records that left (delivered, cancelled, replaced): a late copy is a duplicate.
+        self._done = RecentlyDone()
+        self._in_round = InRound()  # entries the master is releasing (in_round.py)
         # What this replica removed as master ((buffer partition, buffer key) -> buffer
         # offset), until it reads the tombstone back: that tombstone has nothing to tell it
         # (entry and index gone, the outcome known from the master itself), so ingest skips it

@@ -3,10 +3,12 @@
 - :meth:`StoreWrites.apply` (the ingest thread): consumed buffer records and the offsets they
   advance, with the index (``ids.py``), the open cancels (``cancels.py``) and the outcomes
   they decide;
-- :meth:`StoreWrites.remove` (the forwarder): the entries the master delivered or
-  dead-lettered, and what became of each; :meth:`StoreWrites.own_tombstone` then lets ingest
-  skip the tombstones of those releases when they come back;
-- :meth:`StoreWrites.apply_checkpoint` (either): drop every entry a checkpoint covers.
+- :meth:`StoreWrites.bulk_step` (the ingest thread): a bulk cancel's next step;
+- the master's releases and checkpoints: ``store_releases.py``.
+
+A cancel that meets an entry the master is releasing leaves it and waits for the release's
+outcome (``in_round.py``). What a cancel, a bulk cancel or a replace removed is remembered
+as delivered records are (``ids.RecentlyDone``): a later copy of it is a duplicate.
 
 Each is one WriteBatch with the entry count and the outcomes' pruning (:meth:`_write`), so
 after any crash the store is exactly "the first K records of each buffer partition, applied".
@@ -24,21 +26,19 @@ from dataclasses import dataclass, field
 
 from rocksdict import WriteBatch
 
-from delay_service import rocks
 from delay_service.bulk_cancels import ids_with_prefix, matching
 from delay_service.cancels import At, CancelBatch, Refused
 from delay_service.entry import (
-    Entry,
     decode_entry,
-    due_bound,
     entry_key,
     entry_owner,
     entry_seq,
     split_key,
 )
 from delay_service.ids import IndexedBatch, id_key, uid_of
+from delay_service.in_round import Waiting
 from delay_service.outcomes import CANCELLED, DELIVERED, REPLACED, Canceller
-from delay_service.store_state import META_CHECKPOINT, META_OFFSET, META_PENDING, U64, StoreState
+from delay_service.store_state import META_OFFSET, META_PENDING, U64, StoreState
 from delay_service.tombstones import Retired
 from kdelay.buffer import (
     CANCEL_SENT_WITH_MS as SENT_WITH_MS,
@@ -46,12 +46,10 @@ from kdelay.buffer import (
 from kdelay.buffer import (
     BufferRecord,
     Cancel,
-    Fate,
     Scheduled,
     accepted_ms,
     may_cancel,
 )
-from kdelay.checkpoint import Checkpoint
 
 #: Pending entries one :meth:`StoreWrites.bulk_step` examines at most (one WriteBatch; the
 #: store's lock held about 0.25 s at 25 µs an entry, bench/bulk_cancel.py).
@@ -188,6 +186,7 @@ class StoreWrites(StoreState):
         elif (found := cancels.on_arrival(at, record)) is not None:
             retired, by = found
             result.retired.append(retired)
+            self._gone([retired])
             self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
@@ -195,6 +194,7 @@ class StoreWrites(StoreState):
             bulk := self._bulks.on_arrival(txn.batch, record, accepted_ms(record.seq))
         ):
             result.retired.append(Retired(record.id, record.uid, partition, offset))
+            self._gone(result.retired[-1:])
             by = (bulk.owner, bulk.admin)
             self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
             result.cancelled += 1
@@ -205,17 +205,23 @@ class StoreWrites(StoreState):
                 # A cancel of everything before it with its id (and, while open, of what was
                 # sent with it), owing no tombstone of its own: its delivery retires it.
                 keys: list[bytes] = []
+                deferred: list[bytes] = []
                 removed, owed = cancels.cancel(
                     txn,
                     at,
                     Cancel(record.id, owner=record.owner, admin=record.admin),
+                    in_release=self._in_round,
+                    deferred=deferred,
                     replace=True,
                     owner_of=self._owner_of,
                     keys=keys,
+                    series=record.buffer_key,  # its own series is not cancelled by it
                 )
                 result.cancelled += len(removed)
                 result.replaced += len(removed)
                 result.retired += [*removed, *owed]
+                self._gone(removed)
+                self._wait_on(deferred, at, (record.owner, record.admin), REPLACED)
                 self._record_cancels(
                     txn, record.id, at, keys, (record.owner, record.admin), REPLACED
                 )
@@ -233,9 +239,23 @@ class StoreWrites(StoreState):
         """Apply the cancel of one id ``record`` read at ``at`` (``cancels.py``), and count
         what it found (``result.cancel_outcomes``)."""
         keys: list[bytes] = []
-        removed, owed = cancels.cancel(txn, at, record, owner_of=self._owner_of, keys=keys)
+        deferred: list[bytes] = []
+        removed, owed = cancels.cancel(
+            txn,
+            at,
+            record,
+            owner_of=self._owner_of,
+            keys=keys,
+            in_release=self._in_round,
+            deferred=deferred,
+        )
         result.cancelled += len(removed)
         result.retired += [*removed, *owed]
+        self._gone(removed)
+        self._wait_on(deferred, at, (record.owner, record.admin), CANCELLED)
+        if deferred and not removed:  # it met only a message being released: delivered?
+            result.cancel_outcomes["already_delivered"] += 1
+            return
         if removed:
             self._record_cancels(txn, record.id, at, keys, (record.owner, record.admin))
             result.cancel_outcomes["cancelled"] += 1
@@ -290,10 +310,14 @@ class StoreWrites(StoreState):
             return 0
         if not may_cancel(record.owner, record.admin, msg.owner):
             return -1
+        by = (record.owner, record.admin)
+        if key in self._in_round:  # being released: it applies only if the release does not
+            self._wait_on([key], at, by, CANCELLED)
+            return 0
         txn.delete(index_key, key)
         _, p, o = split_key(key)
         retired.append(Retired(msg.id, uid_of(index_key), p, o))
-        by = (record.owner, record.admin)
+        self._gone(retired[-1:])
         self._outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg, by, accepted)
         return 1
 
@@ -354,6 +378,17 @@ class StoreWrites(StoreState):
             accepted = accepted_ms(entry_seq(key))
             self._outcomes.cancelled(txn.batch, msg_id, at[2], now, msg, by, accepted, state)
 
+    def _gone(self, removed: Iterable[Retired]) -> None:
+        """Remember records a cancel or replace removed: a later copy is a duplicate."""
+        now = time.monotonic()
+        for r in removed:
+            self._done.add(r.id, r.uid, now)
+
+    def _wait_on(self, keys: Iterable[bytes], at: At, by: Canceller, state: str) -> None:
+        """A cancel read at ``at`` met entries ``keys`` in release: it waits for the outcome."""
+        for key in keys:
+            self._in_round.wait(key, Waiting(at[2], by, state))
+
     def _message_at(self, key: bytes) -> Scheduled | None:
         """The message of the pending entry ``key`` (under the lock, inside :meth:`apply`):
         one this batch added, or one in the store."""
@@ -369,90 +404,6 @@ class StoreWrites(StoreState):
             return self._owners[key]
         value = self._db.get(key)
         return None if value is None else entry_owner(bytes(value))
-
-    def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
-        """Delete entries (delivered ones); those already gone (a cancel raced) are skipped.
-        ``fates``, by entry key: what became of them (the master's outcome of each)."""
-        entries = list(entries)
-        index_keys = [id_key(e.message.id, e.message.uid) for e in entries]
-        removed = 0
-        released: list[tuple[tuple[int, bytes], int]] = []
-        with self._lock:
-            self._check_open()
-            if not entries:
-                return 0
-            batch = WriteBatch(raw_mode=True)
-            current = rocks.multi_get(self._ids, index_keys)
-            now_ms, now = _wall_ms(), time.monotonic()
-            learnt: list[tuple[str, Fate]] = []
-            for entry, index_key, key in zip(entries, index_keys, current, strict=True):
-                if key != entry.key:
-                    continue
-                batch.delete(entry.key)
-                batch.delete(index_key, self._ids_cf)
-                self._done.add_key(index_key, entry.message.uid, now)
-                removed += 1
-                if fates is not None and (fate := fates.get(entry.key)) is not None:
-                    learnt.append((entry.message.id, fate))
-                    buffer_key = entry.message.buffer_key.encode()
-                    released.append(((entry.partition, buffer_key), entry.offset))
-            self._outcomes.learn_all(batch, learnt, "master", now_ms)
-            if removed:
-                batch.put(META_PENDING, U64.pack(self._pending - removed), self._meta_cf)
-                self._write(batch)
-                self._pending -= removed
-            self._released.update(released)
-            while len(self._released) > RELEASED_MEMORY:
-                self._released.popitem(last=False)
-        return removed
-
-    def own_tombstone(self, partition: int, key: bytes) -> bool:
-        """Whether the buffer record with Kafka key ``key`` in ``partition`` is a tombstone of a
-        record this replica released as master, not read back yet (then it is forgotten: ingest
-        skips the record without decoding it). The caller checked that the record has a null
-        value, as only a tombstone has. Keyed by the buffer key, not the offset the tombstone
-        names (that needs decoding): any tombstone with that key retires a record this store
-        no longer holds (the release removed it, a cancel removes before its tombstone, and a
-        record released by another master after a failover is covered by the checkpoint its
-        tombstone follows), so at worst a richer outcome is not learnt. A malformed record with
-        a null value and such a key is skipped instead of dead-lettered."""
-        with self._lock:
-            return self._released.pop((partition, key), None) is not None
-
-    def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
-        """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
-
-        Later schedules it covers (a replica still catching up) are skipped by :meth:`apply`.
-        """
-        dropped = 0
-        cp = Checkpoint(checkpoint.time_ms, dict(checkpoint.offsets))  # a copy nobody mutates
-        with self._lock:
-            self._check_open()
-            batch = WriteBatch(raw_mode=True)
-            first_kept: bytes | None = None
-            for key, value in self._iter_from_floor(due_bound(cp.time_ms + 1)):
-                deliver_at, partition, offset = split_key(key)
-                if cp.covers(partition, offset, deliver_at):
-                    batch.delete(key)
-                    message = decode_entry(value)
-                    index_key = id_key(message.id, message.uid)
-                    batch.delete(index_key, self._ids_cf)
-                    self._done.add_key(index_key, message.uid, time.monotonic())
-                    dropped += 1
-                    accepted = accepted_ms(entry_seq(key))
-                    self._outcomes.covered(batch, message, _wall_ms(), accepted)
-                elif first_kept is None:
-                    first_kept = key
-            batch.put(META_CHECKPOINT, cp.to_bytes(), self._meta_cf)
-            batch.put(META_PENDING, U64.pack(self._pending - dropped), self._meta_cf)
-            self._write(batch)
-            self._pending -= dropped
-            self._checkpoint = cp
-            # Never below the floor it started from: a claim behind the last scan (a round
-            # cut short among entries due in the same millisecond) would send every later scan
-            # back over all the deletions since, a cost that grows with each round of a burst.
-            self._floor = first_kept or max(self._floor, due_bound(cp.time_ms + 1))
-        return dropped
 
     def _write(self, batch: WriteBatch) -> None:
         """Write ``batch`` with the outcomes' pruning and count (under the lock)."""

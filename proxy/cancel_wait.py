@@ -11,6 +11,10 @@ the answer comes from the **master** and says the master's store has applied the
 - ``delivered``: 409 ``{"id", "state": "already_delivered", "delivered_at"}`` (the release's
   time, epoch ms); ``dead_lettered``: 409 ``{"id", "state": "dead_lettered",
   "dead_lettered_at"}``;
+- ``pending`` with ``releasing``: the master was releasing it when it read the cancel, which
+  waits for that release's outcome (delivered: 409; surely not written: the cancel applies,
+  200); not decided yet, so the proxy keeps asking (CONTRACT.md v4: 200 only when it can no
+  longer be delivered);
 - ``pending``: a message with that id is pending although the cancel was applied: another
   principal's the proxy could not tell (the replicas left it, README "Message owners"), or
   one sent after the cancel; 409 ``{"id", "state": "not_cancelled", "reason"}``;
@@ -79,7 +83,8 @@ def decide(msg_id: str, answer: ReplicaAnswer, partition: int, offset: int) -> D
     """The confirmed cancel's answer from one replica answer (module docstring), None while
     it does not decide (not the master, or the cancel not applied yet)."""
     body = answer.body
-    if body.get("role") != "master" or not _applied(body, partition, offset):
+    releasing = body.get("state") == "pending" and body.get("releasing")  # outcome not known
+    if body.get("role") != "master" or not _applied(body, partition, offset) or releasing:
         return None
     if answer.status != 200:  # 404: unknown to the master (400: a bad id, refused before)
         return Decision(answer.status, {"error": body.get("error"), "field": "id"})

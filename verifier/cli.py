@@ -5,8 +5,8 @@ Continuous: runs until SIGINT/SIGTERM, publishing window results (stdout, ``--ou
 topics hold now; writes the report to ``--report FILE`` (exactly the CONTRACT.md keys, with
 the v2 ``clock``, see :mod:`verifier.report`, and ``isolation``, the ``--isolation-level`` the
 topics were read with), and next to it ``<stem>.details.json`` (pending, cancelled, unmatched
-deliveries, per-window results, the end instant), ``<stem>.lateness.png`` (per-window
-lateness over time) and ``<stem>.histogram.png`` (lateness histogram). Exit status 1 when an
+deliveries, per-window results, the end instant), ``<stem>.lateness.png`` (each message's
+lateness by due time) and ``<stem>.histogram.png`` (lateness histogram). Exit status 1 when an
 SLO given on the command line is missed (each missed SLO is named on stderr), 2 on a
 configuration error.
 """
@@ -76,7 +76,7 @@ def verify_once(
         write_json(report_path, report)
         details_path = report_path.with_name(f"{report_path.stem}.details.json")
         write_json(details_path, details)
-        charts = chart.write_charts(result.windows, result.lateness_sample, report_path)
+        charts = chart.write_charts(result.windows, result.lateness_points, report_path)
         outcome.files = [report_path, details_path, *charts]
     metrics = Metrics() if cfg.metrics_port else None
     if metrics is not None:

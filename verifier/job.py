@@ -18,7 +18,9 @@ and parsing the topics, and the delivery time, in :mod:`verifier.source`):
    due + grace. There every early delivery is counted on its own, at once, by
    ``early_deliveries`` (one early delivery outside the horizon would otherwise be invisible).
    ``with_cancels`` then marks the messages a cancel record cancels (one that follows them in
-   their buffer partition, or one sent with them: :func:`kdelay.buffer.cancels`).
+   their buffer partition, or one sent with them; a replace never its own series), by the
+   verifier's own reading of the contract (:mod:`verifier.cancel_contract`), never the
+   replicas' rule.
 3. ``summarise`` aggregates per-message rows per event-time window (over the due time) and
    overall, with Spark's exact ``percentile`` (linear interpolation, like numpy's default).
 
@@ -54,9 +56,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import jars, logs
-from kdelay.buffer import CANCEL_SENT_WITH_MS, CANCEL_WINDOW_MS
 from kdelay.errors import KdelayError
 from verifier import shipping
+from verifier.cancel_contract import OCCURRENCE_SEPARATOR, SENT_WITH_MS, WINDOW_MS
 from verifier.config import VerifierConfig
 from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
 from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
@@ -172,19 +174,22 @@ def messages(schedules: DataFrame) -> DataFrame:
 
     Copies of one buffer record (same ``dkey``) are the first copy; then the schedule records
     with the same id and due time are one message, at the position (bpart, boff, bts, bacc) of
-    the last of them: a cancel is judged against that record (:func:`kdelay.buffer.cancels`).
+    the last of them: a cancel is judged against that record
+    (:func:`verifier.cancel_contract.cancels`), and ``skey`` is the buffer key of occurrence 1
+    of that record's series (:func:`verifier.cancel_contract.series_key`).
     """
     first_pos = F.struct("bpart", "boff")
     first = (
         schedules.groupBy("dkey")
         .agg(
             F.min_by(
-                F.struct("id", "due_ms", "topic", "bpart", "boff", "bts", "bacc"), first_pos
+                F.struct("id", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "dkey"),
+                first_pos,
             ).alias("m")
         )
         .select("m.*")
     )
-    last = F.max(F.struct("bpart", "boff", "topic", "bts", "bacc")).alias("last")
+    last = F.max(F.struct("bpart", "boff", "topic", "bts", "bacc", "dkey")).alias("last")
     return (
         first.groupBy("id", "due_ms")
         .agg(last)
@@ -197,8 +202,14 @@ def messages(schedules: DataFrame) -> DataFrame:
             F.col("last.boff").alias("boff"),
             F.col("last.bts").alias("bts"),
             F.col("last.bacc").alias("bacc"),
+            series_key_column(F.col("last.dkey")).alias("skey"),
         )
     )
+
+
+def series_key_column(dkey: Column) -> Column:
+    """:func:`verifier.cancel_contract.series_key` of a buffer key column."""
+    return F.substring_index(dkey, OCCURRENCE_SEPARATOR, 1)
 
 
 def per_message(joined: DataFrame, keys: list[str]) -> DataFrame:
@@ -240,25 +251,27 @@ def match_batch(msgs: DataFrame, deliveries: DataFrame) -> DataFrame:
 
 
 def cancels_column(cancel: str, message: str) -> Column:
-    """:func:`kdelay.buffer.cancels` as a column: whether the row aliased ``cancel`` (bpart,
-    boff, bts) cancels the row aliased ``message`` (its last schedule record's bpart, boff, bts,
-    bacc), of the same id and buffer partition."""
-    c_off, c_ms = F.col(f"{cancel}.boff"), F.col(f"{cancel}.bts")
+    """:func:`verifier.cancel_contract.cancels` as a column: whether the row aliased ``cancel``
+    (bpart, boff, bts, rkey) cancels the row aliased ``message`` (its last schedule record's
+    bpart, boff, bts, bacc, and skey), of the same id and buffer partition."""
+    c_off, c_ms, c_key = (F.col(f"{cancel}.{name}") for name in ("boff", "bts", "rkey"))
     off, t_ms, accepted = (F.col(f"{message}.{name}") for name in ("boff", "bts", "bacc"))
+    own_series = c_key.isNotNull() & (F.col(f"{message}.skey") == c_key)
     sent_with_it = (
         (off > c_off)
         & c_ms.isNotNull()
         & accepted.isNotNull()
-        & (accepted <= c_ms + CANCEL_SENT_WITH_MS)
-        & (t_ms.isNull() | (t_ms - c_ms <= CANCEL_WINDOW_MS))
+        & (accepted <= c_ms + SENT_WITH_MS)
+        & (t_ms.isNull() | (t_ms - c_ms <= WINDOW_MS))
     )
-    return (off < c_off) | sent_with_it
+    return ~F.coalesce(own_series, F.lit(False)) & ((off < c_off) | sent_with_it)
 
 
-def cancelled_positions(per_id: DataFrame, cancels: DataFrame) -> DataFrame:
-    """The positions (id, bpart, boff) of the messages of ``per_id`` a cancel cancels."""
-    m = per_id.where(F.col("has_schedule")).select("id", "bpart", "boff", "bts", "bacc").alias("m")
-    c = cancels.select("id", "bpart", "boff", "bts").alias("c")
+def cancelled_positions(msgs: DataFrame, cancels: DataFrame) -> DataFrame:
+    """The positions (id, bpart, boff) of the messages ``msgs`` (:func:`messages`) a cancel or
+    a replace cancels."""
+    m = msgs.select("id", "bpart", "boff", "bts", "bacc", "skey").alias("m")
+    c = cancels.select("id", "bpart", "boff", "bts", "rkey").alias("c")
     on = (F.col("m.id") == F.col("c.id")) & (F.col("m.bpart") == F.col("c.bpart"))
     return (
         m.join(c, on)
@@ -275,13 +288,13 @@ def cancelled_positions(per_id: DataFrame, cancels: DataFrame) -> DataFrame:
 def bulk_cancelled_positions(msgs: DataFrame, bulk: DataFrame) -> DataFrame:
     """The positions (id, bpart, boff) of the messages of ``msgs`` a bulk cancel cancels, by
     delay_service/bulk_cancels.py's rule (owners aside): an id starting with its prefix, for
-    its topic when it names one, accepted no later than its append time plus
-    CANCEL_SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and
-    appended at most CANCEL_WINDOW_MS after it. Bulk cancels are few: broadcast."""
+    its topic when it names one, accepted no later than its append time plus SENT_WITH_MS
+    (appended no later than it when the acceptance time is unknown), and appended at most
+    WINDOW_MS after it. Bulk cancels are few: broadcast."""
     m = msgs.select("id", "topic", "bpart", "boff", "bts", "bacc").alias("m")
     b = F.broadcast(bulk.alias("b"))
     b_ms, accepted, appended = F.col("b.bts"), F.col("m.bacc"), F.col("m.bts")
-    before = F.when(accepted.isNotNull(), accepted <= b_ms + CANCEL_SENT_WITH_MS).otherwise(
+    before = F.when(accepted.isNotNull(), accepted <= b_ms + SENT_WITH_MS).otherwise(
         appended <= b_ms
     )
     on = F.col("m.id").startswith(F.col("b.px")) & (
@@ -289,7 +302,7 @@ def bulk_cancelled_positions(msgs: DataFrame, bulk: DataFrame) -> DataFrame:
     )
     return (
         m.join(b, on)
-        .where(before & (appended - b_ms <= CANCEL_WINDOW_MS))
+        .where(before & (appended - b_ms <= WINDOW_MS))
         .select(
             F.col("m.id").alias("id"),
             F.col("m.bpart").alias("bpart"),
@@ -370,15 +383,20 @@ def window_results(summary: DataFrame) -> list[WindowResult]:
     ]
 
 
-def lateness_values(per_id: DataFrame, limit: int = CHART_SAMPLE) -> list[float]:
-    """Lateness (ms) of delivered messages, at most ``limit`` of them (for charts)."""
+def lateness_points(per_id: DataFrame, limit: int = CHART_SAMPLE) -> list[tuple[int, float]]:
+    """(due time, lateness) in ms of delivered messages, at most ``limit`` of them (charts)."""
     rows = (
         per_id.where(F.col("has_schedule") & (F.col("deliveries") > 0))
-        .select((F.col("first_ms") - F.col("due_ms")).alias("l"))
+        .select("due_ms", (F.col("first_ms") - F.col("due_ms")).alias("l"))
         .limit(limit)
         .collect()
     )
-    return [float(r["l"]) for r in rows]
+    return [(int(r["due_ms"]), float(r["l"])) for r in rows]
+
+
+def lateness_values(per_id: DataFrame, limit: int = CHART_SAMPLE) -> list[float]:
+    """Lateness (ms) of delivered messages, at most ``limit`` of them (metrics, histograms)."""
+    return [late for _, late in lateness_points(per_id, limit)]
 
 
 # -- the two drivers -------------------------------------------------------------------------
@@ -394,6 +412,8 @@ class OnceResult:
     end_ms: int
     topics: list[str]
     unmatched_deliveries: int
+    #: (due, lateness) in ms of the messages in ``lateness_sample``, for the lateness chart.
+    lateness_points: list[tuple[int, float]]
 
 
 def _now_ms() -> int:
@@ -428,7 +448,7 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
         cached.append(deliveries)
         matched = match_batch(msgs, deliveries).persist()
         cached.append(matched)
-        cancelled = cancelled_positions(matched, cancels)
+        cancelled = cancelled_positions(msgs, cancels)
         if buffer.bulk is not None:
             cancelled = cancelled.unionByName(bulk_cancelled_positions(msgs, buffer.bulk))
         per_id = with_cancels(matched, cancelled).persist()
@@ -438,9 +458,10 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
         windows = window_results(
             summarise(per_id, grace_ms=cfg.grace_ms, end_ms=end_ms, window_ms=cfg.window_ms)
         )
-        sample = lateness_values(per_id)
+        points = lateness_points(per_id)
         unmatched = deliveries.join(msgs, ["id", "due_ms"], "left_anti").count()
     finally:
         for df in reversed(cached):
             df.unpersist()
-    return OnceResult(Summary.from_row(row), windows, sample, end_ms, topics, unmatched)
+    sample = [late for _, late in points]
+    return OnceResult(Summary.from_row(row), windows, sample, end_ms, topics, unmatched, points)

@@ -20,11 +20,13 @@ the executable specification the unit tests pin down):
 - *early*: deliveries whose delivery time is before the due time their own
   ``kdelay-deliver-at`` header carries, whether or not a schedule record exists for them (a
   record written straight to a target topic with a future due time is early).
-- *cancelled*: a ``cancel`` record for the id cancels the message's schedule record, as the
-  replicas decide it (:func:`kdelay.buffer.cancels`: the cancel follows it in the buffer, same
+- *cancelled*: a ``cancel`` record (or a replace) for the id cancels the message's schedule
+  record, as the contract says, read by the verifier itself and not shared with the replicas
+  (:func:`verifier.cancel_contract.cancels`: the cancel follows it in the buffer, same
   partition and higher offset, the proxy putting every record of an id in one partition; or
-  precedes it, but a proxy accepted the schedule within a second of the cancel's append and it
-  was appended within five minutes of it: sent with it), and the message was never delivered.
+  precedes it, but a proxy accepted the schedule within 100 ms of the cancel's append and it
+  was appended within five minutes of it: sent with it; a replace never cancels its own
+  series' occurrences), and the message was never delivered.
   It is left out of every count (reported on its own as ``cancelled``). A message delivered
   despite a cancel counts as delivered: the cancel came too late, which the contract allows.
 - *delivered*: messages delivered at least once (messages, not deliveries).

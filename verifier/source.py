@@ -30,11 +30,11 @@ from kdelay.acls import VERIFIER_GROUPS
 from kdelay.buffer import (
     OP_CANCEL,
     OP_SCHEDULE,
-    ORDER_SHIFT,
     READ_VERSIONS,
     ROUTE_HEADER,
     route_schema,
 )
+from verifier.cancel_contract import ORDER_SHIFT
 from verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
@@ -123,9 +123,10 @@ class BufferRows:
     order field; null if unknown) and dkey (what makes copies of one buffer record one
     message: the buffer key in version 2, id and due time in version 1, whose key is the id).
     ``cancels``: id, bpart, boff, bts of each cancel and each replace (``"rx"``: a schedule
-    that is also a cancel of its id at its own position), and a bulk cancel's px and t (null
-    for the others; the streaming job's one side query reads both kinds from it). Which cancel
-    cancels which schedule: :func:`kdelay.buffer.cancels`.
+    that is also a cancel of its id at its own position), rkey (a replace's own buffer key,
+    null for a cancel), and a bulk cancel's px and t (null for the others; the streaming job's
+    one side query reads both kinds from it). Which cancel cancels which schedule:
+    :func:`verifier.cancel_contract.cancels`.
     ``bulk``: px (the id prefix), t (the target topic or null) and bts of each bulk cancel.
     """
 
@@ -135,7 +136,7 @@ class BufferRows:
 
 
 def _accepted_ms(order: Column) -> Column:
-    """:func:`kdelay.buffer.accepted_ms` of an order field column."""
+    """:func:`verifier.cancel_contract.accepted_ms` of an order field column."""
     ms = F.shiftright(F.coalesce(order, F.lit(0).cast("long")), ORDER_SHIFT)
     return F.when(ms > 0, ms)
 
@@ -190,6 +191,7 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
         "bpart",
         "boff",
         F.col("ts_ms").alias("bts"),
+        F.when(replaces, F.col("bkey")).alias("rkey"),
         F.when(F.col("r.op") == OP_CANCEL, F.col("r.px")).alias("px"),
         F.when(F.col("r.op") == OP_CANCEL, F.col("r.t")).alias("t"),
     )

@@ -24,13 +24,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kdelay import buffer, logs
+from kdelay import logs
+from verifier import cancel_contract as contract
 from verifier.config import VerifierConfig
 from verifier.job import (
     ALL_USER_TOPICS,
     VerifierError,
     lateness_values,
     per_message,
+    series_key_column,
     summarise,
     window_results,
     with_cancels,
@@ -43,13 +45,14 @@ log = logs.get(__name__)
 BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
 #: A buffer record's place: (id, buffer partition, offset).
 Position = tuple[str, int, int]
-#: A cancel record: its place and append time (ms).
-CancelAt = tuple[str, int, int, int | None]
+#: A cancel record: its place and append time (ms), and a replace's own buffer key (None for a
+#: cancel).
+CancelAt = tuple[str, int, int, int | None, str | None]
 #: A bulk cancel: its id prefix, target topic (None: every topic) and append time (ms).
 BulkAt = tuple[str, str | None, int | None]
-#: A message's (last) schedule record: its place, append time and acceptance time (ms), and
-#: its target topic.
-ScheduleAt = tuple[str, int, int, int | None, int | None, str | None]
+#: A message's (last) schedule record: its place, append time and acceptance time (ms), its
+#: target topic, and the buffer key of occurrence 1 of its series (None: unknown).
+ScheduleAt = tuple[str, int, int, int | None, int | None, str | None, str | None]
 _POSITIONS_DDL = "id STRING, bpart INT, boff BIGINT"
 
 
@@ -68,6 +71,7 @@ def match_stream(
         # row per (id, due), so that no delivery is joined twice.
         .dropDuplicatesWithinWatermark(["dkey"])
         .dropDuplicates(["id", "due"])
+        .withColumn("skey", series_key_column(F.col("dkey")))
     )
     d = deliveries.select(
         F.col("id").alias("did"), F.col("due_ms").alias("ddue"), "at", "receipt"
@@ -86,12 +90,14 @@ def match_stream(
         "boff",
         "bts",
         "bacc",
+        "skey",
         # A new column (not ``at`` itself) carries no event-time metadata, so the aggregation
         # below has exactly one event-time key: ``due``.
         F.unix_millis(F.col("at")).alias("at_ms"),
         "receipt",
     )
-    per = per_message(joined, ["id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc"])
+    keys = ["id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "skey"]
+    per = per_message(joined, keys)
     return per.select(
         "id",
         "due",
@@ -106,6 +112,7 @@ def match_stream(
         "first_ms",
         F.lit(0).cast("long").alias("early"),
         "receipt",
+        "skey",
     )
 
 
@@ -127,6 +134,7 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
         F.lit(None).cast("long").alias("first_ms"),
         F.lit(1).cast("long").alias("early"),
         "receipt",
+        F.lit(None).cast("string").alias("skey"),
     )
 
 
@@ -141,30 +149,32 @@ class CancelRegistry:
     """
 
     def __init__(self) -> None:
-        self._cancels: dict[tuple[str, int], dict[int, int | None]] = {}
+        self._cancels: dict[tuple[str, int], dict[int, contract.CancelAt]] = {}
         self._bulk: set[BulkAt] = set()
         self._lock = threading.Lock()
 
     def add(self, cancels: Iterable[CancelAt], bulk: Iterable[BulkAt] = ()) -> None:
         with self._lock:
-            for msg_id, part, off, ts in cancels:
-                self._cancels.setdefault((msg_id, part), {})[off] = ts
+            for msg_id, part, off, ts, replace_key in cancels:
+                at = contract.CancelAt(msg_id, part, off, ts, replace_key)
+                self._cancels.setdefault((msg_id, part), {})[off] = at
             self._bulk.update(bulk)
 
     def cancelled(self, schedules: Iterable[ScheduleAt]) -> list[Position]:
-        """The positions of the ``schedules`` a cancel cancels (:func:`kdelay.buffer.cancels`:
-        one after it in its partition, or one before it that was sent with it), or a bulk
-        cancel does (:func:`bulk_cancels`)."""
+        """The positions of the ``schedules`` a cancel or a replace cancels
+        (:func:`verifier.cancel_contract.cancels`: one before it in its partition, or one after
+        it that was sent with it; never a replace's own series), or a bulk cancel does
+        (:func:`bulk_cancels`)."""
         with self._lock:
-            return [
-                (msg_id, part, off)
-                for msg_id, part, off, ts, accepted, topic in schedules
+            out = []
+            for msg_id, part, off, ts, accepted, topic, skey in schedules:
+                message = contract.MessageAt(msg_id, part, off, ts, accepted, skey or "")
                 if any(
-                    buffer.cancels(c_off, c_ts, off, ts, accepted)
-                    for c_off, c_ts in self._cancels.get((msg_id, part), {}).items()
-                )
-                or any(bulk_cancels(b, msg_id, topic, ts, accepted) for b in self._bulk)
-            ]
+                    contract.cancels(c, message)
+                    for c in self._cancels.get((msg_id, part), {}).values()
+                ) or any(bulk_cancels(b, msg_id, topic, ts, accepted) for b in self._bulk):
+                    out.append((msg_id, part, off))
+            return out
 
 
 def bulk_cancels(
@@ -173,18 +183,18 @@ def bulk_cancels(
     """Whether bulk cancel ``bulk`` cancels a message (delay_service/bulk_cancels.py's rule,
     owners aside; :func:`verifier.job.bulk_cancelled_positions` in the batch job): an id with
     its prefix, on its topic when it names one, accepted no later than its append time plus
-    CANCEL_SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and
-    appended at most CANCEL_WINDOW_MS after it."""
+    SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and appended
+    at most WINDOW_MS after it (:mod:`verifier.cancel_contract`)."""
     prefix, bulk_topic, bulk_ms = bulk
     if not msg_id.startswith(prefix) or (bulk_topic is not None and bulk_topic != topic):
         return False
     if bulk_ms is None or appended is None:
         return False
     if accepted is not None:
-        before = accepted <= bulk_ms + buffer.CANCEL_SENT_WITH_MS
+        before = accepted <= bulk_ms + contract.SENT_WITH_MS
     else:
         before = appended <= bulk_ms
-    return before and appended - bulk_ms <= buffer.CANCEL_WINDOW_MS
+    return before and appended - bulk_ms <= contract.WINDOW_MS
 
 
 def _cancel_rows(df: DataFrame) -> tuple[list[CancelAt], list[BulkAt]]:
@@ -192,16 +202,16 @@ def _cancel_rows(df: DataFrame) -> tuple[list[CancelAt], list[BulkAt]]:
     cancels: list[CancelAt] = []
     bulk: list[BulkAt] = []
     for r in df.collect():
-        cancels.append((str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"]))
+        cancels.append((str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["rkey"]))
         if r["px"] is not None:
             bulk.append((str(r["px"]), r["t"], r["bts"]))
     return cancels, bulk
 
 
 def _schedule_rows(df: DataFrame) -> list[ScheduleAt]:
-    rows = df.select("id", "bpart", "boff", "bts", "bacc", "topic").collect()
+    rows = df.select("id", "bpart", "boff", "bts", "bacc", "topic", "skey").collect()
     return [
-        (str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"], r["topic"])
+        (str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"], r["topic"], r["skey"])
         for r in rows
     ]
 

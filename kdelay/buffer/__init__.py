@@ -29,7 +29,8 @@ message that reuses its id.
   releases occurrence n, with the same id, ``s`` and content, buffer key ``<key of
   occurrence 1>#<n+1>`` and an absolute ``d``. A replace (``kdelay-replace: true``) adds
   ``"rx": true``: it is also a cancel of its id (:func:`cancels`, with its own offset and
-  append time), and then pending itself; readers that predate it see a plain schedule.
+  append time; never of its own series' later occurrences, :func:`own_series`), and then
+  pending itself; readers that predate it see a plain schedule.
   Behind an authenticating proxy a schedule adds ``"w": its owner`` (the principal that
   scheduled it, Kafka's form ``"User:alice"``), and a replace by a kdelay administrator
   ``"a": true``.
@@ -70,6 +71,7 @@ from kdelay.buffer.cancel_rule import (
     accepted_ms,
     cancels,
     may_cancel,
+    own_series,
 )
 from kdelay.buffer.codec import (
     BUFFER_TOPIC,
@@ -120,6 +122,7 @@ __all__ = [
     "encode",
     "encode_schedule",
     "may_cancel",
+    "own_series",
     "partition_for",
     "pinned_id",
     "route_schema",

@@ -1,7 +1,9 @@
-"""The cancel rule the replicas and the verifier share: which schedules a cancel cancels
+"""The replicas' cancel rule: which schedules a cancel cancels
 (README "Cancelling a message"), from the records' buffer offsets, append times and the
 proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it); and
-whose (README "Message owners"): :func:`may_cancel`.
+whose (README "Message owners"): :func:`may_cancel`; a replace never cancels its own series'
+later occurrences: :func:`own_series`. The verifier does not import it: it judges by its own
+reading of the contract (``verifier/cancel_contract.py``), so a bug here is not its bug too.
 
 Functions of their arguments; safe from any thread.
 """
@@ -60,6 +62,18 @@ def cancels(
     if accepted > cancel_ms + CANCEL_SENT_WITH_MS:
         return False
     return time_ms is None or time_ms - cancel_ms <= CANCEL_WINDOW_MS
+
+
+def own_series(replace_key: str, schedule_key: str) -> bool:
+    """Whether the schedule with buffer key ``schedule_key`` is a later occurrence of the series
+    the replace with buffer key ``replace_key`` started (``<replace_key>#<n>``): a replace is a
+    cancel of what its id had *before* it and a new message, and its series' occurrences are
+    that new message, so its own cancel part never cancels them (README "Replacing a
+    message"). Any later cancel or replace of the id still does, by :func:`cancels` with the
+    occurrence's order field, occurrence 1's. An empty ``replace_key`` (unknown) matches
+    nothing."""
+    root, sep, _ = schedule_key.partition("#")
+    return bool(replace_key) and bool(sep) and root == replace_key
 
 
 def may_cancel(principal: str | None, admin: bool, owner: str | None) -> bool:

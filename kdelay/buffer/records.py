@@ -42,6 +42,12 @@ class Scheduled:
         """The Kafka key of this record in the buffer topic."""
         return self.uid or self.id
 
+    @property
+    def series_key(self) -> str:
+        """The buffer key of occurrence 1 of this record's series (its own for occurrence 1
+        and for a message that does not repeat): occurrence n is ``<that key>#<n>``."""
+        return self.buffer_key.partition("#")[0]
+
     def delivered_headers(self) -> list[tuple[str, bytes | None]]:
         """Headers of the released record: the producer's own, plus the id and the due time
         (and a recurring message's occurrence number)."""
@@ -60,15 +66,16 @@ class Scheduled:
         occurrence written just after it, ``cancels.py`` rule 2) and content, buffer key ``<key
         of occurrence 1>#<n+1>`` (so a copy written twice, by two masters around a failover,
         is kept once)."""
-        root = self.buffer_key.partition("#")[0]
         return replace(
             self,
             deliver_at_ms=deliver_at_ms,
-            uid=f"{root}#{self.occurrence + 1}",
+            uid=f"{self.series_key}#{self.occurrence + 1}",
             delay_ms=None,
             seq=seq,
             occurrence=self.occurrence + 1,
-            replace=False,  # occurrence 1 replaced what was pending; the next ones add to it
+            # Occurrence 1 replaced what was pending; the next ones replace nothing, and the
+            # replace's own cancel part does not cancel them (``cancel_rule.own_series``).
+            replace=False,
             admin=False,
         )
 

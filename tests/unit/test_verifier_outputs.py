@@ -80,7 +80,8 @@ def test_the_isolation_level_is_a_flag() -> None:
 def test_charts_are_png_files_next_to_the_report(tmp_path: Path) -> None:
     report = tmp_path / "run" / "report.json"
     report.parent.mkdir()
-    paths = chart.write_charts(_windows(), [float(x % 37) for x in range(500)], report)
+    points = [(1_700_000_000_000 + x * 40, float(x % 37)) for x in range(500)]
+    paths = chart.write_charts(_windows(), points, report)
     assert [p.name for p in paths] == ["report.lateness.png", "report.histogram.png"]
     for p in paths:
         data = p.read_bytes()
