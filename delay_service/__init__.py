@@ -6,9 +6,9 @@ key), ``ingest`` (buffer topic -> store), ``forwarder`` (master loop; ``forwarde
 what other threads ask of it) with ``round`` (planning a round), ``delivery_reports``
 (settling what completed), ``release_backoff`` (backoff and dead-letter policy) and ``sender``
 (every produce to Kafka: ``producer``, ``in_flight``, ``series``), ``broker_clock``
-(the broker's time, never ahead: :mod:`kdelay.broker_clock`), ``replica`` (wiring, election, the control
-loop; ``startup``, ``status``, ``threads``, ``follower_checkpoints``), ``metrics``, ``config``,
-``cli``.
+(the broker's time, never ahead: :mod:`kdelay.broker_clock`), ``replica`` (wiring, election,
+the control loop; ``startup``, ``status``, ``threads``, ``follower_checkpoints``),
+``metrics``, ``config``, ``cli``.
 """
 
 from __future__ import annotations
