@@ -36,9 +36,9 @@ from delay_service.store import Store
 from delay_service.txn_sender import TxnSender, make_txn_producer, set_key
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.topics import CHECKPOINT_TOPIC, CHECKPOINT_TOPIC_CONFIG
+from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import create_topic
-from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest
 
 
 def _config(bootstrap: str, root: str, shard: int) -> ReplicaConfig:

@@ -8,7 +8,6 @@ Target topics use LogAppendTime, so a delivered record's timestamp is the broker
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from confluent_kafka import Producer
 from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Scheduled
+from tests.support.faketime import faketime
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.proxies import proxy_process, wait_accepting
@@ -25,13 +25,6 @@ from tests.support.replicas import ReplicaSet
 from tests.support.schedule import assert_not_early, create_target, produce_buffer
 
 SKEW_S = 5
-
-
-def faketime(offset: str) -> tuple[list[str], dict[str, str]]:
-    """The command prefix and environment that shift only the wall clock by ``offset``."""
-    found = shutil.which("faketime")
-    assert found, "faketime is missing: apt-get install faketime (make install does it)"
-    return [found, "-f", offset], {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def now_ms() -> int:

@@ -42,10 +42,10 @@ from kdelay.buffer import Scheduled
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.clock import SYSTEM_CLOCK
 from kdelay.topics import BUFFER_TOPIC_CONFIG
+from tests.support.forwarder_rigs import FakeCheckpoints
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.schedule import create_target, produce_buffer
-from tests.unit.test_forwarder import FakeCheckpoints
 
 
 def _config(bootstrap: str, root: str, buffer: str, name: str, **settings: object) -> ReplicaConfig:

@@ -27,7 +27,7 @@ from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
 from proxy import running_proxy
-from tests.integration.test_clock_skew import faketime
+from tests.support.faketime import faketime
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.proxies import loopback_config, proxy_process, wait_accepting

@@ -26,7 +26,7 @@ from bench.harness.clock_skew import SHIM
 from dev.stack import wait_until
 from dev.stack.process import MARKER
 from kdelay.buffer import Scheduled
-from tests.integration.test_clock_skew import faketime
+from tests.support.faketime import faketime
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet

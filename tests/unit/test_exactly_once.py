@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -20,64 +19,9 @@ from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
 from kdelay.topics import CHECKPOINT_TOPIC
-from tests.support.fakes import FakeClock, FakeProducer, Sent
-from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest, msg
+from tests.support.fakes import FakeClock, Sent
+from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, msg
 from zk.errors import FencedError
-
-
-@dataclass
-class FakeTxnProducer(FakeProducer):
-    """Records become ``committed`` only at commit_transaction; abort drops them."""
-
-    committed: list[Sent] = field(default_factory=list)
-    inits: int = 0
-    commits: int = 0
-    aborts: int = 0
-    fence_at_commit: bool = False
-    open: bool = False
-    leaderless: set[str] = field(default_factory=set)  # topics whose partitions have no leader
-    invalid: dict[str, KafkaError] = field(default_factory=dict)  # the metadata's topic errors
-    probes: list[str] = field(default_factory=list)
-
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> SimpleNamespace:
-        assert topic is not None
-        self.probes.append(topic)
-        leader = -1 if topic in self.leaderless else 1
-        part = SimpleNamespace(leader=leader)
-        error = self.invalid.get(topic)
-        return SimpleNamespace(
-            topics={topic: SimpleNamespace(error=error, partitions={0: part, 1: part})}
-        )
-
-    def init_transactions(self, timeout: float = -1) -> None:
-        self.inits += 1
-
-    begun: float = 0.0
-
-    def begin_transaction(self) -> None:
-        assert not self.open, "a transaction is already open"
-        self.open = True
-        self.sent = []
-        self.begun = self.clock.mono if self.clock is not None else 0.0
-
-    def commit_transaction(self, timeout: float = -1) -> None:
-        assert self.open
-        self.poll(0)
-        if self.fence_at_commit:
-            raise KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
-        self.commits += 1
-        self.committed += self.sent
-        self.open = False
-
-    def abort_transaction(self, timeout: float = -1) -> None:
-        assert self.open
-        self.aborts += 1
-        self.queued = []
-        self.sent = []
-        self.open = False
-
-    def visible(self, topic: str) -> list[Sent]:
-        return [s for s in self.committed if s.topic == topic]
 
 
 @dataclass

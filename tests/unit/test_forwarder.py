@@ -4,8 +4,8 @@ checkpoint. Time moves only when a test advances the clock."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,40 +17,9 @@ from delay_service.metrics import Metrics
 from delay_service.sender import ERROR_HEADER, Sender
 from delay_service.store import Store
 from delay_service.tombstones import Retired
-from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled, decode
-from kdelay.checkpoint import CheckpointRecord
+from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, decode
 from tests.support.fakes import FakeClock, FakeProducer, Sent
-from zk.errors import FencedError
-
-
-@dataclass
-class FakeCheckpoints:
-    """Records each written checkpoint as (time_ms, offsets)."""
-
-    writes: list[tuple[int, dict[int, int]]] = field(default_factory=list)
-    records: list[CheckpointRecord] = field(default_factory=list)
-    fenced: bool = False
-
-    def claim_epoch(self) -> int:
-        return 1
-
-    def load(self) -> bytes | None:
-        return None
-
-    def write(self, data: bytes) -> object:
-        if self.fenced:
-            raise FencedError("newer epoch")
-        record = CheckpointRecord.decode(data)
-        self.records.append(record)
-        self.writes.append((record.time_ms, dict(record.offsets)))
-        return None
-
-
-class FakeIngest:
-    def wait_ingested(
-        self, offsets: Mapping[int, int], timeout: float, stop: threading.Event
-    ) -> bool:
-        return True
+from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, ids_to, msg
 
 
 @pytest.fixture
@@ -103,12 +72,6 @@ def make(store: Store, producer: FakeProducer, **settings: object) -> Rig:
     )
     fwd = Forwarder(cfg, store, FakeIngest(), metrics, sender=sender, on_fenced=fence, clock=clock)
     return Rig(fwd, metrics, clock, fenced, on_fenced)
-
-
-def msg(i: int, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
-    return Scheduled(
-        f"m{i}", topic, partition, f"k{i}".encode(), f"v{i}".encode(), at, (("h", b"x"),)
-    )
 
 
 def test_releases_due_entries_in_key_order_with_delivered_format(store: Store) -> None:
@@ -313,11 +276,6 @@ def test_cancelled_ids_get_tombstones_only_on_the_master(store: Store) -> None:
     rig.fwd.forward_once(cps, gen)
     tombs = producer.to("__kdelay_buffer")
     assert [(s.key, s.partition) for s in tombs] == [(b"y", 2)]
-
-
-def ids_to(producer: FakeProducer, topic: str) -> list[str]:
-    ids = [dict(s.headers)["kdelay-id"] for s in producer.to(topic)]
-    return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
 
 def test_a_held_target_filling_the_scan_does_not_starve_the_others(store: Store) -> None:

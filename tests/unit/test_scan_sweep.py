@@ -21,8 +21,7 @@ from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
 from kdelay.buffer import Scheduled
 from tests.support.fakes import FakeClock, FakeProducer, Sent
-from tests.unit.test_exactly_once import FakeTxnProducer
-from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest, ids_to, msg
+from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, ids_to, msg
 
 SKIP_LIMIT = 5
 HELD = 50  # entries of the held target "x", due before everything else but "w"

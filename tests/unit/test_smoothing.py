@@ -24,8 +24,7 @@ from delay_service.store import Store
 from delay_service.txn_sender import TxnSender
 from kdelay.buffer import Scheduled
 from tests.support.fakes import FakeClock, FakeProducer, Sent
-from tests.unit.test_exactly_once import FakeTxnProducer
-from tests.unit.test_forwarder import FakeCheckpoints, FakeIngest, msg
+from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, msg
 
 RATE = 100.0  # messages per second on topic "a": a burst of 10, then 10 per 100 ms
 BURST = int(RATE * BURST_S)
