@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install constraints jvm faketime chromium console-screenshots deploy-tools lint format test coverage test-spark test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
+.PHONY: help install constraints jvm faketime chromium kcat console-screenshots deploy-tools lint format test coverage test-spark test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 .PHONY: spark-up
@@ -41,7 +41,7 @@ constraints: $(STAMP)
 	mv constraints.txt.new constraints.txt
 	@touch $(STAMP)
 
-install: $(STAMP) jvm faketime chromium
+install: $(STAMP) jvm faketime chromium kcat
 
 # Debian's libfaketime: the clock-skew tests run real replicas and proxies with a skewed clock.
 faketime:
@@ -49,6 +49,14 @@ faketime:
 	  [ "$$(id -u)" = 0 ] || { echo "faketime missing: apt-get install faketime (needs root)"; exit 1; }; \
 	  echo "==> apt-get install faketime (clock-skew tests)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends faketime; }
+
+# Debian's kcat (librdkafka 2.0): tests/integration/test_proxy_sasl_kcat.py logs in through the
+# proxy with an older client family (SaslHandshake v0 in ApiVersions, issue 45).
+kcat:
+	@command -v kcat >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "kcat missing: apt-get install kcat (needs root)"; exit 1; }; \
+	  echo "==> apt-get install kcat (SASL client-family tests)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends kcat; }
 
 # Debian's chromium and its chromedriver: tests/integration/test_console.py drives the console
 # (/ui/) in a real headless browser; no browser build is downloaded.

@@ -45,7 +45,10 @@ def _echo(line: str) -> None:
 )
 @click.option("--http-port", type=click.IntRange(0, 65535), default=0, help="HTTP API (0: free)")
 @click.option(
-    "--kafka-port", type=click.IntRange(0, 65535), default=0, help="local Kafka (0: free)"
+    "--kafka-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="local Kafka's client listener, with --secure its SASL_SSL one (0: free)",
 )
 @click.option(
     "--zk-port", type=click.IntRange(0, 65535), default=0, help="local ZooKeeper (0: free)"

@@ -37,8 +37,10 @@ from proxy.http import create_app
 from proxy.http_login import HttpAuthenticator
 from proxy.idempotence import ProducerRegistry
 from proxy.login_backoff import LoginBackoff
+from proxy.login_gate import LoginGate
 from proxy.metrics import ProxyMetrics
 from proxy.owners import Owners
+from proxy.prelogin import PreloginGate
 from proxy.restarts import ComponentStoppedError, Supervisor
 from proxy.server import KafkaServer, Limits, reuse_port_socket
 from proxy.topics import Advertised, Topics
@@ -94,6 +96,7 @@ def _auth_settings(cfg: ProxyConfig, metrics: ProxyMetrics) -> AuthSettings | No
         timeout_s=cfg.sasl_authentication_timeout_ms / 1000,
         max_receive_bytes=cfg.sasl_max_receive_bytes,
         principal_claim=cfg.sasl_principal_claim,
+        logins=LoginGate(cfg.max_concurrent_logins),
     )
 
 
@@ -101,12 +104,13 @@ def _http_authenticator(
     cfg: ProxyConfig, metrics: ProxyMetrics, listener: AuthSettings | None
 ) -> HttpAuthenticator | None:
     """The HTTP API's authentication (proxy/http_login.py), sharing the Kafka listener's ACL
-    cache and login backoff when it has SASL."""
+    cache, login backoff and cap on concurrent logins when it has SASL."""
     return http_login.authenticator(
         cfg,
         metrics,
         cache=listener.cache if listener else None,
         backoff=listener.backoff if listener else None,
+        logins=listener.logins if listener else None,
     )
 
 
@@ -179,6 +183,9 @@ class Proxy:
             budget,
             reuse_port=cfg.reuse_port,
             auth=_auth_settings(cfg, self.metrics),
+            prelogin=PreloginGate(
+                cfg.prelogin_max_connections, cfg.prelogin_max_connections_per_address
+            ),
         )
         bound_host, bound_port = await self.kafka.bind(*cfg.listen_address)
         adv_host = cfg.advertised_host or (
@@ -232,6 +239,7 @@ class Proxy:
             order=order,
             cancel_acks=cancel_acks,
             auth=self._http_auth,
+            body_timeout_s=cfg.http_body_timeout_ms / 1000,
         )
         # HTTPS when http_tls_cert and http_tls_key are set (uvicorn loads them at each start).
         self._http_config = uvicorn.Config(
@@ -242,6 +250,10 @@ class Proxy:
             lifespan="off",
             ssl_certfile=cfg.http_tls_cert,
             ssl_keyfile=cfg.http_tls_key,
+            # X-Forwarded-For is believed only from http_trusted_proxies (uvicorn's default
+            # believes 127.0.0.1, or $FORWARDED_ALLOW_IPS: never implicitly).
+            proxy_headers=bool(cfg.http_trusted_proxies),
+            forwarded_allow_ips=list(cfg.http_trusted_proxies),
         )
         first = await self._start_http()
         assert self._http is not None

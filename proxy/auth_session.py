@@ -8,9 +8,12 @@ the broker once the connection is authenticated. What Kafka's own SASL server do
 
 - SaslHandshake (v1) names a mechanism. One the proxy does not enable gets
   UNSUPPORTED_SASL_MECHANISM with the enabled list, and the connection closes. Otherwise the
-  session opens its link (proxy/broker_link.py: a connection of its own to an upstream broker's
-  SASL listener) and relays the handshake there; the broker's answer comes back, its mechanism
-  list cut to the ones both enable.
+  session answers it without asking upstream (a handshake is free to send, so it must cost
+  nothing upstream): the mechanisms both enable, as far as an earlier relayed handshake told
+  (``UpstreamMechanisms``), else the proxy's. The link (proxy/broker_link.py: a connection of
+  its own to an upstream broker's SASL listener) opens with the first SaslAuthenticate, which
+  relays the handshake first; a mechanism the broker refuses then answers that
+  SaslAuthenticate UNSUPPORTED_SASL_MECHANISM and the connection closes.
 - Each SaslAuthenticate (v0-2) is relayed to the broker (always as v1, so the broker tells the
   session lifetime) and its answer relayed back at the client's version. When proxy/sasl.py says
   the exchange is complete, the connection is authenticated as the principal the client's first
@@ -33,7 +36,9 @@ the broker once the connection is authenticated. What Kafka's own SASL server do
 - Limits before authentication: a frame larger than ``max_receive_bytes`` (Kafka's
   ``sasl.server.max.receive.size``) closes the connection, and so does not being authenticated
   ``timeout_s`` after connecting (proxy/server.py applies both, through ``frame_limit`` and
-  ``auth_deadline``).
+  ``auth_deadline``). Opening the link and each relayed round hold a slot of ``logins``
+  (proxy/login_gate.py, ``max_concurrent_logins``) while they run; none free before the login
+  deadline closes the connection.
 
 Every failure counts in ``kdelay_proxy_auth_failures_total{mechanism,reason}``. Passwords and
 tokens are never kept or logged: only the principal's name is taken from them.
@@ -45,6 +50,7 @@ requests reach it one at a time, so the link is never used by two at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,21 +61,23 @@ import kafka.errors as kerr
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from kdelay import logs
+from proxy import metric_labels, sasl
 from proxy import protocol as p
-from proxy import sasl
 from proxy import sasl_answers as answers
 from proxy.authorization import AclCache, TopicAccess
 from proxy.broker import Reply, resolved
 from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
 from proxy.login_backoff import LoginBackoff
+from proxy.login_gate import LoginGate, LoginsBusyError
 from proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
 
 UNSUPPORTED_MECHANISM: Final = kerr.UnsupportedSaslMechanismError.errno
 AUTH_FAILED: Final = kerr.SaslAuthenticationFailedError.errno
-#: Kafka's sasl.server.max.receive.size default.
-DEFAULT_MAX_RECEIVE_BYTES: Final = 524_288
+#: The largest frame before authentication (``sasl_max_receive_bytes``; Kafka's own default,
+#: 512 KiB, is far more than a login needs).
+DEFAULT_MAX_RECEIVE_BYTES: Final = 65_536
 #: The SaslAuthenticate version links use: the first with the session lifetime (KIP-368).
 _LINK_AUTH_VERSION: Final = 1
 
@@ -90,6 +98,14 @@ class Screened:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
+class UpstreamMechanisms:
+    """The mechanisms upstream Kafka enables, as its latest relayed handshake said (None: not
+    asked yet); shared by a listener's sessions."""
+
+    def __init__(self) -> None:
+        self.known: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True)
 class AuthSettings:
     """What every session of one listener shares."""
@@ -104,6 +120,9 @@ class AuthSettings:
     principal_claim: str = "sub"
     clock: Callable[[], float] = time.monotonic
     link_factory: Callable[[LinkSettings], Link] = BrokerLink
+    #: The cap on logins in progress (shared with the HTTP API); None: no cap.
+    logins: LoginGate | None = None
+    upstream: UpstreamMechanisms = field(default_factory=UpstreamMechanisms)
 
     def session(self, address: str) -> AuthSession:
         """A session for a connection from ``address`` (the client's host)."""
@@ -130,6 +149,8 @@ class AuthSession:
         self._claim_error = ""
         self._reauth_capable = False
         self._reauthenticating = False
+        #: The handshake is answered; it is relayed with the first SaslAuthenticate.
+        self._handshake_owed = False
 
     @property
     def authenticated(self) -> bool:
@@ -145,7 +166,7 @@ class AuthSession:
 
     def failed(self, reason: str) -> None:
         """Count a failure the listener saw (a timeout, a malformed or oversized frame)."""
-        self.metrics.auth_failures.labels(self._mechanism_label(), reason).inc()
+        self._count(reason, self.mechanism)
 
     # -- the requests -----------------------------------------------------------------------
 
@@ -183,26 +204,74 @@ class AuthSession:
                 "proxy.sasl_unsupported_mechanism",
                 {"enabled": ",".join(enabled)},
             )
-        try:
-            link = await self._open_link()
-            answer = await link.request(SaslHandshakeRequest(mechanism=mechanism, version=1))
-        except LinkError as exc:
-            return self._link_lost(exc, mechanism)
-        mechanisms = [m for m in answer.mechanisms if m in enabled]
-        reply = answers.handshake(req.api_version, answer.error_code, mechanisms)
-        if answer.error_code:
+        reauth = self.phase is Phase.AUTHENTICATED
+        known = self.settings.upstream.known
+        if reauth:  # re-authentication relays at once, on the link already open
+            try:
+                error, offered = await self._relay_handshake(mechanism)
+            except (LinkError, LoginsBusyError) as exc:
+                return self._link_lost(exc, mechanism)
+        else:
+            offered = known if known is not None else enabled
+            error = 0 if mechanism in offered else UNSUPPORTED_MECHANISM
+        reply = answers.handshake(req.api_version, error, [m for m in offered if m in enabled])
+        if error:
             self._count("unsupported_mechanism", mechanism)
             return self._fail_reply(
                 reply,
                 "proxy.sasl_unsupported_mechanism",
-                {"mechanism": mechanism, "upstream": ",".join(answer.mechanisms)},
+                {"mechanism": mechanism, "upstream": ",".join(offered)},
             )
-        self._reauthenticating = self.phase is Phase.AUTHENTICATED
+        self._reauthenticating = reauth
+        self._handshake_owed = not reauth
         self.phase = Phase.AUTHENTICATE
         self.mechanism = mechanism
         self._round = 0
         self._claim = None
         return Screened(resolved(reply))
+
+    async def _relay_handshake(self, mechanism: str) -> tuple[int, tuple[str, ...]]:
+        """Open the link if needed and relay the handshake: the broker's error and the
+        mechanisms it enables (remembered for the next sessions' answers)."""
+        async with self._login_slot():
+            link = await self._open_link()
+            answer = await link.request(SaslHandshakeRequest(mechanism=mechanism, version=1))
+        offered = tuple(str(m) for m in answer.mechanisms)
+        self.settings.upstream.known = offered
+        return int(answer.error_code), offered
+
+    async def _relay_owed_handshake(self, req: p.Request, mechanism: str) -> Screened | None:
+        """Before the first round: the link opened and the handshake relayed (it was answered
+        without upstream); the refusal to answer ``req`` with, or None to go on."""
+        if not self._handshake_owed:
+            return None
+        self._handshake_owed = False
+        try:
+            error, offered = await self._relay_handshake(mechanism)
+        except (LinkError, LoginsBusyError) as exc:
+            return self._link_lost(exc, mechanism)
+        if not error:
+            return None
+        self._count("unsupported_mechanism", mechanism)
+        message = (
+            f"upstream Kafka does not enable SASL mechanism {mechanism} "
+            f"(it enables {', '.join(offered) or 'none'})"
+        )
+        return self._fail_reply(
+            answers.authenticate(req.api_version, UNSUPPORTED_MECHANISM, message),
+            "proxy.sasl_unsupported_mechanism",
+            {"mechanism": mechanism, "upstream": ",".join(offered)},
+        )
+
+    def _login_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A slot of ``max_concurrent_logins``, waited for until the login deadline (for a
+        re-authentication, the link's timeout); no gate, no cap."""
+        gate = self.settings.logins
+        if gate is None:
+            return contextlib.nullcontext()
+        if self.principal is not None:
+            return gate.slot(self.settings.link.timeout_s)
+        return gate.slot(self.auth_deadline - self.settings.clock())
 
     async def _open_link(self) -> Link:
         """The link, connected first when this is the connection's first login."""
@@ -222,6 +291,11 @@ class AuthSession:
             return self._refuse(req, "SaslAuthenticate request received after successful "
                                 "authentication", close=False)  # fmt: skip
         assert self.mechanism is not None
+        refused = await self._relay_owed_handshake(req, self.mechanism)
+        return refused if refused is not None else await self._relay_round(req, self.mechanism)
+
+    async def _relay_round(self, req: p.Request, mechanism: str) -> Screened:
+        """One SaslAuthenticate relayed to the broker, its answer relayed back."""
         assert self._link is not None
         token = bytes(req.body.auth_bytes)
         if req.api_version > 0:
@@ -229,28 +303,29 @@ class AuthSession:
         if self._round == 0:
             try:
                 self._claim = sasl.claim(
-                    self.mechanism, token, principal_claim=self.settings.principal_claim
+                    mechanism, token, principal_claim=self.settings.principal_claim
                 )
             except sasl.SaslTokenError as exc:
                 self._claim, self._claim_error = None, str(exc)  # the broker judges it
         try:
-            answer = await self._link.request(
-                SaslAuthenticateRequest(auth_bytes=token, version=_LINK_AUTH_VERSION)
-            )
-        except LinkError as exc:
-            return self._link_lost(exc, self.mechanism)
+            async with self._login_slot():
+                answer = await self._link.request(
+                    SaslAuthenticateRequest(auth_bytes=token, version=_LINK_AUTH_VERSION)
+                )
+        except (LinkError, LoginsBusyError) as exc:
+            return self._link_lost(exc, mechanism)
         if answer.error_code:
             reason = "invalid_credentials" if answer.error_code == AUTH_FAILED else "rejected"
-            self._count(reason, self.mechanism)
+            self._count(reason, mechanism)
             return self._auth_failure(req, answer.error_code, answer.error_message, reason)
         server_bytes = bytes(answer.auth_bytes)
-        done = sasl.complete(self.mechanism, self._round, server_bytes)
+        done = sasl.complete(mechanism, self._round, server_bytes)
         self._round += 1
         lifetime = int(answer.session_lifetime_ms) if done else 0
         if done:
             problem = self._accept(lifetime)
             if problem is not None:
-                self._count("principal_unknown", self.mechanism)
+                self._count("principal_unknown", mechanism)
                 return self._auth_failure(req, AUTH_FAILED, problem, "principal_unknown")
         reply = answers.authenticate(req.api_version, 0, None, server_bytes, lifetime)
         return Screened(resolved(reply))
@@ -279,7 +354,8 @@ class AuthSession:
         if self.access is None:
             self.access = TopicAccess(claim.principal, self._link, self.settings.cache)
         kind = "reauthentication" if reauth else "login"
-        self.metrics.authentications.labels(self.mechanism, kind).inc()
+        mechanism = metric_labels.mechanism(self.mechanism, self.settings.mechanisms)
+        self.metrics.authentications.labels(mechanism, kind).inc()
         log.info(
             "proxy.sasl_authenticated",
             principal=str(claim.principal),
@@ -315,7 +391,7 @@ class AuthSession:
         delay = self.settings.backoff.failed(self.address)
         return Screened(_later(delay, reply), event, {**fields, "delay_s": round(delay, 3)})
 
-    def _link_lost(self, exc: LinkError, mechanism: str) -> Screened:
+    def _link_lost(self, exc: LinkError | LoginsBusyError, mechanism: str) -> Screened:
         """The broker cannot be asked: close unanswered, so the client retries as after any
         network failure (Kafka has no error for 'the authenticator is unreachable')."""
         self._count("upstream_unavailable", mechanism)
@@ -323,12 +399,13 @@ class AuthSession:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _count(self, reason: str, mechanism: str) -> None:
-        label = mechanism if mechanism in self.settings.mechanisms else "other"
-        self.metrics.auth_failures.labels(label, reason).inc()
-
-    def _mechanism_label(self) -> str:
-        return self.mechanism or "none"
+    def _count(self, reason: str, mechanism: str | None) -> None:
+        """Count a failure; the labels from closed sets (proxy/metric_labels.py): the mechanism
+        a client names is its own input."""
+        self.metrics.auth_failures.labels(
+            metric_labels.mechanism(mechanism, self.settings.mechanisms),
+            metric_labels.auth_reason(reason),
+        ).inc()
 
     def _who(self) -> dict[str, object]:
         return {"principal": str(self.principal), "mechanism": self.mechanism}

@@ -11,7 +11,9 @@ from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from kdelay.kafka_security import KafkaClientSecurity, merge_client_config
 from proxy import limits as lim
+from proxy.prelogin_config import PreloginSettings
 from proxy.sasl import MECHANISMS
+from proxy.secure_defaults import SecureDefaults
 from zk.paths import DEFAULT_ROOT, Paths
 from zk.security import ZkSecurity
 
@@ -29,7 +31,14 @@ def _host_port(value: str, setting: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity):
+class ProxyConfig(
+    BaseSettings,
+    TopicDurability,
+    KafkaClientSecurity,
+    ZkSecurity,
+    SecureDefaults,
+    PreloginSettings,
+):
     """Settings of one proxy process; see ``kdelay proxy --help``."""
 
     model_config = component_config("KDELAY_PROXY_")
@@ -168,9 +177,11 @@ class ProxyConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecurity
         default=30_000, ge=100, description="close a connection not authenticated this long"
     )
     sasl_max_receive_bytes: int = Field(
-        default=524_288,
+        default=65_536,
         ge=1024,
-        description="largest request before authentication (Kafka's sasl.server.max.receive.size)",
+        description="largest request before authentication, reserving nothing of "
+        "max_buffered_request_bytes (Kafka's sasl.server.max.receive.size, 512 KiB there; a "
+        "login's largest, an OAUTHBEARER token, needs a few KiB)",
     )
     sasl_principal_claim: str = Field(
         default="sub",

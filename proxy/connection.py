@@ -21,7 +21,11 @@ Concurrency and ordering contract
   proxy/budget.py, shared with the HTTP API) and waits, reading nothing more, until they fit;
   the writer gives them back once the response is written (what is left when the connection
   ends is given back then). So many connections each sending a huge frame slowly hold at most
-  the budget (plus about one stream-buffer limit each) instead of every partial frame.
+  the budget (plus about one stream-buffer limit each) instead of every partial frame. A frame
+  read before the connection is authenticated reserves nothing: it is at most
+  ``sasl_max_receive_bytes``, and the pre-login gate (proxy/prelogin.py) bounds how many such
+  connections there are, so a peer without credentials holds no share of the budget however
+  large a frame it announces.
 - Idle timeout: a connection that sends nothing for ``idle_timeout_s`` while owed no response
   is closed. One waiting for its responses (upstream slow) is not idle.
 - A malformed frame, an oversized length prefix, an unsupported API or an idle timeout closes
@@ -33,9 +37,11 @@ Concurrency and ordering contract
   to upstream Kafka, as the client awaits its answer) and refuses what Kafka refuses before
   authentication. Until the connection is authenticated a frame may be at most
   ``sasl_max_receive_bytes``, and the connection closes ``sasl_authentication_timeout_ms`` after
-  it was accepted. A failed login's answer is delayed in stage 2 (a task), so the wait holds no
-  other connection up. When the session's link to upstream Kafka fails (authorization cannot be
-  asked), the connection closes; the client reconnects and logs in again.
+  it was accepted; until then it holds a ``Ticket`` of the pre-login gate, released once it is
+  authenticated (or closed). A failed login's answer is delayed in stage 2 (a task), so the
+  wait holds no other connection up. When the session's link to upstream Kafka fails
+  (authorization cannot be asked), the connection closes; the client reconnects and logs in
+  again.
 """
 
 from __future__ import annotations
@@ -47,13 +53,20 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from kdelay import logs
+from proxy import metric_labels
 from proxy import protocol as p
-from proxy.auth_session import AuthSession, AuthSettings
+from proxy.auth_session import AuthSession, AuthSettings, Phase
 from proxy.broker import Broker, Reply, resolved
 from proxy.broker_link import LinkError
 from proxy.budget import RequestBudget
 from proxy.metrics import ProxyMetrics
-from proxy.sasl_answers import sasl_disabled
+from proxy.prelogin import Ticket
+from proxy.sasl_answers import (
+    bare_token_reply,
+    bare_token_request,
+    bare_tokens_follow,
+    sasl_disabled,
+)
 
 log = logs.get(__name__)
 
@@ -105,8 +118,11 @@ class Connection:
         broker: Broker,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        ticket: Ticket | None = None,
     ) -> None:
         self.broker = broker
+        #: Its place among the connections not yet logged in (proxy/prelogin.py), or None.
+        self.ticket = ticket
         self.metrics = context.metrics
         self.limits = context.limits
         self.reader = reader
@@ -115,6 +131,8 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.session: AuthSession | None = context.auth.session(host) if context.auth else None
+        #: After a SaslHandshake v0 the SASL tokens come bare (proxy/sasl_answers.py).
+        self.bare_tokens = False
         self.permits = asyncio.Semaphore(self.limits.max_inflight)
         self.budget = context.budget
         #: Budget bytes this connection holds (its unanswered requests, a frame being read).
@@ -144,6 +162,8 @@ class Connection:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer_task
             self._release(self.reserved)  # requests never answered (shutdown, broken handler)
+            if self.ticket is not None:
+                self.ticket.release()
             if self.session is not None:
                 with contextlib.suppress(Exception):
                     await self.session.close()
@@ -154,7 +174,7 @@ class Connection:
 
     async def _reserve(self, size: int) -> None:
         """Take ``size`` bytes of the process-wide budget, waiting (unread) until they fit."""
-        if not self.budget.try_acquire(size):
+        if size and not self.budget.try_acquire(size):
             log.info("proxy.request_memory_wait", peer=self.peer, size=size)
             await self.budget.acquire(size)
         self.reserved += size
@@ -180,8 +200,9 @@ class Connection:
         limit = self.limits.max_request_bytes
         return limit if self.session is None else self.session.frame_limit(limit)
 
-    async def _read_frame(self) -> bytes | None:
-        """The next request frame, or None at a clean end of stream."""
+    async def _read_frame(self) -> tuple[bytes, int] | None:
+        """The next request frame and the budget bytes it holds, or None at a clean end of
+        stream."""
         idle = self.limits.idle_timeout_s
         while True:
             try:
@@ -201,48 +222,55 @@ class Connection:
         size = p.frame_size(prefix)
         limit = self._limit()
         if size > limit:
+            setting = "max_request_bytes"
             if limit < self.limits.max_request_bytes and self.session is not None:
                 self.session.failed("malformed")
-            raise _Close("request_too_large", size=size, limit=limit)
-        if size < 8:
+                setting = "sasl_max_receive_bytes"  # before authentication
+            raise _Close("request_too_large", size=size, limit=limit, setting=setting)
+        if size < 8 and not self.bare_tokens:
             raise _Close("malformed_frame", reason=f"frame size {size} is below a header's")
-        await self._reserve(size)  # released once answered (the writer), or below on failure
+        # Before login nothing is reserved (the module docstring): released once answered
+        # (the writer), or below on failure.
+        reserve = size if self.session is None or self.session.authenticated else 0
+        await self._reserve(reserve)
         try:
             async with asyncio.timeout(self._timeout()):
                 frame = await self.reader.readexactly(size)
         except asyncio.IncompleteReadError as exc:
-            self._release(size)
+            self._release(reserve)
             raise _Close("truncated_frame", got=len(exc.partial), expected=size) from None
         except (TimeoutError, _Close) as exc:
-            self._release(size)
+            self._release(reserve)
             if isinstance(exc, _Close):
                 raise
             self._timeout()  # raises when the login deadline passed
             raise _Close("idle_timeout", seconds=idle, reason="mid-frame") from None
         self.metrics.bytes_in.inc(size + 4)
-        return frame
+        return frame, reserve
 
     async def _read_loop(self) -> None:
         while True:
             await self.permits.acquire()
-            frame = await self._read_frame()
-            if frame is None:
+            read = await self._read_frame()
+            if read is None:
                 return
+            frame, reserved = read
             self.inflight += 1
             started = time.perf_counter()
             try:
-                request = p.decode_request(frame)
+                request = bare_token_request(frame) if self.bare_tokens else p.decode_request(frame)
             except p.UnsupportedApiError as exc:
-                name = p.API_NAMES.get(exc.api_key, str(exc.api_key))
                 self.metrics.requests.labels(
-                    name, str(exc.api_version), "UNSUPPORTED_VERSION"
+                    metric_labels.api(exc.api_key),
+                    metric_labels.api_version(exc.api_key, exc.api_version),
+                    "UNSUPPORTED_VERSION",
                 ).inc()
                 if exc.api_key == p.API_VERSIONS:
                     # KIP-511: answer in v0 so the client can retry with a version we list.
                     frame_out = p.unsupported_api_versions_frame(
                         exc.correlation_id, sasl=self.session is not None
                     )
-                    await self._enqueue(None, started, Reply(frame=frame_out), len(frame))
+                    await self._enqueue(None, started, Reply(frame=frame_out), reserved)
                     continue
                 self._unauthenticated_failure()
                 raise _Close(
@@ -252,14 +280,14 @@ class Connection:
                 self._unauthenticated_failure()
                 raise _Close("malformed_request", error=str(exc)) from None
             try:
-                if await self._screened(request, started, len(frame)):
+                if await self._screened(request, started, reserved):
                     continue
                 access = self.session.access if self.session is not None else None
                 reply = await self.broker.handle(request, access)
             except LinkError as exc:
                 # Kafka cannot be asked what the principal may do: the client logs in anew.
                 raise _Close("proxy.sasl_upstream_unavailable", error=str(exc)) from None
-            self.queue.put_nowait(_Pending(request, started, reply, len(frame)))
+            self.queue.put_nowait(_Pending(request, started, reply, reserved))
 
     async def _screened(self, request: p.Request, started: float, size: int) -> bool:
         """Whether SASL took ``request`` (answered, refused or closing; see the module
@@ -270,10 +298,17 @@ class Connection:
                 return True
             return False
         screened = await self.session.screen(request)
+        bare, exchanging = self.bare_tokens, self.session.phase is Phase.AUTHENTICATE
+        self.bare_tokens = bare_tokens_follow(request, exchanging, bare)
+        if self.ticket is not None and self.session.authenticated:
+            self.ticket.release()  # logged in: no longer counted before login
         if screened is None:
             return False
         if screened.reply is not None:
-            self.queue.put_nowait(_Pending(request, started, screened.reply, size))
+            reply = (
+                asyncio.ensure_future(bare_token_reply(screened.reply)) if bare else screened.reply
+            )
+            self.queue.put_nowait(_Pending(request, started, reply, size))
         if screened.close is not None:
             raise _Close(screened.close, **screened.fields)
         return True
@@ -314,7 +349,9 @@ class Connection:
         req = item.request
         if req is not None:
             self.metrics.requests.labels(
-                p.API_NAMES[req.api_key], str(req.api_version), reply.result
+                metric_labels.api(req.api_key),
+                metric_labels.api_version(req.api_key, req.api_version),
+                metric_labels.result(reply.result),
             ).inc()
         if broken:
             return True

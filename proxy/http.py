@@ -24,16 +24,17 @@ from pydantic import BaseModel
 
 from kdelay import clock
 from kdelay.headers import DelayPolicy
-from proxy import http_errors
+from proxy import http_errors, metric_labels
 from proxy.availability import UpstreamAvailability
 from proxy.budget import RequestBudget
 from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
 from proxy.cancel_acks import CancelAcks
 from proxy.console import install_console
 from proxy.http_auth import STATE_AUTHENTICATES
+from proxy.http_body import BodyLimit
 from proxy.http_cancels import install_cancel_routes
 from proxy.http_cluster import install_cluster_route
-from proxy.http_errors import BodyLimit, Problem, UnavailableError
+from proxy.http_errors import Problem, UnavailableError
 from proxy.http_login import Authenticate, HttpAuthenticator
 from proxy.http_messages import install_message_routes
 from proxy.http_queries import install_replica_queries
@@ -58,24 +59,33 @@ def _install_common(
     max_body_bytes: int,
     budget: RequestBudget | None,
     auth: HttpAuthenticator | None,
+    *,
+    body_timeout_s: float,
 ) -> None:
     """The body limits, authentication, request counting, and the one error shape
-    (proxy/http_errors.py). Authentication runs outside the body limits (an unauthenticated
-    body is never read nor budgeted) and inside the request counting (a 401 is counted)."""
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, budget=budget)
+    (proxy/http_errors.py, proxy/http_body.py). Authentication runs outside the body limits (an
+    unauthenticated body is never read nor budgeted) and inside the request counting (a 401 is
+    counted)."""
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, budget=budget, timeout_s=body_timeout_s)
     if auth is not None:
         app.add_middleware(Authenticate, authenticator=auth)
         setattr(app.state, STATE_AUTHENTICATES, True)
     http_errors.install(app, metrics)
+    #: The application's route templates, the only route labels (proxy/metric_labels.py).
+    routes: set[str] = set()
 
     @app.middleware("http")
     async def count_requests(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        metrics.http_requests.labels(request.method, path, str(response.status_code)).inc()
+        if not routes:
+            routes.update(str(getattr(r, "path", "")) for r in request.app.routes)
+        metrics.http_requests.labels(
+            metric_labels.http_method(request.method),
+            metric_labels.http_route(request.scope.get("route"), routes),
+            metric_labels.http_status(response.status_code),
+        ).inc()
         return response
 
 
@@ -96,6 +106,7 @@ def create_app(
     order: AcceptanceOrder = ACCEPTANCE_ORDER,
     cancel_acks: CancelAcks | None = None,
     auth: HttpAuthenticator | None = None,
+    body_timeout_s: float = 30.0,
 ) -> FastAPI:
     """The FastAPI application of one proxy: it looks topics up in ``topics`` (the Kafka
     listener's cache) and writes through ``upstream``; ``not_ready`` says why the proxy is not
@@ -106,14 +117,15 @@ def create_app(
     questions (None: they answer 503 naming ``zk_connect``), a timeline within
     ``pending_timeout_s``; ``order`` stamps acceptance (the proxy's: on the broker's clock) and
     ``cancel_acks`` holds a cancel's answer (proxy/cancel_acks.py); ``auth`` authenticates
-    every request but ``/healthz``, ``/readyz`` and ``/metrics`` (None: the API is open)."""
+    every request but ``/healthz``, ``/readyz`` and ``/metrics`` (None: the API is open); a
+    body must arrive within ``body_timeout_s`` (``http_body_timeout_ms``)."""
     app = FastAPI(
         title="kdelay proxy",
         version="1",
         description="Delayed and scheduled messages for Apache Kafka: the proxy's HTTP API.",
     )
 
-    _install_common(app, metrics, max_body_bytes, budget, auth)
+    _install_common(app, metrics, max_body_bytes, budget, auth, body_timeout_s=body_timeout_s)
 
     owners = Owners(lambda: replicas)
     write_cancel = install_message_routes(

@@ -1,12 +1,23 @@
 """An HTTP request's credentials: its ``Authorization`` header read as RFC 7617 Basic or RFC
 6750 Bearer (proxy/http_login.py checks them with Kafka). Neither kind's repr shows its secret,
-and an unreadable header's error quotes nothing of it."""
+and an unreadable header's error quotes nothing of it (a registered scheme's name at most)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Final
+
+#: IANA's HTTP Authentication Scheme Registry (besides Basic and Bearer), by lower-case name:
+#: the only schemes an error names.
+_SCHEMES: Final = {
+    s.lower(): s
+    for s in (
+        "Concealed", "Digest", "DPoP", "GNAP", "HOBA", "Mutual", "Negotiate", "OAuth",
+        "PrivateToken", "SCRAM-SHA-1", "SCRAM-SHA-256", "vapid",
+    )
+}  # fmt: skip
 
 
 class MalformedCredentialsError(ValueError):
@@ -56,6 +67,8 @@ def parse_authorization(value: str | None) -> Basic | Bearer | None:
         if not rest or " " in rest:
             raise MalformedCredentialsError("the Bearer credentials are not one token")
         return Bearer(rest)
-    raise MalformedCredentialsError(
-        f"the Authorization scheme {scheme[:32]!r} is not accepted (Basic or Bearer)"
-    )
+    # The header is the client's text, never written into a log or a response (issue 45 point
+    # 8): a scheme is named only when it is a registered one, in the registry's spelling.
+    known = _SCHEMES.get(scheme.lower())
+    named = f"scheme {known!r}" if known else "scheme"
+    raise MalformedCredentialsError(f"the Authorization {named} is not accepted (Basic or Bearer)")

@@ -1,4 +1,4 @@
-"""The HTTP API's one error shape, its statuses, and its request-body limits.
+"""The HTTP API's one error shape and its statuses.
 
 Every error answer is JSON ``{"error": "<what is wrong, naming the field or setting>"}``, with
 ``"field"`` when one field is at fault. This module turns each failure into that shape, the
@@ -22,10 +22,7 @@ not JSON, an unexpected exception):
   answer carries ``Retry-After``. Only retriable conditions are 503.
 - 500: a bug; logged with its traceback.
 
-``BodyLimit`` is the ASGI middleware in front of the app: a body over ``max_request_bytes`` is
-refused with 413 before it is read, and a body with a ``Content-Length`` reserves that many bytes
-of the process-wide request budget (proxy/budget.py) before it is read, like a Kafka frame; a
-chunked body (no length) counts against ``max_request_bytes`` as it arrives.
+The body's limits (413, 408) are proxy/http_body.py's.
 
 Runs on the proxy's asyncio loop, like the rest of the HTTP API.
 """
@@ -44,7 +41,6 @@ from pydantic import BaseModel
 
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
-from proxy.budget import RequestBudget
 from proxy.limits import Violation
 from proxy.metrics import ProxyMetrics
 
@@ -135,10 +131,6 @@ class RefusedUpstreamError(ApiError):
     """Upstream Kafka refused the record for good, not for its size: 502."""
 
     status = 502
-
-
-class BodyTooLargeError(HTTPException):
-    """A chunked body grew over ``max_request_bytes`` while it was read (413)."""
 
 
 def problem(
@@ -257,59 +249,3 @@ def install(app: FastAPI, metrics: ProxyMetrics) -> None:
             exc_info=(type(exc), exc, exc.__traceback__),
         )
         return problem(500, f"internal error ({type(exc).__name__}); see the proxy's log")
-
-
-class BodyLimit:
-    """ASGI middleware: the body-size limit and the request budget (module docstring)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, budget: RequestBudget | None) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.budget = budget
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = _content_length(scope)
-        if length is not None and length > self.max_bytes:
-            answer = problem(
-                413,
-                f"body: {length:,} bytes, over the limit max_request_bytes={self.max_bytes:,}",
-            )
-            await answer(scope, receive, send)
-            return
-        reserved = 0
-        if length and self.budget is not None:
-            if not self.budget.try_acquire(length):
-                await self.budget.acquire(length)
-            reserved = length
-        seen = 0
-        limit = self.max_bytes
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise BodyTooLargeError(
-                        413, f"body: over the limit max_request_bytes={limit:,}"
-                    )
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        finally:
-            if reserved and self.budget is not None:
-                self.budget.release(reserved)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None

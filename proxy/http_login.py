@@ -6,7 +6,9 @@ SASL relay does), and asks Kafka on that connection what the principal may do
 (proxy/authorization.TopicAccess, with an AclCache):
 
 - ``Basic <base64(user:password)>``: a SASL login with ``http_sasl_mechanism`` (SCRAM-SHA-512 by
-  default, SCRAM-SHA-256 or PLAIN; proxy/sasl_client.py); the principal is ``User:<user>``.
+  default, SCRAM-SHA-256 or PLAIN; proxy/sasl_client.py) as the user name SASLprep'd (RFC 4013,
+  proxy/saslprep.py), which is the name Kafka authenticates; the principal is ``User:<that
+  name>``, so ``alice`` and ``alice\u00ad`` are one principal and one ACL cache key.
 - ``Bearer <JWT>`` (with ``http_jwks_file``): the token validated first against the JWKS file
   (proxy/jwks.py: signature, ``exp``, ``nbf``; the principal ``User:<sasl_principal_claim>``),
   then an OAUTHBEARER login with the same token, so Kafka accepts it too and says what it may do.
@@ -19,6 +21,8 @@ after the address's wait of proxy/login_backoff.py, with ``WWW-Authenticate: Bas
 realm="kdelay"`` (and ``Bearer realm="kdelay"`` with a JWKS file), and counts in
 ``kdelay_proxy_auth_failures_total{mechanism,reason}`` with ``http_`` reasons; a request without
 credentials is not a failed login (no wait). Kafka unreachable: 503 with ``Retry-After``.
+Neither the 401 nor the log quotes anything of the ``Authorization`` header: it is the client's
+text (a password typed in the wrong place, a forged token's header, a log injection).
 
 :class:`Authenticate` is the ASGI middleware that does this before any route: every path needs
 credentials but ``/healthz``, ``/readyz`` and ``/metrics`` (probes and Prometheus), so the
@@ -33,6 +37,7 @@ requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -45,7 +50,7 @@ from typing import Final, NoReturn
 
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import sasl
+from proxy import metric_labels, sasl
 from proxy.authorization import AclCache, TopicAccess
 from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
 from proxy.config import ProxyConfig
@@ -54,8 +59,10 @@ from proxy.http_credentials import Basic, Bearer, MalformedCredentialsError, par
 from proxy.http_errors import ApiError, ASGIApp, Receive, Scope, Send, UnavailableError
 from proxy.jwks import InvalidTokenError, JwksFile
 from proxy.login_backoff import LoginBackoff
+from proxy.login_gate import LoginGate, LoginsBusyError
 from proxy.metrics import ProxyMetrics
 from proxy.sasl_client import LoginRefusedError, login
+from proxy.saslprep import InvalidNameError, saslprep
 
 log = logs.get(__name__)
 
@@ -65,7 +72,7 @@ REALM: Final = "kdelay"
 #: How many logins are kept at most (each holds a connection to Kafka); oldest go first.
 MAX_LOGINS: Final = 1_000
 #: The mechanism label of a request whose credentials name none (absent or malformed).
-NO_MECHANISM: Final = "none"
+NO_MECHANISM: Final = metric_labels.NO_MECHANISM
 
 
 class KafkaCaller:
@@ -146,6 +153,8 @@ class HttpAuthSettings:
     clock: Callable[[], float] = time.time
     #: The HMAC key of the login cache: made at start, never stored.
     salt: bytes = field(default_factory=lambda: os.urandom(32))
+    #: The cap on logins in progress, shared with the Kafka listener (proxy/login_gate.py).
+    logins: LoginGate | None = None
 
 
 class HttpAuthenticator:
@@ -175,7 +184,7 @@ class HttpAuthenticator:
         except MalformedCredentialsError as exc:
             await self._failed(NO_MECHANISM, "http_malformed", str(exc), address)
         if credentials is None:
-            self.metrics.auth_failures.labels(NO_MECHANISM, "http_missing_credentials").inc()
+            self._count(NO_MECHANISM, "http_missing_credentials")
             raise self._unauthenticated("this request carries no credentials (Authorization)")
         # A shared login can be retired and closed before a request that waited for it
         # resumes (its lifetime was a token's last milliseconds): that request logs in again.
@@ -190,16 +199,22 @@ class HttpAuthenticator:
 
     async def _basic(self, cred: Basic, address: str) -> KafkaCaller:
         mechanism = self.settings.mechanism
-        key = self._key("basic", mechanism, cred.username, cred.password)
+        try:
+            # The name Kafka will authenticate (proxy/saslprep.py): the principal, the login
+            # and the ACL cache all use it, never the header's spelling.
+            username = saslprep(cred.username)
+        except InvalidNameError as exc:
+            await self._failed(mechanism, "http_malformed", str(exc), address)
+        key = self._key("basic", mechanism, username, cred.password)
         found = self._logins.get(key)
         if found is not None:
             return found.caller
-        principal = sasl.Principal(cred.username)
+        principal = sasl.Principal(username)
         return await self._login(
             key,
             principal,
             mechanism,
-            username=cred.username,
+            username=username,
             secret=cred.password,
             address=address,
             expires_at=None,
@@ -272,15 +287,21 @@ class HttpAuthenticator:
         expires_at: float | None,
     ) -> KafkaCaller:
         link = self.settings.link_factory(self.settings.link)
+        gate = self.settings.logins
         try:
-            await link.connect()
-            lifetime_ms = await login(link, mechanism, username, secret)
+            async with gate.slot(self.settings.link.timeout_s) if gate else _no_slot():
+                await link.connect()
+                lifetime_ms = await login(link, mechanism, username, secret)
+        except LoginsBusyError as exc:
+            await link.close()
+            log.warning("proxy.http_logins_busy", mechanism=mechanism, error=str(exc))
+            raise UnavailableError(f"too many logins in progress: {exc}") from None
         except LoginRefusedError as exc:
             await link.close()
             await self._failed(mechanism, f"http_{exc.reason}", str(exc), address)
         except LinkError as exc:
             await link.close()
-            self.metrics.auth_failures.labels(mechanism, "http_upstream_unavailable").inc()
+            self._count(mechanism, "http_upstream_unavailable")
             log.warning("proxy.http_auth_unavailable", mechanism=mechanism, error=str(exc))
             raise UnavailableError(
                 f"upstream Kafka cannot check the credentials now: {exc}"
@@ -295,7 +316,9 @@ class HttpAuthenticator:
             principal, access, self.settings.buffer_topic, lambda: self._forget(key, entry)
         )
         entry = _Login(caller)
-        self.metrics.authentications.labels(mechanism, "http").inc()
+        self.metrics.authentications.labels(
+            metric_labels.mechanism(mechanism, sasl.MECHANISMS), "http"
+        ).inc()
         log.info(
             "proxy.http_authenticated",
             principal=str(principal),
@@ -366,7 +389,7 @@ class HttpAuthenticator:
 
     async def _failed(self, mechanism: str, reason: str, message: str, address: str) -> NoReturn:
         """Count a failed login, wait the address's backoff, and raise its 401."""
-        self.metrics.auth_failures.labels(mechanism, reason).inc()
+        self._count(mechanism, reason)
         delay = self.settings.backoff.failed(address)
         log.info(
             "proxy.http_authentication_failed",
@@ -379,6 +402,13 @@ class HttpAuthenticator:
         if delay > 0:
             await asyncio.sleep(delay)
         raise self._unauthenticated(message)
+
+    def _count(self, mechanism: str, reason: str) -> None:
+        """Count a failed login, its labels from closed sets (proxy/metric_labels.py)."""
+        self.metrics.auth_failures.labels(
+            metric_labels.mechanism(mechanism, (*sasl.MECHANISMS, NO_MECHANISM)),
+            metric_labels.auth_reason(reason),
+        ).inc()
 
     def _unauthenticated(self, message: str) -> UnauthenticatedError:
         return UnauthenticatedError(message, headers={"WWW-Authenticate": self.challenge})
@@ -414,12 +444,17 @@ class Authenticate:
             await self.authenticator.done(caller)
 
 
+def _no_slot() -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
 def authenticator(
     cfg: ProxyConfig,
     metrics: ProxyMetrics,
     *,
     cache: AclCache | None = None,
     backoff: LoginBackoff | None = None,
+    logins: LoginGate | None = None,
 ) -> HttpAuthenticator | None:
     """The HTTP API's authenticator for ``cfg`` (None with ``http_auth = "none"``); ``cache`` and
     ``backoff`` are the Kafka listener's when it has them, so both share Kafka's answers and an
@@ -444,5 +479,6 @@ def authenticator(
         metrics=metrics,
         login_ttl_s=cfg.acl_cache_ms / 1000,
         jwks=jwks,
+        logins=logins or LoginGate(cfg.max_concurrent_logins),
     )
     return HttpAuthenticator(settings)

@@ -107,10 +107,12 @@ APIS: Final[dict[int, ApiSpec]] = {
 }
 
 #: The SASL APIs, advertised only by a listener configured for SASL (proxy/auth_session.py).
-#: SaslHandshake v0 (raw SASL tokens after the handshake) is gone from Kafka 4 (KIP-896), as it
-#: is here: v1 and SaslAuthenticate are what librdkafka and the Java client use.
+#: SaslHandshake is advertised v0-v1, as Kafka 4 does: librdkafka before 2.1 enables its SASL
+#: handshake only when the range includes v0 (its feature map asks for v0), and is otherwise
+#: refused every mechanism ("SASL Handshake not supported by broker"); it then sends v1. After a
+#: v0 the client's tokens come bare, without SaslAuthenticate (proxy/sasl_answers.py).
 SASL_APIS: Final[dict[int, ApiSpec]] = {
-    SASL_HANDSHAKE: ApiSpec(SASL_HANDSHAKE, 1, 1, 1, SaslHandshakeRequest, SaslHandshakeResponse),
+    SASL_HANDSHAKE: ApiSpec(SASL_HANDSHAKE, 0, 1, 0, SaslHandshakeRequest, SaslHandshakeResponse),
     SASL_AUTHENTICATE: ApiSpec(
         SASL_AUTHENTICATE, 0, 2, 0, SaslAuthenticateRequest, SaslAuthenticateResponse
     ),

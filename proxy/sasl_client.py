@@ -15,11 +15,13 @@ a link of its own (proxy/broker_link.py) and Kafka judges the credentials as for
 A refusal raises :class:`LoginRefusedError` with Kafka's own message; a link failure raises
 ``LinkError``. The secrets are never logged or put in an error message.
 
-Concurrency: one login per link, on the asyncio loop; the link serialises its requests.
+Concurrency: one login per link, on the asyncio loop (SCRAM's PBKDF2 in a worker thread); the
+link serialises its requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 import kafka.errors as kerr
@@ -100,7 +102,9 @@ async def _scram(link: Link, mechanism: str, username: str, password: str) -> in
     server_first, _ = await _round(link, first.encode())
     try:
         client.set_server_first(server_first.decode())
-        final = client.get_client_final()
+        # PBKDF2 with the iterations Kafka asks for (4,096 and up): in a worker thread, never
+        # on the event loop (hashlib releases the GIL while it runs).
+        final = await asyncio.to_thread(client.get_client_final)
     except (scramp.ScramException, UnicodeDecodeError) as exc:
         raise LoginRefusedError(
             f"Kafka's SCRAM server-first message is invalid: {exc}", "rejected"

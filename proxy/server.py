@@ -5,6 +5,11 @@ built knowing the address it advertises; ``serve`` then accepts with it. Each ac
 connection is served by a ``proxy.connection.Connection`` (its concurrency, ordering, memory and
 SASL contract is at the top of proxy/connection.py). Everything runs on one asyncio event loop
 thread.
+
+With SASL, a connection is served only if the pre-login gate (proxy/prelogin.py) admits it;
+one over ``prelogin_max_connections`` or ``prelogin_max_connections_per_address`` is closed at
+once, with a log line naming the setting. On a TLS listener with SASL, the TLS handshake must
+end within the login deadline (``sasl_authentication_timeout_ms``; asyncio's own is 60 s).
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ import contextlib
 import socket
 import ssl
 
+from kdelay import logs
 from proxy.auth_session import AuthSettings
 from proxy.broker import Broker
 from proxy.budget import RequestBudget
 from proxy.connection import Connection, Limits, Shared
 from proxy.metrics import ProxyMetrics
+from proxy.prelogin import PreloginGate, Refused
 
 __all__ = ["DEFAULT_BUFFERED_REQUEST_BYTES", "KafkaServer", "Limits", "reuse_port_socket"]
+
+log = logs.get(__name__)
 
 
 #: The default of max_buffered_request_bytes (proxy/config.py).
@@ -54,10 +63,13 @@ class KafkaServer:
         *,
         reuse_port: bool = False,
         auth: AuthSettings | None = None,
+        prelogin: PreloginGate | None = None,
     ) -> None:
         self.metrics = metrics
         #: SASL on this listener (proxy/auth_session.py), or None.
         self.auth = auth
+        #: Connections not yet logged in (proxy/prelogin.py): with SASL only.
+        self.prelogin = (prelogin or PreloginGate(1_024, 128)) if auth is not None else None
         self.reuse_port = reuse_port  # SO_REUSEPORT: other proxy processes share the port
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
@@ -76,6 +88,9 @@ class KafkaServer:
             host,
             port,
             ssl=self.ssl_context,
+            ssl_handshake_timeout=(
+                self.auth.timeout_s if self.auth is not None and self.ssl_context else None
+            ),
             limit=2**20,
             start_serving=False,
             reuse_port=self.reuse_port,
@@ -121,12 +136,29 @@ class KafkaServer:
         assert task is not None
         # Connections are accepted only once serve() has the broker.
         assert self._broker is not None
+        ticket = None
+        if self.prelogin is not None:
+            peer = writer.get_extra_info("peername")
+            host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+            admitted = self.prelogin.admit(host)
+            if isinstance(admitted, Refused):
+                log.warning(
+                    "proxy.prelogin_refused",
+                    peer=host,
+                    setting=admitted.setting,
+                    limit=admitted.limit,
+                )
+                writer.close()
+                return
+            ticket = admitted
         self._connections.add(task)
         try:
             shared = Shared(self.metrics, self.limits, self.budget, self.auth)
-            await Connection(shared, self._broker, reader, writer).serve()
+            await Connection(shared, self._broker, reader, writer, ticket).serve()
         except asyncio.CancelledError:
             # Shutdown. Ending normally keeps asyncio's stream callback from logging it.
             pass
         finally:
+            if ticket is not None:
+                ticket.release()
             self._connections.discard(task)

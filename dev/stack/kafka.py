@@ -118,16 +118,21 @@ class LocalKafka:
         self.start_timeout = start_timeout
         ports = ports or [0] * nodes
         sec = self.settings.security
-        self.nodes = [
-            KafkaNode(
-                i + 1,
-                data_dir / f"node-{i + 1}",
-                p or free_port(),
-                free_port(),
-                secure_port=free_port() if sec is not None else 0,
+        # ``ports`` are the clients' listener: the secured one when it is the only one
+        # (``kdelay up --secure --kafka-port``), else the PLAINTEXT one.
+        secured_only = sec is not None and not sec.open_listener
+        self.nodes: list[KafkaNode] = []
+        for i, asked in enumerate(ports):
+            port, secure_port = (free_port(), asked) if secured_only else (asked, 0)
+            self.nodes.append(
+                KafkaNode(
+                    i + 1,
+                    data_dir / f"node-{i + 1}",
+                    port or free_port(),
+                    free_port(),
+                    secure_port=(secure_port or free_port()) if sec is not None else 0,
+                )
             )
-            for i, p in enumerate(ports)
-        ]
         self._cluster_id_file = data_dir / "cluster-id"
         #: The CA and the brokers' certificate of a SASL_SSL listener.
         self.ca: LocalCa | None = make_ca(data_dir / "tls") if sec and sec.tls else None

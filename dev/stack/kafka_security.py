@@ -14,8 +14,11 @@ them.
 
 ``open_listener`` keeps the PLAINTEXT listener beside it, whose anonymous principal is made a
 super user: the tests' own helpers, the replicas and anything not under test keep working
-unchanged there while clients under test use the secured one. Without it the brokers talk to one
-another over the secured listener with PLAIN as the first super user.
+unchanged there while clients under test use the secured one (its KRaft controller listener
+stays PLAINTEXT too). Without it (``kdelay up --secure``) nothing is open: the brokers talk to
+one another over the secured listener, and to the controllers over a SASL_PLAINTEXT controller
+listener, both with PLAIN as the first super user, and ``User:ANONYMOUS`` is no super user, so a
+local process without credentials cannot reach the controller to create ACLs (issue 45).
 
 Secrets go to files only (server.properties, mode 0600), never to a command line.
 """
@@ -117,11 +120,14 @@ def listener_properties(
     name = LISTENER.lower()
     listeners = [f"{LISTENER}://{host}:{port}", f"CONTROLLER://{host}:{controller_port}"]
     advertised = [f"{LISTENER}://{host}:{port}"]
-    protocols = [f"{LISTENER}:{sec.protocol}", "CONTROLLER:PLAINTEXT"]
-    # The controller listener is PLAINTEXT: brokers reach the controller as ANONYMOUS, which
-    # must therefore be a super user; so is anyone on the open listener (the tests' helpers).
-    supers = [*(f"User:{u}" for u in sec.super_users), "User:ANONYMOUS"]
+    # Closed (no open listener): the controller listener requires SASL PLAIN as well, and only
+    # the named super users bypass the ACLs. Open: anyone on the open listener (the tests'
+    # helpers) and the brokers on the PLAINTEXT controller listener are ANONYMOUS, a super user.
+    controller = "PLAINTEXT" if sec.open_listener else "SASL_PLAINTEXT"
+    protocols = [f"{LISTENER}:{sec.protocol}", f"CONTROLLER:{controller}"]
+    supers = [f"User:{u}" for u in sec.super_users]
     if sec.open_listener:
+        supers.append("User:ANONYMOUS")
         listeners.insert(0, f"PLAINTEXT://{host}:{plain_port}")
         advertised.insert(0, f"PLAINTEXT://{host}:{plain_port}")
         protocols.insert(0, "PLAINTEXT:PLAINTEXT")
@@ -157,6 +163,7 @@ def listener_properties(
             props[f"listener.name.{name}.{mech.lower()}.connections.max.reauth.ms"] = str(lifetime)
     if not sec.open_listener:
         props["sasl.mechanism.inter.broker.protocol"] = "PLAIN"
+        props.update(_controller_sasl(sec))
     if keystore is not None:
         props[f"listener.name.{name}.ssl.keystore.type"] = "PEM"
         props[f"listener.name.{name}.ssl.keystore.location"] = str(keystore)
@@ -165,6 +172,23 @@ def listener_properties(
         props[f"listener.name.{name}.ssl.truststore.type"] = "PEM"
         props[f"listener.name.{name}.ssl.truststore.location"] = str(truststore)
     return props
+
+
+def _controller_sasl(sec: KafkaSecurity) -> dict[str, str]:
+    """SASL PLAIN on the KRaft controller listener: the nodes log in to it as the first super
+    user (the JAAS entry's username/password), the only user it knows (``user_<name>``). PLAIN
+    needs no credential in the metadata log, which the controller is the one to serve."""
+    admin = sec.super_users[0]
+    password = sec.users[admin]
+    jaas = _jaas(
+        _LOGIN_MODULES["PLAIN"],
+        {"username": admin, "password": password, f"user_{admin}": password},
+    )
+    return {
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": jaas,
+    }
 
 
 @dataclass(frozen=True)

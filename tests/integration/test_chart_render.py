@@ -586,6 +586,14 @@ def test_secured_settings_are_what_the_components_load(
     assert PASSWORD not in rendered
 
 
+#: A SASL Kafka with the proxy's and the replicas' users in place.
+_SASL_KAFKA = {
+    "kafka.securityProtocol": "SASL_PLAINTEXT",
+    "kafka.sasl.proxy.existingSecret": "p",
+    "kafka.sasl.delayService.existingSecret": "r",
+}
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -598,6 +606,7 @@ def test_secured_settings_are_what_the_components_load(
                 "kafka.securityProtocol": "SASL_PLAINTEXT",
                 "kafka.sasl.proxy.existingSecret": "p",
                 "kafka.sasl.delayService.username": "",
+                "proxy.kafkaListener.allowUnauthenticated": "true",
             },
             "kafka.sasl.delayService.username is required",
         ),
@@ -623,6 +632,12 @@ def test_secured_settings_are_what_the_components_load(
         ({"zookeeper.auth.username": "kdelay"}, "zookeeper.auth.existingSecret is required"),
         ({"zookeeper.auth.existingSecret": "z"}, "without zookeeper.auth.username"),
         ({"zookeeper.tls.ca.existingSecret": "c"}, "zookeeper.tls.enabled is false"),
+        # Secure by default (issue 45 point 6): no open door beside a locked one.
+        (_SASL_KAFKA, "proxy.kafkaListener.allowUnauthenticated=true"),
+        (
+            {**_SASL_KAFKA, "proxy.kafkaListener.securityProtocol": "SASL_PLAINTEXT"},
+            "proxy.httpApi.allowUnauthenticated=true",
+        ),
     ],
 )
 def test_incomplete_security_fails_naming_the_value(
@@ -641,6 +656,30 @@ def test_http_auth_without_tls_only_when_plaintext_auth_is_allowed(tools: Tools)
     env = {e["name"]: e.get("value") for e in _container(one(docs, "Deployment"))["env"]}
     assert env["KDELAY_PROXY_HTTP_AUTH"] == "kafka"
     assert "KDELAY_PROXY_HTTP_TLS_CERT" not in env
+
+
+def test_open_doors_beside_a_sasl_kafka_render_only_when_opted_in(tools: Tools) -> None:
+    """Each opt-in reaches the proxy as its setting, and the proxy accepts the result."""
+    from proxy import ProxyConfig
+
+    sasl_listener = {**_SASL_KAFKA, "proxy.kafkaListener.securityProtocol": "SASL_PLAINTEXT"}
+    for sets, name in (
+        ({**_SASL_KAFKA, "proxy.kafkaListener.allowUnauthenticated": "true"}, "LISTENER"),
+        ({**sasl_listener, "proxy.httpApi.allowUnauthenticated": "true"}, "HTTP"),
+    ):
+        docs = helm_template(tools, sets=sets)
+        env = {e["name"]: e.get("value") for e in _container(one(docs, "Deployment"))["env"]}
+        assert env[f"KDELAY_PROXY_{name}_ALLOW_UNAUTHENTICATED"] == "true"
+        settings = {
+            "listener_security_protocol": env.get("KDELAY_PROXY_LISTENER_SECURITY_PROTOCOL"),
+            "kafka_security_protocol": env["KDELAY_PROXY_KAFKA_SECURITY_PROTOCOL"],
+            "kafka_sasl_username": "kdelay-proxy",
+            "kafka_sasl_password": PASSWORD,
+            f"{name.lower()}_allow_unauthenticated": True,
+        }
+        assert ProxyConfig(**{k: v for k, v in settings.items() if v is not None})
+    default = {e["name"] for e in _container(one(helm_template(tools), "Deployment"))["env"]}
+    assert not {n for n in default if n.endswith("ALLOW_UNAUTHENTICATED")}
 
 
 def _policy_ports(rule: dict[str, Any]) -> set[tuple[str, int]]:

@@ -104,6 +104,7 @@ def proxy(
         "--bootstrap-servers", secure.secure, "--buffer-partitions", "3",
         "--http-auth", "kafka", "--http-tls-cert", str(ca.server_cert),
         "--http-tls-key", str(ca.server_key), "--http-jwks-file", str(keys.jwks),
+        "--listener-allow-unauthenticated",  # the HTTP API is under test, not the listener
     ]  # fmt: skip
     proc = ManagedProcess("proxy", argv, log, env=env)
     client = httpx.Client(verify=ssl.create_default_context(cafile=str(ca.ca_cert)), timeout=30)

@@ -197,6 +197,7 @@ def test_proxy_and_replica_on_least_privilege_deliver_and_cancel_and_show_no_pas
         "--listener-security-protocol", "SASL_SSL",
         "--tls-cert", str(secure.local.ca.server_cert),
         "--tls-key", str(secure.local.ca.server_key),
+        "--http-allow-unauthenticated",  # this test drives the HTTP API without logins
         *_flags(secure, proxy_user),
     ]  # fmt: skip
     proxy_env = {**os.environ, "KDELAY_PROXY_KAFKA_SASL_PASSWORD": proxy_user.password}
@@ -345,7 +346,7 @@ def test_a_proxy_without_write_on_the_buffer_refuses_to_start_naming_it(
     done = _run(
         "proxy", "--listen", f"127.0.0.1:{free_port()}",
         "--http-listen", f"127.0.0.1:{free_port()}", "--bootstrap-servers", secure.secure,
-        *_flags(secure, user),
+        "--listener-allow-unauthenticated", *_flags(secure, user),
         env={"KDELAY_PROXY_KAFKA_SASL_PASSWORD": user.password},
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

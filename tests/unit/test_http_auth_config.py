@@ -23,7 +23,10 @@ def pem(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _config(**settings: Any) -> ProxyConfig:
-    return ProxyConfig(**{"upstream_config": SASL_UPSTREAM, **settings})
+    # A PLAINTEXT Kafka listener before a SASL upstream: opted in (tests/unit/test_secure_defaults).
+    return ProxyConfig(
+        **{"upstream_config": SASL_UPSTREAM, "listener_allow_unauthenticated": True, **settings}
+    )
 
 
 def _refused(says: str, **settings: Any) -> None:

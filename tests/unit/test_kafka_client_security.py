@@ -147,7 +147,9 @@ def test_merge_refuses_a_contradiction_naming_both_settings_and_no_password() ->
 
 
 def test_proxy_upstream_config_merges_the_kafka_settings() -> None:
-    cfg = ProxyConfig(**_sasl(upstream_config={"linger.ms": "3"}))
+    cfg = ProxyConfig(
+        **_sasl(upstream_config={"linger.ms": "3"}), listener_allow_unauthenticated=True
+    )
     conf = cfg.upstream_client_config()
     assert conf["security.protocol"] == "SASL_SSL"
     assert conf["sasl.password"] == PASSWORD
@@ -160,7 +162,8 @@ def test_proxy_upstream_config_merges_the_kafka_settings() -> None:
             "sasl.mechanism": "PLAIN",
             "sasl.username": "old",
             "sasl.password": "pw",
-        }
+        },
+        listener_allow_unauthenticated=True,
     )
     assert old.upstream_principal() == "User:old"
     assert ProxyConfig().upstream_principal() is None
@@ -172,7 +175,9 @@ def test_proxy_refuses_contradicting_protocols_and_a_sasl_listener_on_a_plain_up
     with pytest.raises(ValidationError, match="must be SASL_SSL or SASL_PLAINTEXT"):
         ProxyConfig(listener_security_protocol="SASL_PLAINTEXT")
     # The kafka_* settings alone make the upstream SASL for a SASL listener.
-    ok = ProxyConfig(listener_security_protocol="SASL_PLAINTEXT", **_sasl())
+    ok = ProxyConfig(
+        listener_security_protocol="SASL_PLAINTEXT", http_allow_unauthenticated=True, **_sasl()
+    )
     assert ok.sasl_enabled
 
 

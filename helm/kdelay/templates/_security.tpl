@@ -122,7 +122,17 @@ jwks: /etc/kdelay/jwks/jwks.json
 {{- if and $jwks.existingConfigMap (ne $auth "kafka") -}}
 {{- fail "proxy.httpApi.jwks.existingConfigMap needs proxy.httpApi.auth=kafka" -}}
 {{- end -}}
-{{- toJson (dict "protocol" $protocol "listenerTls" $listenerTls "listener" $lt "mechanisms" ($l.saslMechanisms | default list) "auth" $auth "mechanism" ($h.saslMechanism | default "SCRAM-SHA-512") "httpTls" $ht "jwks" $jwks) -}}
+{{- /* Secure by default (proxy/secure_defaults.py): no open door beside a locked one. */ -}}
+{{- $httpOpen := or $h.allowUnauthenticated (index $v.proxy.extraConfig "http_allow_unauthenticated") -}}
+{{- $listenerOpen := or $l.allowUnauthenticated (index $v.proxy.extraConfig "listener_allow_unauthenticated") -}}
+{{- $upstreamSasl := hasPrefix "SASL_" ($v.kafka.securityProtocol | default "PLAINTEXT") -}}
+{{- if and (hasPrefix "SASL_" $protocol) (eq $auth "none") (not $httpOpen) -}}
+{{- fail (printf "proxy.kafkaListener.securityProtocol %s requires a SASL login but the HTTP API requires none (proxy.httpApi.auth=none): set proxy.httpApi.auth=kafka, or proxy.httpApi.allowUnauthenticated=true to let anyone who reaches it act as the proxy's Kafka user" $protocol) -}}
+{{- end -}}
+{{- if and $upstreamSasl (not (hasPrefix "SASL_" $protocol)) (not $listenerOpen) -}}
+{{- fail (printf "kafka.securityProtocol %s requires a SASL login but the proxy's Kafka listener requires none (proxy.kafkaListener.securityProtocol %s): set proxy.kafkaListener.securityProtocol SASL_SSL or SASL_PLAINTEXT, or proxy.kafkaListener.allowUnauthenticated=true to let every producer write as the proxy's Kafka user" $v.kafka.securityProtocol $protocol) -}}
+{{- end -}}
+{{- toJson (dict "protocol" $protocol "listenerTls" $listenerTls "listener" $lt "mechanisms" ($l.saslMechanisms | default list) "auth" $auth "mechanism" ($h.saslMechanism | default "SCRAM-SHA-512") "httpTls" $ht "jwks" $jwks "httpOpen" $h.allowUnauthenticated "listenerOpen" $l.allowUnauthenticated) -}}
 {{- end -}}
 
 {{/* Whether the proxy's HTTP API is HTTPS ("true" or ""). */}}
@@ -197,6 +207,14 @@ jwks: /etc/kdelay/jwks/jwks.json
 {{- if $p.jwks.existingConfigMap }}
 - name: KDELAY_PROXY_HTTP_JWKS_FILE
   value: {{ $paths.jwks }}
+{{- end }}
+{{- if $p.httpOpen }}
+- name: KDELAY_PROXY_HTTP_ALLOW_UNAUTHENTICATED
+  value: "true"
+{{- end }}
+{{- if $p.listenerOpen }}
+- name: KDELAY_PROXY_LISTENER_ALLOW_UNAUTHENTICATED
+  value: "true"
 {{- end }}
 {{- end }}
 {{- end -}}
