@@ -39,7 +39,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from delay_service import health
-from delay_service.queries import LIST_SCAN, Answers
+from delay_service.listing import LIST_SCAN
+from delay_service.queries import Answers
 from delay_service.store import Store
 from kdelay.buffer import Scheduled
 

@@ -59,28 +59,12 @@ partition's next record. (A cancel tombstoned at once that later cancels a sched
 has that schedule's tombstone owed again at its close; only a crash that loses that first
 tombstone, then compaction and a replica rebuilt from the topic, could still see the schedule.)
 
-Layout, in the store's ``meta`` column family (partition 4 bytes, offsets and times 8, all
-big-endian; times signed, :data:`UNKNOWN` for a record without a timestamp):
-
-- ``cancel/n/<p>`` -> cancels read in ``p`` (they are numbered 1, 2, ...) | of them open;
-- ``cancel/w/<p><offset>`` -> ``t_C`` | number | ``len(id)`` (2) | id | buffer key: one open
-  cancel, in offset order (the closing order); the buffer key is empty when no tombstone is
-  owed at its close (retired at once, or format 1);
-- ``cancel/i/<p><len(id)><id>`` -> offset | ``t_C`` of the newest open cancel of that id, then
-  ``r`` when it is a replace's (a replace is not cancelled on arrival by an earlier replace:
-  among replaces, the buffer's order decides), or ``R`` | len (1) | the replace's buffer key
-  (written since issue 48: nor are its own series' later occurrences, ``own_series``), then
-  ``A`` when an administrator sent it, or ``W`` and the principal that sent it (nothing: sent
-  without authentication);
-- ``cancel/s/<p><offset><partition><offset>`` -> buffer key: a record that cancel cancelled.
-
-A store written before these keys existed simply has no open cancels. Not thread-safe: the
-store calls it under its own lock.
+Layout: the open cancels are kept in the store's ``meta`` column family, in the keys and
+formats of ``cancel_keys.py``. Not thread-safe: the store calls it under its own lock.
 """
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
@@ -88,8 +72,24 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
+from delay_service.cancel_keys import (
+    UNKNOWN,
+    OpenCancel,
+    cancelled_by,
+    cancelled_key,
+    counts_key,
+    decode_index,
+    encode_counts,
+    first_open,
+    id_index_key,
+    index_value,
+    open_key,
+    replace_of,
+    sent_by,
+    stored_counts,
+)
 from delay_service.entry import split_key
-from delay_service.ids import IndexedBatch, id_prefix, uid_of
+from delay_service.ids import IndexedBatch, uid_of
 from delay_service.outcomes import Canceller
 from delay_service.tombstones import Retired
 from kdelay import buffer
@@ -101,22 +101,6 @@ SENT_WITH_MS = buffer.CANCEL_SENT_WITH_MS
 #: Open cancels per buffer partition at most: the oldest closes when a newer one opens beyond
 #: that (about 200 bytes of RocksDB each). Config setting to come: ``cancel_window_max``.
 MAX_OPEN = 50_000
-#: The stored time of a record that had none (only in-process callers omit it).
-UNKNOWN = -(2**63)
-
-_N = b"cancel/n/"
-_W = b"cancel/w/"
-_I = b"cancel/i/"
-_S = b"cancel/s/"
-_P = struct.Struct(">I")
-_PO = struct.Struct(">IQ")
-_COUNTS = struct.Struct(">QQ")
-_AT = struct.Struct(">Qq")  # offset, time (then b"r" or b"R..." when it is a replace's)
-_REPLACE = b"r"
-_REPLACE_OF = b"R"  # then len (1 byte) and the replace's buffer key
-_ADMIN = b"A"
-_SENDER = b"W"
-_OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
 
 #: Where a record was read: partition, offset, timestamp (None: unknown).
 At = tuple[int, int, int | None]
@@ -133,64 +117,9 @@ class Refused:
     offset: int
 
 
-def _sender(record: Cancel) -> bytes:
-    """The open-cancel index's suffix naming who sent ``record``."""
-    if record.admin:
-        return _ADMIN
-    return b"" if record.owner is None else _SENDER + record.owner.encode()
-
-
-def _sent_by(suffix: bytes) -> tuple[str | None, bool]:
-    """(principal, admin) from an open-cancel index value's suffix after ``_AT``."""
-    suffix = _replace_of(suffix)[2]
-    if suffix[:1] == _ADMIN:
-        return None, True
-    if suffix[:1] == _SENDER:
-        return suffix[1:].decode(), False
-    return None, False
-
-
-def _replace_of(suffix: bytes) -> tuple[bool, str, bytes]:
-    """(a replace's, its buffer key or "", the rest) of an open-cancel index value's suffix."""
-    if suffix[:1] == _REPLACE_OF:
-        end = 2 + suffix[1]
-        return True, suffix[2:end].decode(), suffix[end:]
-    if suffix[:1] == _REPLACE:
-        return True, "", suffix[1:]
-    return False, "", suffix
-
-
-def _replace_mark(series: str) -> bytes:
-    """The index value's replace marker for a replace with buffer key ``series``."""
-    raw = series.encode()
-    return _REPLACE_OF + bytes([len(raw)]) + raw if 0 < len(raw) < 256 else _REPLACE
-
-
 def accepted_ms(record: Scheduled) -> int | None:
     """When a proxy accepted ``record`` (its order field's millisecond), None if unknown."""
     return buffer.accepted_ms(record.seq)
-
-
-@dataclass(frozen=True, slots=True)
-class _Open:
-    """One open cancel."""
-
-    offset: int
-    time_ms: int
-    number: int
-    id: str
-    uid: str
-
-    def encode(self) -> bytes:
-        raw = self.id.encode("utf-8", "surrogatepass")
-        return _OPEN.pack(self.time_ms, self.number, len(raw)) + raw + self.uid.encode()
-
-    @classmethod
-    def decode(cls, offset: int, value: bytes) -> _Open:
-        time_ms, number, length = _OPEN.unpack_from(value, 0)
-        start = _OPEN.size
-        msg_id = value[start : start + length].decode("utf-8", "surrogatepass")
-        return cls(offset, time_ms, number, msg_id, value[start + length :].decode())
 
 
 @dataclass(slots=True)
@@ -200,7 +129,7 @@ class _Part:
     read: int = 0  # cancels read (the number of the last one)
     open: int = 0  # of them open
     #: The oldest open cancel already in RocksDB; None with ``loaded``: there is none.
-    head: _Open | None = None
+    head: OpenCancel | None = None
     loaded: bool = False
 
 
@@ -209,7 +138,7 @@ class _Work:
     """One partition's state inside a batch: a copy of its ``_Part``, and what opened here."""
 
     part: _Part
-    new: deque[_Open] = field(default_factory=deque)  # opened in this batch, in order
+    new: deque[OpenCancel] = field(default_factory=deque)  # opened in this batch, in order
     after: int = -1  # offsets up to this one, already in RocksDB, closed in this batch
 
 
@@ -219,17 +148,9 @@ class CancelMemory:
     def __init__(self, meta: Any, meta_cf: Any) -> None:
         self._meta = meta  # the meta column family (rocksdict view)
         self._meta_cf = meta_cf  # its handle, for batches
-        self._parts: dict[int, _Part] = {}
-        it = meta.iter()
-        it.seek(_N)
-        while it.valid():
-            key = bytes(it.key())
-            if not key.startswith(_N):
-                break
-            (partition,) = _P.unpack_from(key, len(_N))
-            read, open_ = _COUNTS.unpack(bytes(it.value()))
-            self._parts[partition] = _Part(read, open_)
-            it.next()
+        self._parts: dict[int, _Part] = {
+            partition: _Part(read, open_) for partition, read, open_ in stored_counts(meta)
+        }
 
     @property
     def open(self) -> int:
@@ -239,35 +160,6 @@ class CancelMemory:
     def begin(self, batch: WriteBatch) -> CancelBatch:
         """The cancels' side of one store batch; :meth:`CancelBatch.commit` after writing it."""
         return CancelBatch(self, batch)
-
-    def _first_stored(self, partition: int, after: int) -> _Open | None:
-        """The oldest open cancel of ``partition`` in RocksDB with an offset above ``after``."""
-        prefix = _W + _P.pack(partition)
-        it = self._meta.iter()
-        it.seek(prefix + struct.pack(">Q", after + 1))
-        if not it.valid():
-            return None
-        key = bytes(it.key())
-        if not key.startswith(prefix):
-            return None
-        (offset,) = struct.unpack_from(">Q", key, len(prefix))
-        return _Open.decode(offset, bytes(it.value()))
-
-    def _cancelled_by(self, partition: int, offset: int) -> list[tuple[bytes, int, int, str]]:
-        """(key, partition, offset, buffer key) of each record, as stored in RocksDB, that
-        the cancel at ``partition``/``offset`` cancelled."""
-        prefix = _S + _PO.pack(partition, offset)
-        out = []
-        it = self._meta.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = bytes(it.key())
-            if not key.startswith(prefix):
-                break
-            p, o = _PO.unpack_from(key, len(prefix))
-            out.append((key, p, o, bytes(it.value()).decode()))
-            it.next()
-        return out
 
 
 class CancelBatch:
@@ -355,15 +247,13 @@ class CancelBatch:
         owed_at_close = "" if removed else record.uid
         if removed and record.uid:
             owed.insert(0, Retired(record.id, record.uid, partition, offset))
-        opened = _Open(offset, stamp, number, record.id, owed_at_close)
+        opened = OpenCancel(offset, stamp, number, record.id, owed_at_close)
         work.new.append(opened)
         work.part.open += 1
-        self._batch.put(_W + _PO.pack(partition, offset), opened.encode(), self._cf)
-        index_key = _I + _P.pack(partition) + id_prefix(record.id)
-        self._index[index_key] = (
-            _AT.pack(offset, stamp) + (_replace_mark(series) if replace else b"") + _sender(record)
-        )
-        self._batch.put(index_key, self._index[index_key], self._cf)
+        self._batch.put(open_key(partition, offset), opened.encode(), self._cf)
+        by_id = id_index_key(partition, record.id)
+        self._index[by_id] = index_value(offset, stamp, record, replace=replace, series=series)
+        self._batch.put(by_id, self._index[by_id], self._cf)
         return removed, owed
 
     def on_arrival(self, at: At, record: Scheduled) -> tuple[Retired, Canceller] | None:
@@ -388,13 +278,12 @@ class CancelBatch:
         part = work.part if work is not None else self._memory._parts.get(partition)
         if accepted is None or part is None or part.open == 0:
             return None
-        index_key = _I + _P.pack(partition) + id_prefix(record.id)
-        found = self._index[index_key] if index_key in self._index else self._stored(index_key)
+        key = id_index_key(partition, record.id)
+        found = self._index[key] if key in self._index else self._stored(key)
         if found is None:
             return None
-        by, cancel_ms = _AT.unpack_from(found)
-        suffix = found[_AT.size :]
-        by_replace, series, _ = _replace_of(suffix)
+        by, cancel_ms, suffix = decode_index(found)
+        by_replace, series, _ = replace_of(suffix)
         # A later replace in the buffer wins over an earlier one; a replace's own series is
         # the new message, not what it replaced.
         if by_replace and (record.replace or own_series(series, record.buffer_key)):
@@ -405,13 +294,13 @@ class CancelBatch:
         if buffer.cancels(by, known, offset, time_ms, accepted) and self._allowed(
             partition, offset, record, suffix
         ):
-            return int(by), _sent_by(suffix)
+            return int(by), sent_by(suffix)
         return None
 
     def _allowed(self, partition: int, offset: int, record: Scheduled, suffix: bytes) -> bool:
         """Whether the open cancel whose index value ends with ``suffix`` may cancel
         ``record`` (its owner's, module docstring); a refusal goes to :attr:`refused`."""
-        principal, admin = _sent_by(suffix)
+        principal, admin = sent_by(suffix)
         if may_cancel(principal, admin, record.owner):
             return True
         self.refused.append(Refused(record.id, record.owner, principal, partition, offset))
@@ -420,14 +309,14 @@ class CancelBatch:
     def _cancelled(self, partition: int, by: int, retired: Retired) -> None:
         """Remember that the cancel at ``partition``/``by`` cancelled ``retired``: its
         tombstone is owed again when that cancel closes."""
-        key = _S + _PO.pack(partition, by) + _PO.pack(retired.partition, retired.offset)
+        key = cancelled_key(partition, by, retired.partition, retired.offset)
         self._batch.put(key, retired.uid.encode(), self._cf)
         self._owed.setdefault((partition, by), []).append(retired)
 
     # -- closing ---------------------------------------------------------------------------
 
     def _close_while(
-        self, partition: int, work: _Work, closes: Callable[[_Open], bool]
+        self, partition: int, work: _Work, closes: Callable[[OpenCancel], bool]
     ) -> list[Retired]:
         owed: list[Retired] = []
         while work.part.open > 0:
@@ -437,37 +326,35 @@ class CancelBatch:
             owed += self._close(partition, work, oldest)
         return owed
 
-    def _oldest(self, partition: int, work: _Work) -> _Open | None:
+    def _oldest(self, partition: int, work: _Work) -> OpenCancel | None:
         if work.part.open > len(work.new):  # some are in RocksDB: they are older
             if not work.part.loaded:
-                work.part.head = self._memory._first_stored(partition, work.after)
+                work.part.head = first_open(self._memory._meta, partition, work.after)
                 work.part.loaded = True
             if work.part.head is not None:
                 return work.part.head
         return work.new[0] if work.new else None
 
-    def _close(self, partition: int, work: _Work, cancel: _Open) -> list[Retired]:
+    def _close(self, partition: int, work: _Work, cancel: OpenCancel) -> list[Retired]:
         if work.new and work.new[0] is cancel:
             work.new.popleft()
         else:
             work.after = cancel.offset
             work.part.head, work.part.loaded = None, False
         work.part.open -= 1
-        self._batch.delete(_W + _PO.pack(partition, cancel.offset), self._cf)
-        index_key = _I + _P.pack(partition) + id_prefix(cancel.id)
-        found = self._index[index_key] if index_key in self._index else self._stored(index_key)
-        if found is not None and _AT.unpack_from(found)[0] == cancel.offset:
-            self._batch.delete(index_key, self._cf)
-            self._index[index_key] = None
-        owed = []
-        for key, p, o, uid in self._memory._cancelled_by(partition, cancel.offset):
+        self._batch.delete(open_key(partition, cancel.offset), self._cf)
+        key = id_index_key(partition, cancel.id)
+        found = self._index[key] if key in self._index else self._stored(key)
+        if found is not None and decode_index(found)[0] == cancel.offset:
             self._batch.delete(key, self._cf)
+            self._index[key] = None
+        owed = []
+        for stored, p, o, uid in cancelled_by(self._memory._meta, partition, cancel.offset):
+            self._batch.delete(stored, self._cf)
             owed.append(Retired(cancel.id, uid, p, o))
         for retired in self._owed.pop((partition, cancel.offset), []):
             self._batch.delete(
-                _S
-                + _PO.pack(partition, cancel.offset)
-                + _PO.pack(retired.partition, retired.offset),
+                cancelled_key(partition, cancel.offset, retired.partition, retired.offset),
                 self._cf,
             )
             owed.append(retired)
@@ -485,7 +372,7 @@ class CancelBatch:
         """Put each touched partition's counts into the batch (before it is written)."""
         for partition, work in self._work.items():
             self._batch.put(
-                _N + _P.pack(partition), _COUNTS.pack(work.part.read, work.part.open), self._cf
+                counts_key(partition), encode_counts(work.part.read, work.part.open), self._cf
             )
 
     def commit(self) -> None:

@@ -38,9 +38,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from delay_service.config import ReplicaConfig
-from delay_service.errors import StoreError
+from delay_service.errors import QueryError, StoreError
 from delay_service.ingest import Ingest
-from delay_service.queries import Answers, QueryError
+from delay_service.queries import Answers
 from delay_service.threads import Supervisor
 
 if TYPE_CHECKING:

@@ -20,14 +20,13 @@ Concurrency: see the top of ``store.py``; every method holds the store's lock.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from rocksdict import WriteBatch
 
+from delay_service.apply_result import ApplyResult, Incoming
 from delay_service.bulk_cancels import ids_with_prefix, matching
-from delay_service.cancels import At, CancelBatch, Refused
+from delay_service.cancels import At, CancelBatch
 from delay_service.entry import (
     decode_entry,
     entry_key,
@@ -44,7 +43,6 @@ from kdelay.buffer import (
     CANCEL_SENT_WITH_MS as SENT_WITH_MS,
 )
 from kdelay.buffer import (
-    BufferRecord,
     Cancel,
     Scheduled,
     accepted_ms,
@@ -60,37 +58,6 @@ RELEASED_MEMORY = 200_000
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(slots=True)
-class ApplyResult:
-    """What one :meth:`StoreWrites.apply` did; counts feed the metrics."""
-
-    scheduled: int = 0
-    duplicates: int = 0
-    covered: int = 0
-    cancelled: int = 0  # entries a cancel removed, and schedules cancelled on arrival
-    cancelled_on_arrival: int = 0  # schedules an earlier cancel cancelled (cancels.py rule 2)
-    replaced: int = 0  # of ``cancelled``, entries a replace removed
-    retired: list[Retired] = field(default_factory=list)  # records owed a tombstone
-    tombstoned: int = 0
-    invalid: int = 0
-    earliest_new_ms: int | None = None
-    #: Pending messages a cancel or replace may not cancel: another principal's (cancels.py).
-    refused: list[Refused] = field(default_factory=list)
-    #: Single-id cancels read, by what they found: ``cancelled`` (removed a pending message),
-    #: ``already_delivered`` (none pending; the last with its id was delivered), ``unknown``.
-    cancel_outcomes: Counter[str] = field(default_factory=Counter)
-    bulk_cancels: int = 0  # bulk cancels read (bulk_cancels.py)
-    bulk_cancelled: int = 0  # of ``cancelled``, messages a bulk cancel cancelled
-    bulk_refused: int = 0  # messages a bulk cancel left alone: another principal's
-    #: Messages the bulk cancels of this batch cancelled in all, their steps' included.
-    bulk_total: int = 0
-
-
-#: One consumed buffer record: partition, offset, the decoded record (None: undecodable) and,
-#: optionally, its timestamp (the buffer's LogAppendTime; None or absent: unknown).
-Incoming = tuple[int, int, BufferRecord | None] | tuple[int, int, BufferRecord | None, int | None]
 
 
 class StoreWrites(StoreState):

@@ -39,7 +39,7 @@ from proxy.owners import others_in, own_view, refusal
 from zk.list_merge import cursor_key
 from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
-#: Messages per listing page: by default, and at most (delay_service/queries.py's).
+#: Messages per listing page: by default, and at most (delay_service/listing.py's).
 LIST_DEFAULT = 100
 LIST_MAX = 1000
 #: Replica questions (status, timeline, listing) in flight at once; more wait their turn.

@@ -1,8 +1,10 @@
 """The Spark Structured Streaming verifier: lateness, early, duplicate and missing deliveries.
 
 ``kdelay verify`` (see :mod:`verifier.cli`). The definitions of every count are in
-:mod:`verifier.report`; the Spark pipeline is :mod:`verifier.job` (imported lazily: it pulls
-in PySpark).
+:mod:`verifier.report`; the Spark pipeline is :mod:`verifier.job` (the session and the
+``--once`` driver), :mod:`verifier.matching` (deliveries to messages, cancels),
+:mod:`verifier.aggregates` (summaries per window) and :mod:`verifier.stream` (the continuous
+driver), all imported lazily: they pull in PySpark.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ a message", "Recurring messages"; CONTRACT.md v2 to v4):
 A message delivered despite a cancel counts as delivered (the cancel came too late, which the
 contract allows); this module only says which undelivered ones are excused.
 
-Plain values and functions; safe from any thread. :mod:`verifier.job` applies the same words
-as Spark columns (``cancels_column``).
+Plain values and functions; safe from any thread. :mod:`verifier.matching` applies the same
+words as Spark columns (``cancels_column``).
 """
 
 from __future__ import annotations

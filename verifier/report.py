@@ -1,7 +1,7 @@
 """The verifier's arithmetic, free of Spark: outcomes per message, percentiles, summaries, SLOs.
 
-Definitions (the Spark job in :mod:`verifier.job` computes exactly these; :func:`summarise` is
-the executable specification the unit tests pin down):
+Definitions (the Spark job, :mod:`verifier.aggregates`, computes exactly these;
+:func:`summarise` is the executable specification the unit tests pin down):
 
 - A *message* is a ``schedule`` record in the buffer topic, identified by its id *and* its due
   time in epoch ms: an id may be reused (delivered, then scheduled again with a new due time),

@@ -26,17 +26,10 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kdelay import logs
 from verifier import cancel_contract as contract
+from verifier.aggregates import lateness_values, summarise, window_results
 from verifier.config import VerifierConfig
-from verifier.job import (
-    ALL_USER_TOPICS,
-    VerifierError,
-    lateness_values,
-    per_message,
-    series_key_column,
-    summarise,
-    window_results,
-    with_cancels,
-)
+from verifier.job import ALL_USER_TOPICS, VerifierError
+from verifier.matching import per_message, series_key_column, with_cancels
 from verifier.report import WindowResult
 from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch, read_stream
 
@@ -59,7 +52,7 @@ _POSITIONS_DDL = "id STRING, bpart INT, boff BIGINT"
 def match_stream(
     schedules: DataFrame, deliveries: DataFrame, *, grace_ms: int, horizon_ms: int
 ) -> DataFrame:
-    """Streaming: :data:`verifier.job.PER_MESSAGE` rows of scheduled messages, by the
+    """Streaming: :data:`verifier.matching.PER_MESSAGE` rows of scheduled messages, by the
     time-bounded join of :mod:`verifier.job`'s docstring (``early`` is 0 here:
     :func:`early_deliveries` counts every early delivery, matched or not, so none is counted
     twice)."""
@@ -117,7 +110,7 @@ def match_stream(
 
 
 def early_deliveries(deliveries: DataFrame) -> DataFrame:
-    """Streaming: one :data:`verifier.job.PER_MESSAGE` row per early delivery (``early`` 1,
+    """Streaming: one :data:`verifier.matching.PER_MESSAGE` row per early delivery (``early`` 1,
     ``has_schedule`` false, no deliveries), stateless, so it is counted as soon as it is read."""
     due = F.timestamp_millis(F.col("due_ms"))
     return deliveries.where(F.col("at") < due).select(
@@ -181,7 +174,7 @@ def bulk_cancels(
     bulk: BulkAt, msg_id: str, topic: str | None, appended: int | None, accepted: int | None
 ) -> bool:
     """Whether bulk cancel ``bulk`` cancels a message (delay_service/bulk_cancels.py's rule,
-    owners aside; :func:`verifier.job.bulk_cancelled_positions` in the batch job): an id with
+    owners aside; :func:`verifier.matching.bulk_cancelled_positions` in the batch job): an id with
     its prefix, on its topic when it names one, accepted no later than its append time plus
     SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and appended
     at most WINDOW_MS after it (:mod:`verifier.cancel_contract`)."""

@@ -32,7 +32,14 @@ HARNESS = ("tests", "bench", "dev", "examples")
 #: Modules that only an extra provides, and the files that may use them (imported only by
 #: `kdelay verify`, lazily, with the Spark job).
 EXTRA_ONLY = {
-    "verifier": {"verifier/job.py", "verifier/stream.py", "verifier/source.py", "verifier/chart.py"}
+    "verifier": {
+        "verifier/job.py",
+        "verifier/matching.py",
+        "verifier/aggregates.py",
+        "verifier/stream.py",
+        "verifier/source.py",
+        "verifier/chart.py",
+    }
 }
 #: Runtime dependencies no kdelay module imports: distribution -> (the module that loads it, the
 #: module name it imports, why it is declared).

@@ -1,4 +1,4 @@
-"""The listing of pending messages (delay_service/queries.py's ``list_pending``, CONTRACT.md v3
+"""The listing of pending messages (delay_service/listing.py's ``list_pending``, CONTRACT.md v3
 "Listing") over a real store in a tmp dir: due order, paging by cursor, releases between pages,
 each filter, the scan budget of a rarely matching filter, bad parameters, the replica's HTTP
 route (health.py), and the merge of shards' pages (zk/list_merge.py) against one store."""
@@ -16,18 +16,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from delay_service import health
-from delay_service.queries import (
+from delay_service.errors import QueryError
+from delay_service.listing import (
     LIST_MAX,
-    Answers,
     ListFilter,
-    QueryError,
     decode_cursor,
     encode_cursor,
     list_pending,
     parse_listing,
-    timeline,
 )
+from delay_service.queries import Answers
 from delay_service.store import Store
+from delay_service.timeline import timeline
 from kdelay.buffer import Scheduled
 from tests.unit.test_queries import GivenReplicas, proxy_app, proxy_get, serving
 from zk.list_merge import merge_pages

@@ -24,14 +24,10 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from delay_service import health
 from delay_service.config import ReplicaConfig
 from delay_service.entry import entry_key
-from delay_service.queries import (
-    MAX_BUCKETS,
-    Answers,
-    QueryError,
-    parse_window,
-    timeline,
-)
+from delay_service.errors import QueryError
+from delay_service.queries import Answers
 from delay_service.store import Store
+from delay_service.timeline import MAX_BUCKETS, parse_window, timeline
 from dev.stack import free_port
 from kdelay.buffer import Scheduled
 from kdelay.headers import DelayPolicy
