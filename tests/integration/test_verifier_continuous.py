@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import pytest
 from confluent_kafka import Producer
 
 from dev.stack.process import KDELAY, free_port
-from kdelay import buffer
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,
@@ -32,6 +31,15 @@ from tests.support.kafka_helpers import (
     unique_topic,
 )
 from tests.support.schedule import create_target
+from tests.support.verifier_scenarios import (
+    STREAM_GRACE_MS,
+    WINDOW_MS,
+    next_base,
+    produce_scenario,
+    scenario_topics,
+    settled,
+    window_totals,
+)
 from verifier.cli import verify_continuous
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
@@ -41,19 +49,6 @@ from verifier.metrics import Metrics
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
 )
-
-WINDOW_MS = 10_000
-SPACING_MS = 10  # between the due times of one _produce call: all in one window
-#: One window's totals in the scenario of 20 messages _produce writes (tests/spark, tests/k8s).
-WINDOW_OF_20 = {
-    "scheduled": 17,
-    "delivered": 16,
-    "missing": 1,
-    "duplicates": 1,
-    "early": 0,
-    "cancelled": 3,
-}
-GRACE_MS = 3_000  # more than a delivery's lateness here, even on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -68,103 +63,11 @@ def spark(kafka: KafkaInfra) -> Iterator[Any]:
         gc.collect()
 
 
-def _headers(pairs: Sequence[tuple[str, bytes | None]]) -> HeaderList:
-    return list(pairs)
-
-
-def _next_base(after_ms: int | None = None) -> int:
-    """1 s into the first window that starts after ``after_ms`` (default: a second from now)."""
-    after = after_ms if after_ms is not None else int(time.time() * 1000) + 1_000
-    return (after // WINDOW_MS + 1) * WINDOW_MS + 1_000
-
-
-def _produce(bootstrap: str, topics: tuple[str, str], base_ms: int, n: int, tag: str) -> None:
-    """``n`` messages due from ``base_ms`` (ahead), delivered once all are due; message 3 is
-    lost, 4 is cancelled, 5 delivered twice, 6 cancelled by a cancel sent with it but appended
-    before it (accepted by a proxy within a second of the cancel's append time), 7 cancelled by
-    a bulk cancel of its id prefix on its topic, 8 has that prefix too but was accepted after
-    the bulk cancel (a new message: delivered)."""
-    buffer_topic, target = topics
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
-    messages = []
-    for i in range(n):
-        accepted_ms = int(time.time() * 1000) + (5_000 if i == 8 else 0)
-        msg_id = f"{tag}bulk-{i}" if i in (7, 8) else f"{tag}{i}"
-        s = buffer.Scheduled(
-            msg_id,
-            target,
-            -1,
-            None,
-            b"v",
-            base_ms + i * SPACING_MS,
-            seq=accepted_ms << buffer.ORDER_SHIFT,
-        )
-        enc = buffer.encode(s)
-        if i == 6:
-            cancel = buffer.encode(buffer.Cancel(s.id))
-            producer.produce(
-                buffer_topic, cancel.value, cancel.key, headers=_headers(cancel.headers)
-            )
-        producer.produce(buffer_topic, enc.value, enc.key, headers=_headers(enc.headers))
-        if i == 4:
-            cancel = buffer.encode(buffer.Cancel(s.id))
-            producer.produce(
-                buffer_topic, cancel.value, cancel.key, headers=_headers(cancel.headers)
-            )
-        if i == 7:
-            bulk = buffer.Cancel(f"bulk-{tag}", prefix=f"{tag}bulk-", topic=target)
-            cancel = buffer.encode(bulk)
-            producer.produce(
-                buffer_topic, cancel.value, cancel.key, headers=_headers(cancel.headers)
-            )
-        if i not in (3, 4, 6, 7):
-            messages.extend([s, s] if i == 5 else [s])
-    assert producer.flush(30) == 0
-    # Waiting for the wall clock itself: the broker stamps each delivery when it is written.
-    time.sleep(max(0.0, (base_ms + n * SPACING_MS + 50) / 1000 - time.time()))
-    for s in messages:
-        producer.produce(target, s.value, headers=_headers(s.delivered_headers()))
-    assert producer.flush(30) == 0
-
-
-def _window_totals(records: list[Record], start_ms: int) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for rec in records:
-        result = json.loads(rec.value or b"{}")
-        if result["window_start_ms"] != start_ms:
-            continue
-        for key in ("scheduled", "delivered", "missing", "duplicates", "early", "cancelled"):
-            totals[key] = totals.get(key, 0) + int(result[key])
-    return totals
-
-
-def _scenario_topics(bootstrap: str, tag: str) -> tuple[str, str, str]:
-    """A buffer topic and a LogAppendTime target (2 partitions each) and an output topic."""
-    names = (unique_topic(f"{tag}buf"), unique_topic(f"{tag}tgt"), unique_topic(f"{tag}out"))
-    create_topic(bootstrap, names[0], partitions=2)
-    create_target(bootstrap, names[1], partitions=2)
-    create_topic(bootstrap, names[2])
-    return names
-
-
-def _settled(
-    starts: Sequence[int], errors: Sequence[Exception] = ()
-) -> Callable[[list[Record]], bool]:
-    """Whether the windows starting at ``starts`` were all published with _produce's 17
-    scheduled messages; fails at once on an error of a verifier run in a thread."""
-
-    def done(records: list[Record]) -> bool:
-        assert not errors, errors
-        return all(_window_totals(records, s).get("scheduled", 0) >= 17 for s in starts)
-
-    return done
-
-
 def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
     spark: Any, kafka: KafkaInfra, tmp_path: Path
 ) -> None:
     bootstrap = kafka.bootstrap_servers
-    buffer_topic, target, out_topic = _scenario_topics(bootstrap, "s")
+    buffer_topic, target, out_topic = scenario_topics(bootstrap, "s")
     # Written straight to the target two minutes before its due time: early, though no schedule
     # exists, and stamped as if released after its due time.
     forged_due = int(time.time() * 1000) + 120_000
@@ -172,14 +75,14 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
     forger = Producer({"bootstrap.servers": bootstrap})
     forger.produce(target, b"v", headers=headers, timestamp=forged_due + 1_000)
     assert forger.flush(30) == 0
-    first = _next_base() - 1_000  # a window start
+    first = next_base() - 1_000  # a window start
     # Something is scheduled before the start, so the target topic is found in the buffer.
-    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    produce_scenario(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
     port = free_port()
     cfg = VerifierConfig(
         bootstrap_servers=bootstrap,
         buffer_topic=buffer_topic,
-        grace_ms=GRACE_MS,
+        grace_ms=STREAM_GRACE_MS,
         early_horizon_ms=1_000,
         window="10s",
         trigger="500ms",
@@ -206,17 +109,19 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
     try:
         # More data after the start: a second window, then a third, whose event time moves
         # the watermark past the second (due + grace).
-        second = _next_base() - 1_000
-        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
-        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
+        second = next_base() - 1_000
+        produce_scenario(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+        produce_scenario(
+            bootstrap, (buffer_topic, target), next_base(second + STREAM_GRACE_MS), 10, "c"
+        )
 
         def first_two_windows_settled(records: list[Record]) -> bool:
-            forged = _window_totals(records, forged_due // WINDOW_MS * WINDOW_MS)
-            return _settled((first, second), errors)(records) and forged.get("early", 0) >= 1
+            forged = window_totals(records, forged_due // WINDOW_MS * WINDOW_MS)
+            return settled((first, second), errors)(records) and forged.get("early", 0) >= 1
 
         published = consume_until(bootstrap, [out_topic], first_two_windows_settled, timeout=180)
         for start in (first, second):
-            assert _window_totals(published, start) == {
+            assert window_totals(published, start) == {
                 "scheduled": 17,  # 20 minus the three cancelled
                 "delivered": 16,
                 "missing": 1,
@@ -225,7 +130,7 @@ def test_streaming_verifier_publishes_window_results_and_stops_cleanly(
                 "cancelled": 3,
             }
         forged_window = forged_due // WINDOW_MS * WINDOW_MS
-        assert _window_totals(published, forged_window) == {
+        assert window_totals(published, forged_window) == {
             "scheduled": 0,
             "delivered": 0,
             "missing": 0,
@@ -271,7 +176,7 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
         "--topics",
         target,
         "--grace-ms",
-        str(GRACE_MS),
+        str(STREAM_GRACE_MS),
         "--early-horizon-ms",
         "500",
         "--trigger",
@@ -285,10 +190,12 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = _next_base()
-        _produce(bootstrap, (buffer_topic, target), first, 10, "a")
+        first = next_base()
+        produce_scenario(bootstrap, (buffer_topic, target), first, 10, "a")
         # Moves the watermark past the first (due + grace).
-        _produce(bootstrap, (buffer_topic, target), _next_base(first + GRACE_MS), 10, "b")
+        produce_scenario(
+            bootstrap, (buffer_topic, target), next_base(first + STREAM_GRACE_MS), 10, "b"
+        )
         # Spark's start-up, then a few micro-batches through four stateful operators (two
         # de-duplications, the join, the aggregation): minutes on a busy two-core machine.
         deadline = time.monotonic() + 240

@@ -16,21 +16,24 @@ import random
 import subprocess
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
 
 from dev.stack import KDELAY
 from kdelay import buffer
 from kdelay import headers as h
-from tests.support import oracle
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
-from tests.support.schedule import create_target
+from tests.support.verifier_scenarios import (
+    ONCE_GRACE_MS,
+    Scenario,
+    assert_same_report,
+    build_faults,
+    independent_report,
+)
 from verifier.cli import verify_once
 from verifier.config import VerifierConfig
 from verifier.report import Slo
@@ -42,13 +45,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GRACE_MS = 5_000
-BUFFER_PARTITIONS = 3
-REPORT_KEYS = {"scheduled", "delivered", "missing", "duplicates", "early", "lateness_ms"}
-
-
-def _headers(pairs: Sequence[tuple[str, bytes | None]]) -> HeaderList:
-    return list(pairs)
 
 
 @pytest.fixture(scope="module")
@@ -68,129 +64,6 @@ def release_pyspark_sockets() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
-
-
-@dataclass
-class Scenario:
-    """Topics written by a test, and what was written to them."""
-
-    bootstrap: str
-    buffer_topic: str = field(default_factory=lambda: unique_topic("vbuf"))
-    targets: list[str] = field(default_factory=lambda: [unique_topic("vtgt"), unique_topic("vtgt")])
-    buffer_records: int = 0
-    delivered_records: int = 0
-
-    def __post_init__(self) -> None:
-        create_topic(self.bootstrap, self.buffer_topic, partitions=BUFFER_PARTITIONS)
-        for t in self.targets:
-            create_target(self.bootstrap, t, partitions=2)
-        self.producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "acks": "all",
-                "enable.idempotence": True,  # a cancel stays after its schedule
-                "linger.ms": 5,
-            }
-        )
-        self.failures: list[KafkaError] = []
-
-    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            self.failures.append(err)
-
-    def schedule(
-        self, msg_id: str, due_ms: int, topic: str, written_ms: int, **fields: Any
-    ) -> buffer.Scheduled:
-        s = buffer.Scheduled(msg_id, topic, -1, None, b"v", due_ms, **fields)
-        self.write_buffer(s, written_ms)
-        return s
-
-    def cancel(self, msg_id: str, written_ms: int) -> None:
-        self.write_buffer(buffer.Cancel(msg_id), written_ms)
-
-    def write_buffer(self, record: buffer.Scheduled | buffer.Cancel, written_ms: int) -> None:
-        """As the proxy writes it: every record of an id in one partition, in order."""
-        enc = buffer.encode(record)
-        self.producer.produce(
-            self.buffer_topic,
-            enc.value,
-            enc.key,
-            partition=buffer.partition_for(record.id, BUFFER_PARTITIONS),
-            headers=_headers(enc.headers),
-            timestamp=written_ms,
-            on_delivery=self._on_delivery,
-        )
-        self.buffer_records += 1
-
-    def deliver(self, s: buffer.Scheduled) -> None:
-        """Write ``s`` to its target now; the broker stamps it (LogAppendTime). The producer
-        claims the due time as the timestamp, as a master with a wrong clock might."""
-        self.producer.produce(
-            s.topic,
-            s.value,
-            s.key,
-            headers=_headers(s.delivered_headers()),
-            timestamp=s.deliver_at_ms,
-            on_delivery=self._on_delivery,
-        )
-        self.delivered_records += 1
-
-    def flush(self) -> None:
-        assert self.producer.flush(60) == 0
-        assert self.failures == []
-
-    def config(self, **overrides: Any) -> VerifierConfig:
-        settings: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap,
-            "buffer_topic": self.buffer_topic,
-            "grace_ms": GRACE_MS,
-            "output_topic": "",
-            "console": False,
-            **overrides,
-        }
-        return VerifierConfig(**settings)
-
-
-def independent_report(sc: Scenario, end_ms: int) -> dict[str, Any]:
-    """The report, computed from what the topics hold (not from what the test wrote) by the
-    project's independent oracle, which shares no code with verifier/."""
-    truth = oracle.compute(
-        sc.bootstrap, sc.targets, end_ms=end_ms, grace_ms=GRACE_MS, buffer_topic=sc.buffer_topic
-    )
-    # Every record the scenario delivered was read back and matched to a scheduled message.
-    assert sum(len(t) for t in truth.deliveries.values()) == sc.delivered_records
-    return truth.report
-
-
-def assert_same_report(got: dict[str, Any], want: dict[str, Any]) -> None:
-    assert set(got) == REPORT_KEYS | {"clock", "isolation"}
-    assert got["clock"] == "log-append-time"
-    counts = REPORT_KEYS - {"lateness_ms"}
-    assert {k: got[k] for k in counts} == {k: want[k] for k in counts}
-    assert set(got["lateness_ms"]) == {"p50", "p95", "p99", "max"}
-    for key, value in want["lateness_ms"].items():
-        assert isinstance(got["lateness_ms"][key], float)
-        assert abs(got["lateness_ms"][key] - value) <= 1.0, (key, got, want)
-
-
-def build_faults(bootstrap: str) -> Scenario:
-    """20 messages due 40..21 s ago: one duplicated, one early (due in a minute), one never
-    delivered, one cancelled."""
-    sc = Scenario(bootstrap)
-    base_ms = int(time.time() * 1000) - 40_000
-    for i in range(20):
-        due = base_ms + 100_000 if i == 5 else base_ms + i * 1_000
-        s = sc.schedule(f"f{i}", due, sc.targets[i % 2], base_ms - 60_000)
-        if i == 13:
-            continue  # missing
-        if i == 17:
-            sc.cancel(s.id, base_ms - 30_000)  # cancelled in time: not missing
-            continue
-        sc.deliver(s)
-        if i == 9:
-            sc.deliver(s)  # a duplicate, e.g. after a failover
-    sc.flush()
-    return sc
 
 
 def test_injected_faults_are_reported_exactly(
@@ -302,7 +175,7 @@ def test_cli_once_in_a_subprocess_writes_report_and_charts_and_fails_on_missed_s
         "--buffer-topic",
         sc.buffer_topic,
         "--grace-ms",
-        str(GRACE_MS),
+        str(ONCE_GRACE_MS),
         "--output-topic",
         out_topic,
         "--output-dir",

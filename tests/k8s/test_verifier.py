@@ -6,13 +6,14 @@ StatefulSet of one driver and its claim, its ServiceAccount/Role/RoleBinding, th
 Service) are applied to their own namespace; the rest of the release is test_chart.py's
 subject. The driver (``kdelay verify``, Spark's client mode in its pod) creates two executor
 pods from the verifier image through the API, whose entrypoint turns Spark's ``executor`` into
-a Spark executor. The scenario is test_verifier_continuous's (a lost, a cancelled, a
-duplicated, a bulk-cancelled message ...), written to Kafka in the cluster; the window's totals
-come out on the output topic exactly as on ``local[2]`` and on a standalone cluster, and the
-driver's /metrics counts the same. Each executor pod ran tasks (its log). The executor pods are
-owned by the driver's pod: deleting that pod deletes them, and the StatefulSet's new driver
-starts two new ones and resumes from the checkpoint (a ReadWriteMany claim the driver and the
-executors mount) without counting twice.
+a Spark executor. The scenario is test_verifier_continuous's (tests/support/
+verifier_scenarios.py: a lost, a cancelled, a duplicated, a bulk-cancelled message ...),
+written to Kafka in the cluster; the window's totals come out on the output topic exactly as
+on ``local[2]`` and on a standalone cluster, and the driver's /metrics counts the same. Each
+executor pod ran tasks (its log). The executor pods are owned by the driver's pod: deleting
+that pod deletes them, and the StatefulSet's new driver starts two new ones and resumes from
+the checkpoint (a ReadWriteMany claim the driver and the executors mount) without counting
+twice.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ import pytest
 
 from dev.k8s import kube
 from dev.k8s.settings import Layout
-from tests.integration.test_verifier_continuous import (
-    GRACE_MS,
-    WINDOW_OF_20,
-    _next_base,
-    _produce,
-    _scenario_topics,
-    _settled,
-    _window_totals,
-)
 from tests.support.kafka_helpers import consume_until
+from tests.support.verifier_scenarios import (
+    STREAM_GRACE_MS,
+    WINDOW_OF_20,
+    next_base,
+    produce_scenario,
+    scenario_topics,
+    settled,
+    window_totals,
+)
 
 NAMESPACE = "kdelay-verifier"
 RELEASE = "kv"
@@ -82,7 +83,7 @@ def _wait(condition: Callable[[], bool], what: str, lay: Layout, timeout: float 
 
 @pytest.fixture(scope="module")
 def topics(kafka_zookeeper: tuple[str, str]) -> tuple[str, str, str]:
-    return _scenario_topics(kafka_zookeeper[0], "k8s")
+    return scenario_topics(kafka_zookeeper[0], "k8s")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,7 @@ def verifier(
         "verifier.bufferTopic": buffer_topic,
         "verifier.topics": target,
         "verifier.outputTopic": out_topic,
-        "verifier.graceMs": str(GRACE_MS),
+        "verifier.graceMs": str(STREAM_GRACE_MS),
         "verifier.window": "10s",
         "verifier.trigger": "500ms",
         "verifier.driverMemory": "512m",
@@ -192,14 +193,14 @@ def test_the_charts_verifier_runs_with_two_executor_pods_and_counts_exactly(
     for pod in _executors_of(k8s, driver):
         (container,) = pod["spec"]["containers"]
         assert "_SPARK_AUTH_SECRET" in {e["name"] for e in container.get("env", [])}
-    first = _next_base() - 1_000
-    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
-    second = _next_base(first + 1_000 + GRACE_MS) - 1_000
+    first = next_base() - 1_000
+    produce_scenario(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    second = next_base(first + 1_000 + STREAM_GRACE_MS) - 1_000
     # The second window's messages move the watermark past the first (due + grace).
-    _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+    produce_scenario(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
     WINDOWS[:] = [first, second]
-    published = consume_until(bootstrap, [out_topic], _settled([first]), timeout=TIMEOUT)
-    assert _window_totals(published, first) == WINDOW_OF_20
+    published = consume_until(bootstrap, [out_topic], settled([first]), timeout=TIMEOUT)
+    assert window_totals(published, first) == WINDOW_OF_20
     print(f"first window verified {time.monotonic() - began:.1f} s after apply")
     # The driver's Prometheus figures (the verifier Service's target) count that window too.
     ip = _driver(k8s)["status"]["podIP"]
@@ -248,7 +249,9 @@ def test_a_new_driver_resumes_from_the_checkpoint_with_new_executor_pods(
     _wait(new_driver_with_two, "the StatefulSet's new driver did not start two executors", k8s)
     print(f"new driver and executors running {time.monotonic() - began:.1f} s after the delete")
     first, second = WINDOWS
-    _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
-    published = consume_until(bootstrap, [out_topic], _settled([first, second]), timeout=TIMEOUT)
-    assert _window_totals(published, first) == WINDOW_OF_20
-    assert _window_totals(published, second) == WINDOW_OF_20
+    produce_scenario(
+        bootstrap, (buffer_topic, target), next_base(second + STREAM_GRACE_MS), 10, "c"
+    )
+    published = consume_until(bootstrap, [out_topic], settled([first, second]), timeout=TIMEOUT)
+    assert window_totals(published, first) == WINDOW_OF_20
+    assert window_totals(published, second) == WINDOW_OF_20

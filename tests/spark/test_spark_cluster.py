@@ -1,11 +1,11 @@
 """``kdelay verify`` on a real two-worker standalone Spark cluster (``dev.spark.SparkCluster``).
 
 One cluster for the module (a master and two workers from pyspark's jars, on loopback). The
-scenarios are those of test_verifier_once.py and test_verifier_continuous.py (their helpers,
-imported): a ``--once`` report must be identical on ``local[2]`` and on the cluster; the
-streaming verifier must survive a worker SIGKILLed mid-run with the same window counts, and
-resume from its checkpoint after a stop (one test: both need a streaming run on the cluster,
-the slow part). Each test prints its own duration (``-s``).
+scenarios are those of test_verifier_once.py and test_verifier_continuous.py (from
+tests/support/verifier_scenarios.py): a ``--once`` report must be identical on ``local[2]``
+and on the cluster; the streaming verifier must survive a worker SIGKILLed mid-run with the
+same window counts, and resume from its checkpoint after a stop (one test: both need a
+streaming run on the cluster, the slow part). Each test prints its own duration (``-s``).
 """
 
 from __future__ import annotations
@@ -22,22 +22,20 @@ from typing import Any
 import pytest
 
 from dev.spark import SparkCluster
-from tests.integration.test_verifier_continuous import (
-    GRACE_MS,
+from tests.support.infra import KafkaInfra
+from tests.support.kafka_helpers import consume_until
+from tests.support.verifier_scenarios import (
+    STREAM_GRACE_MS,
     WINDOW_OF_20,
-    _next_base,
-    _produce,
-    _scenario_topics,
-    _settled,
-    _window_totals,
-)
-from tests.integration.test_verifier_once import (
     assert_same_report,
     build_faults,
     independent_report,
+    next_base,
+    produce_scenario,
+    scenario_topics,
+    settled,
+    window_totals,
 )
-from tests.support.infra import KafkaInfra
-from tests.support.kafka_helpers import consume_until
 from verifier.cli import verify_continuous, verify_once
 from verifier.config import VerifierConfig
 from verifier.metrics import Metrics
@@ -177,7 +175,7 @@ def _stream_config(
         bootstrap_servers=bootstrap,
         buffer_topic=buffer_topic,
         topics=target,
-        grace_ms=GRACE_MS,
+        grace_ms=STREAM_GRACE_MS,
         early_horizon_ms=1_000,
         window="10s",
         trigger="500ms",
@@ -196,27 +194,27 @@ def test_streaming_survives_a_worker_killed_mid_run_and_resumes_from_its_checkpo
     comes out right, and the first is not published again (no double counting anywhere)."""
     session = cluster_spark.get()
     bootstrap = kafka.bootstrap_servers
-    topics = _scenario_topics(bootstrap, "k")
+    topics = scenario_topics(bootstrap, "k")
     buffer_topic, target, out_topic = topics
     cfg = _stream_config(bootstrap, topics, tmp_path / "checkpoint")
-    first = _next_base() - 1_000
-    _produce(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
-    second = _next_base(first + 1_000 + GRACE_MS) - 1_000
+    first = next_base() - 1_000
+    produce_scenario(bootstrap, (buffer_topic, target), first + 1_000, 20, "a")
+    second = next_base(first + 1_000 + STREAM_GRACE_MS) - 1_000
     with Streaming(session, cfg) as run:
         run.wait_for_progress()
         cluster.kill_worker(0)
         # The second window's events move the watermark past the first (due + grace).
-        _produce(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
-        published = consume_until(
-            bootstrap, [out_topic], _settled([first], run.errors), timeout=240
-        )
+        produce_scenario(bootstrap, (buffer_topic, target), second + 1_000, 20, "b")
+        published = consume_until(bootstrap, [out_topic], settled([first], run.errors), timeout=240)
         assert _executors(session) == 1
-    assert _window_totals(published, first) == WINDOW_OF_20
+    assert window_totals(published, first) == WINDOW_OF_20
     with Streaming(session, cfg) as run:
         # A third window closes the second.
-        _produce(bootstrap, (buffer_topic, target), _next_base(second + GRACE_MS), 10, "c")
-        published = consume_until(
-            bootstrap, [out_topic], _settled([first, second], run.errors), timeout=240
+        produce_scenario(
+            bootstrap, (buffer_topic, target), next_base(second + STREAM_GRACE_MS), 10, "c"
         )
-    assert _window_totals(published, first) == WINDOW_OF_20
-    assert _window_totals(published, second) == WINDOW_OF_20
+        published = consume_until(
+            bootstrap, [out_topic], settled([first, second], run.errors), timeout=240
+        )
+    assert window_totals(published, first) == WINDOW_OF_20
+    assert window_totals(published, second) == WINDOW_OF_20

@@ -29,7 +29,7 @@ from delay_service.queries import Answers
 from delay_service.store import Store
 from delay_service.timeline import timeline
 from kdelay.buffer import Scheduled
-from tests.unit.test_queries import GivenReplicas, proxy_app, proxy_get, serving
+from tests.support.replica_answers import GivenReplicas, proxy_app, proxy_get, serving
 from zk.list_merge import merge_pages
 from zk.replica_api import Replica
 
@@ -284,7 +284,7 @@ def test_the_proxy_lists_two_shards_merged_and_checks_its_parameters(tmp_path: P
     try:
         for part in (0, 1):
             fill(shards[part], [m for i, m in enumerate(messages) if i % 2 == part], part)
-        with serving(shards[0]) as p0, serving(shards[1]) as p1:
+        with serving(shards[0], NOW) as p0, serving(shards[1], NOW) as p1:
             app = proxy_app(
                 GivenReplicas(
                     [Replica("s0", "master", 0, "127.0.0.1", p0)],
@@ -343,7 +343,7 @@ def test_the_timeline_counts_only_a_topic_or_id_prefix_when_asked(tmp_path: Path
         assert only["counted"] == len(match) > 0
         assert only["scanned"] == len(ours)
         assert only["topics"] == {"refunds": len(match)}
-        with serving(shards[0]) as p0, serving(shards[1]) as p1:
+        with serving(shards[0], NOW) as p0, serving(shards[1], NOW) as p1:
             app = proxy_app(
                 GivenReplicas(
                     [Replica("s0", "master", 0, "127.0.0.1", p0)],

@@ -6,22 +6,15 @@ ZooKeeper: the replica list is given."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
-from wsgiref.simple_server import make_server
+from typing import Any
 
-import httpx
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import ThreadingWSGIServer
 
-from delay_service import health
 from delay_service.config import ReplicaConfig
 from delay_service.entry import entry_key
 from delay_service.errors import QueryError
@@ -30,12 +23,15 @@ from delay_service.store import Store
 from delay_service.timeline import MAX_BUCKETS, parse_window, timeline
 from dev.stack import free_port
 from kdelay.buffer import Scheduled
-from kdelay.headers import DelayPolicy
-from proxy.http import create_app
-from proxy.metrics import ProxyMetrics
-from proxy.topics import Topics
-from proxy.upstream import Upstream
-from zk.replica_api import NoReplicaError, Replica, ReplicaApi, ordered
+from tests.support.replica_answers import (
+    GivenReplicas,
+    proxy_app,
+    proxy_get,
+    replica_answers,
+    replica_app,
+    serving,
+)
+from zk.replica_api import NoReplicaError, Replica, ordered
 
 MIN = 60_000
 #: A minute boundary (epoch ms), so bucket starts are easy to read.
@@ -64,9 +60,7 @@ def fill(store: Store, messages: list[Scheduled], partition: int = 0) -> None:
 
 
 def answers(store: Store, max_scan: int = 1_000_000) -> Answers:
-    a = Answers(store, "replica-1", max_scan=max_scan)
-    a.attach(role=lambda: "master", lag=lambda: 0, clock=lambda: NOW)
-    return a
+    return replica_answers(store, NOW, max_scan)
 
 
 # -- the timeline ----------------------------------------------------------------------------
@@ -229,7 +223,7 @@ def call(app: Any, path: str, query: str = "", method: str = "GET") -> tuple[str
 
 
 def port_app(store: Store) -> Any:
-    return health.app(CollectorRegistry(), lambda: None, lambda: None, answers(store))
+    return replica_app(store, NOW)
 
 
 def test_the_replica_port_serves_both_queries(store: Store) -> None:
@@ -279,37 +273,10 @@ def test_replicas_are_asked_master_first_then_followers_by_lag() -> None:
     ]
 
 
-class GivenReplicas(ReplicaApi):
-    """A ReplicaApi whose replica list is given (one list per shard), not read from ZooKeeper."""
-
-    def __init__(
-        self, replicas: list[Replica], *more_shards: list[Replica], **options: Any
-    ) -> None:
-        super().__init__("unused:2181", **options)
-        self.given = [replicas, *more_shards]
-
-    def shards(self) -> list[list[Replica]]:
-        return self.given
-
-
-@contextlib.contextmanager
-def serving(store: Store) -> Iterator[int]:
-    """A replica's HTTP port (health.py's app) on loopback, over ``store``."""
-    httpd = make_server("127.0.0.1", 0, port_app(store), ThreadingWSGIServer)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(httpd.server_port)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
-
-
 @pytest.fixture
 def replica_port(store: Store) -> Iterator[int]:
     """The replica's HTTP port (health.py's app) on loopback, over ``store``."""
-    with serving(store) as port:
+    with serving(store, NOW) as port:
         yield port
 
 
@@ -370,7 +337,7 @@ def test_with_shards_the_one_that_knows_the_id_answers_and_timelines_add_up(
     other = Store(tmp_path / "other")
     try:
         fill(other, [sched("b", NOW + MIN, "t"), sched("c", NOW + 2 * MIN, "u")], partition=1)
-        with serving(other) as other_port:
+        with serving(other, NOW) as other_port:
             api = GivenReplicas(
                 [Replica("s0", "master", 0, "127.0.0.1", replica_port)],
                 [Replica("s1", "master", 0, "127.0.0.1", other_port)],
@@ -404,27 +371,6 @@ def test_with_shards_the_one_that_knows_the_id_answers_and_timelines_add_up(
 
 
 # -- the proxy's endpoints -------------------------------------------------------------------
-
-
-class Fake:
-    """Upstream the proxy's app needs to exist; these endpoints never use it."""
-
-    cluster_id = "fake"
-    bootstrap = "fake:9092"
-
-
-def proxy_get(app: Any, url: str) -> httpx.Response:
-    async def get() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
-            return await client.get(url)
-
-    return asyncio.run(get())
-
-
-def proxy_app(replicas: ReplicaApi | None) -> Any:
-    fake = cast(Upstream, Fake())
-    return create_app(Topics(fake), fake, ProxyMetrics(), DelayPolicy(), replicas=replicas)
 
 
 def test_the_proxy_without_zk_connect_answers_503_naming_it() -> None:
