@@ -1,4 +1,4 @@
-"""What a bulk cancel over a million pending messages costs a replica (issue 37 point 3).
+"""What a bulk cancel over a million pending messages costs a replica.
 
     .venv/bin/python -m bench.bulk_cancel [--messages 1000000] [--others 1000000]
 

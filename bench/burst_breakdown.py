@@ -13,7 +13,7 @@ record's LogAppendTime minus its due time: the verifier's measure) in two:
 
 Reported for all messages and by due time after the first send, so a slow start (the first
 second of the burst) shows apart from the steady state. ``--busy N`` runs N busy loops (one
-core each) throughout, as issue 13's busy-machine demo asks. ``cpu_seconds``: what each process
+core each) throughout, as a busy machine would be. ``cpu_seconds``: what each process
 of the stack spent from the first send to the last delivery, a JVM's JIT compiler threads
 apart (``kafka jit``). Not part of ``make test``.
 """

@@ -1,4 +1,4 @@
-"""What one listing page costs a replica over a million pending messages (issue 37 point 4).
+"""What one listing page costs a replica over a million pending messages.
 
     .venv/bin/python -m bench.listing [--messages 1000000] [--repeat 5]
 

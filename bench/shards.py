@@ -1,4 +1,4 @@
-"""Shards: what one replica costs per message with 1 shard and with 2 (issue 13), not a test.
+"""Shards: what one replica costs per message with 1 shard and with 2, not a test.
 
     .venv/bin/python -m bench.shards [--messages 200000] [--shards 1,2] [--json F]
 

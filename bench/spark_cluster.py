@@ -1,5 +1,5 @@
 """Records verified per second by ``kdelay verify --once`` on ``local[2]`` and on a two-worker
-standalone Spark cluster (issue 38 point 4).
+standalone Spark cluster.
 
     .venv/bin/python -m bench.spark_cluster [--records 1000000,10000000] [--workers 2]
 

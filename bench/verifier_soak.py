@@ -1,4 +1,4 @@
-"""Soak of the streaming verifier on a two-worker Spark cluster (issue 38 point 4): memory and
+"""Soak of the streaming verifier on a two-worker Spark cluster: memory and
 checkpoint size over a long run.
 
     .venv/bin/python -m bench.verifier_soak [--minutes 30] [--rate 500] [--workers 2] [--out DIR]

@@ -1,4 +1,4 @@
-"""Cron matches in a time zone under an explicit daylight-saving policy (issue 37 point 5).
+"""Cron matches in a time zone under an explicit daylight-saving policy.
 
 A cron expression names *wall-clock* minutes; in a zone with daylight saving some wall-clock
 times do not exist (spring forward: 02:30 in Europe/Berlin on the last Sunday of March) and

@@ -1,6 +1,6 @@
 """Who calls the HTTP API: the caller a route acts for, and what Kafka allows it.
 
-The HTTP API authenticates with Kafka's own principals (issue 36 point 4), the proxy keeping no
+The HTTP API authenticates with Kafka's own principals, the proxy keeping no
 users: ``http_auth = "kafka"`` checks each request's ``Authorization`` header against Kafka
 (proxy/http_login.py) before any route runs; ``http_auth = "none"`` (the default) leaves the API
 open. Routes never look at headers themselves: they take the :class:`Caller` that

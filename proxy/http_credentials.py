@@ -67,8 +67,8 @@ def parse_authorization(value: str | None) -> Basic | Bearer | None:
         if not rest or " " in rest:
             raise MalformedCredentialsError("the Bearer credentials are not one token")
         return Bearer(rest)
-    # The header is the client's text, never written into a log or a response (issue 45 point
-    # 8): a scheme is named only when it is a registered one, in the registry's spelling.
+    # The header is the client's text, never written into a log or a response: a
+    # scheme is named only when it is a registered one, in the registry's spelling.
     known = _SCHEMES.get(scheme.lower())
     named = f"scheme {known!r}" if known else "scheme"
     raise MalformedCredentialsError(f"the Authorization {named} is not accepted (Basic or Bearer)")

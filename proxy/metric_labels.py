@@ -5,7 +5,7 @@ a request's result, the HTTP method, route and status, a SASL mechanism, a failu
 through one of the functions here, which return a value of a fixed set, or :data:`OTHER`. Each
 distinct label value is a series kept for the process's life and written into every scrape of
 ``/metrics``, so a label taken as sent lets an unauthenticated peer grow the proxy's memory and
-its scrapes without bound (issue 45 point 1: 2,000 ApiVersions with distinct unsupported versions
+its scrapes without bound (2,000 ApiVersions with distinct unsupported versions
 and 300 made-up HTTP methods grew ``/metrics`` from 11.6 KB to 494.5 KB). A value kdelay itself
 adds (a new failure reason) must be added to its set here, or it is counted as ``other``.
 

@@ -5,7 +5,7 @@ The verifier is the oracle of the delay service, so it shares nothing with the c
 the replicas apply (import-linter forbids it, pyproject.toml). Had it shared it, a bug in that
 rule would be the verifier's bug too, and would be judged correct: a replace with ``repeat``
 cancelled its own series after occurrence 1, and the verifier, applying the same rule, counted
-the missing occurrences as cancelled (issue 48 point 3).
+the missing occurrences as cancelled.
 
 The contract, in the words this module implements (README "Cancelling a message", "Replacing
 a message", "Recurring messages"; CONTRACT.md v2 to v4):

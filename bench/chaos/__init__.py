@@ -1,5 +1,5 @@
 """``python -m bench.chaos``: random operations and random faults against a local stack, judged
-by a checker that shares no code with kdelay (issue 48, point 11; CONTRACT.md, v4 additions).
+by a checker that shares no code with kdelay (CONTRACT.md, v4 additions).
 
 - :mod:`bench.chaos.plan`: the seeded schedule of operations and faults (same seed, same run).
 - :mod:`bench.chaos.operations`: producer threads and HTTP calls that carry out the

@@ -1,4 +1,4 @@
-"""A randomized fault run (issue 48, point 11; CONTRACT.md, v4 additions).
+"""A randomized fault run (CONTRACT.md, v4 additions).
 
     .venv/bin/python -m bench.chaos --minutes 10 --seed 7 --json reports/chaos.json \\
         [--brokers 3] [--fault-every 20]

@@ -116,7 +116,7 @@ def _series(rng: random.Random) -> list[Step]:
 
 
 def _replace_series(rng: random.Random) -> list[Step]:
-    """A pending message replaced by a series (issue 48, point 3): every occurrence is due."""
+    """A pending message replaced by a series: every occurrence is due."""
     first = Step("delayed_http", 0.0, "delay_ms", rng.randrange(6_000, 15_000))
     count, period = rng.choice(((3, 1), (5, 1), (3, 2)))
     replace = Step("replace_series_http", rng.uniform(0.2, 3.0), "delay_ms", 500, (count, period))

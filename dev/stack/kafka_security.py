@@ -18,7 +18,7 @@ unchanged there while clients under test use the secured one (its KRaft controll
 stays PLAINTEXT too). Without it (``kdelay up --secure``) nothing is open: the brokers talk to
 one another over the secured listener, and to the controllers over a SASL_PLAINTEXT controller
 listener, both with PLAIN as the first super user, and ``User:ANONYMOUS`` is no super user, so a
-local process without credentials cannot reach the controller to create ACLs (issue 45).
+local process without credentials cannot reach the controller to create ACLs.
 
 Secrets go to files only (server.properties, mode 0600), never to a command line.
 """

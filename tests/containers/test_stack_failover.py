@@ -1,4 +1,4 @@
-"""The whole stack in containers, and a master's container killed mid-stream (issue 17).
+"""The whole stack in containers, and a master's container killed mid-stream.
 
 Kafka and ZooKeeper are the session's containers (tests/support/infra.py); the proxy and three
 delay-service replicas run from kdelay's own image on the same network, configured by

@@ -1,4 +1,4 @@
-"""A short fixed-seed randomized fault run (issue 48, point 11): ``python -m bench.chaos`` for
+"""A short fixed-seed randomized fault run: ``python -m bench.chaos`` for
 90 s against a local stack (one broker, three replicas, the proxy), a fault every ~20 s, judged
 by bench/chaos/checker.py. It must find no violation, and the faults must have happened: at
 least four, of at least three kinds, each undone without error.

@@ -1,4 +1,4 @@
-"""`kdelay up` supervises like the orchestrator it stands in for (issue 10, CONTRACT.md v2).
+"""`kdelay up` supervises like the orchestrator it stands in for (CONTRACT.md v2).
 
 A user trying HA runs `kdelay up`, finds the master with `kdelay status --json` and SIGKILLs
 it, twice, while producing delayed messages through the proxy. `kdelay up` restarts each killed

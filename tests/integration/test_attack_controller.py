@@ -1,4 +1,4 @@
-"""Attack (issue 45 point 10): `kdelay up --secure`'s Kafka lets nobody without credentials in by
+"""Attack: `kdelay up --secure`'s Kafka lets nobody without credentials in by
 its controller listener.
 
 The secured local Kafka is started exactly as `kdelay up --secure` starts it (dev/stack/secure.py

@@ -1,4 +1,4 @@
-"""Attacks of issue 45 points 1 and 8 against a real secured proxy: a Kafka 4.x on SASL_SSL with
+"""Metric-label and principal attacks against a real secured proxy: a Kafka 4.x on SASL_SSL with
 SCRAM users (tests/support/secure_kafka.py), the proxy's Kafka listener on SASL_PLAINTEXT and its
 HTTP API authenticating with Kafka (``http_auth=kafka``).
 

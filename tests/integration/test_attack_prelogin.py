@@ -1,4 +1,4 @@
-"""Attacks without credentials on a SASL proxy (issue 45, points 2 and 3), against a real secured
+"""Attacks without credentials on a SASL proxy, against a real secured
 Kafka: none of them may cost an authenticated client its service.
 
 - (a) Hundreds of connections announce a frame and send nothing more. Before: each reserved its

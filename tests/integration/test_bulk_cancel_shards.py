@@ -1,4 +1,4 @@
-"""A bulk cancel on a sharded delay set (issue 37 point 3): the proxy writes one bulk record per
+"""A bulk cancel on a sharded delay set: the proxy writes one bulk record per
 shard (each to a buffer partition that shard owns), each shard's master cancels the messages of
 its own partitions, and ``DELETE /v1/messages?id_prefix=P&wait=S`` answers their sum. Through a
 real proxy, two shards of real replicas and a real Kafka; the buffer topic is the shared

@@ -1,4 +1,4 @@
-"""A confirmed cancel is final (CONTRACT.md v4, issue 48 point 1), on real Kafka, real replicas
+"""A confirmed cancel is final (CONTRACT.md v4), on real Kafka, real replicas
 and a real proxy: 150 messages fall due at one instant, and 80 confirmed cancels
 (``DELETE /v1/messages/{id}?wait=S``) are sent around that instant, many of them while the
 master releases. Every 200 must be a message a read_committed consumer of the target never
@@ -7,7 +7,7 @@ sees; every 409 one it sees.
 The race's window is short: exactly-once, from the round's produce to its tombstones joining
 the transaction (ingest reads the buffer read_committed, so a cancel appended after those
 tombstones is read only after the commit, when the message is already gone); at-least-once,
-from the produce to the settle. So a run hits it only now and then (issue 48 saw 6 in 600);
+from the produce to the settle. So a run hits it only now and then (6 in 600 from outside);
 the unit tests (tests/unit/test_cancel_final.py) drive each case deterministically.
 """
 

@@ -393,7 +393,7 @@ def test_shards_render_a_statefulset_and_a_budget_each(tools: Tools) -> None:
     assert "KDELAY_REPLICA_SHARDS" not in {e["name"] for e in _container(sts)["env"]}
 
 
-# ---- security (issue 36): secrets by reference, listener and HTTP API, NetworkPolicy ----------
+# ---- security: secrets by reference, listener and HTTP API, NetworkPolicy ----------
 
 #: A password the secured tests write into the "mounted" files; no manifest may ever hold it.
 PASSWORD = f"chart-test-{secrets.token_hex(8)}"
@@ -425,7 +425,7 @@ def _file_source(workload: dict[str, Any], path: str) -> tuple[str, str, str]:
 
 
 def test_default_render_has_no_security_objects_env_or_volumes(tools: Tools) -> None:
-    """Security is opt-in: without it the chart renders what it did before issue 36."""
+    """Security is opt-in: without it the chart renders what it did before security existed."""
     docs = helm_template(tools)
     assert not find(docs, "NetworkPolicy")
     assert not find(docs, "Secret")
@@ -632,7 +632,7 @@ _SASL_KAFKA = {
         ({"zookeeper.auth.username": "kdelay"}, "zookeeper.auth.existingSecret is required"),
         ({"zookeeper.auth.existingSecret": "z"}, "without zookeeper.auth.username"),
         ({"zookeeper.tls.ca.existingSecret": "c"}, "zookeeper.tls.enabled is false"),
-        # Secure by default (issue 45 point 6): no open door beside a locked one.
+        # Secure by default: no open door beside a locked one.
         (_SASL_KAFKA, "proxy.kafkaListener.allowUnauthenticated=true"),
         (
             {**_SASL_KAFKA, "proxy.kafkaListener.securityProtocol": "SASL_PLAINTEXT"},

@@ -1,4 +1,4 @@
-"""Issue 35, point 10b: with several shards, a new exactly-once master loads its set's newest
+"""With several shards, a new exactly-once master loads its set's newest
 committed checkpoint, even while another shard holds a transaction open on
 ``__kdelay_checkpoint``.
 

@@ -1,4 +1,4 @@
-"""Kafka's clock is the authority (issue 11): a master whose wall clock runs ahead, and a
+"""Kafka's clock is the authority: a master whose wall clock runs ahead, and a
 proxy whose clock runs behind, deliver nothing early by the *broker's* clock.
 
 The skewed processes run under Debian's libfaketime (``apt-get install faketime``, which

@@ -1,4 +1,4 @@
-"""Ids are safe to reuse (issue 11): cancel then reschedule, and reuse right after delivery,
+"""Ids are safe to reuse: cancel then reschedule, and reuse right after delivery,
 each deliver the newer message exactly once, through a live failover and through a replica
 rebuilt from a buffer topic that compaction has really cleaned.
 

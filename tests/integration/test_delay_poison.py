@@ -2,7 +2,7 @@
 
 Records written straight to the buffer topic, past the proxy: no route header, a route header
 cut short, an unknown format version, a due time no store can hold, and 65,536 headers (which
-entry format version 1 could not store). Before issue 10 any of these stopped every replica's
+entry format version 1 could not store). Once, any of these stopped every replica's
 ingest for good; now each replica counts it and goes on, the master releases it once to the
 dead-letter topic with the reason, and the messages around it are all delivered.
 """

@@ -3,7 +3,7 @@
 The fault is real, not injected: replica-1's store holds an entry this build cannot read (entry
 format version 9, as if a newer kdelay had written it before a downgrade). It sits in a buffer
 partition the topic does not have, so no checkpoint ever covers it and only the forwarder ever
-decodes it: every round replica-1 runs as master raises StoreError. Before issue 10 that ended
+decodes it: every round replica-1 runs as master raises StoreError. Once, that ended
 the forwarder thread and left a master holding the election and forwarding nothing.
 """
 

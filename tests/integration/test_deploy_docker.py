@@ -191,7 +191,7 @@ def test_dockerfile_stages_user_and_sources() -> None:
 
 
 def test_compose_names_each_image_by_its_variable_with_the_local_build_as_default() -> None:
-    """`make containers` builds every default; a variable swaps in another image (issue 17)."""
+    """`make containers` builds every default; a variable swaps in another image."""
     text = COMPOSE.read_text()
     used = dict(re.findall(r"image: \$\{(KDELAY_[A-Z_]*IMAGE):-([^}]+)\}", text))
     images = {i.variable: i.default for i in catalogue().values()}

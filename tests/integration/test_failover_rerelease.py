@@ -1,4 +1,4 @@
-"""Issue 35, point 10a: after a failover while the checkpoint time was held back, a new
+"""After a failover while the checkpoint time was held back, a new
 exactly-once master whose ingest is behind the old master's committed tombstones does not
 release again what the old master released.
 

@@ -1,4 +1,4 @@
-"""The HTTP API on HTTPS, authenticated with Kafka's principals (issue 36 point 4).
+"""The HTTP API on HTTPS, authenticated with Kafka's principals.
 
 A real Kafka 4.x with a SASL_SSL listener, SCRAM users and KRaft's StandardAuthorizer
 (tests/support/secure_kafka.py), whose OAUTHBEARER accepts only JWTs signed by a key of a JWKS

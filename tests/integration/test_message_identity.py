@@ -1,5 +1,5 @@
 """A record or POST with other content is never taken for a retry of an acknowledged one
-(issue 35, points 3 and 5), through real proxies in front of real Kafka and a real replica;
+, through real proxies in front of real Kafka and a real replica;
 a true retry (the same batch resent, the same POST body sent again) is still kept once.
 
 - Kafka listener: a buffer key derives from the producer's identity, the record's sequence

@@ -1,4 +1,4 @@
-"""Messages have owners (issue 36 point 3), on a real Kafka with SCRAM users and ACLs.
+"""Messages have owners, on a real Kafka with SCRAM users and ACLs.
 
 A secured Kafka (tests/support/secure_kafka.py, SASL_PLAINTEXT so that a raw client can read the
 Produce response's record errors), the proxy's Kafka listener on SASL_PLAINTEXT, one replica.

@@ -1,4 +1,4 @@
-"""Issue 10's poison record against real Kafka and a real delay service: a record with 70,000
+"""The poison record against real Kafka and a real delay service: a record with 70,000
 headers is refused at the proxy's door with INVALID_RECORD naming the limit (Kafka listener) or
 413/422 (HTTP), and delayed messages sent afterwards are all delivered."""
 

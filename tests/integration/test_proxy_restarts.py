@@ -1,5 +1,5 @@
 """A proxy killed mid-stream, five times: an idempotent producer's retries create no second
-delayed message and lose none (issue 11).
+delayed message and lose none.
 
 Records without ``kdelay-id`` get ids derived from (producer id, epoch, topic, partition,
 sequence), so a batch the client retries through the restarted proxy writes the same buffer

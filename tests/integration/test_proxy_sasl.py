@@ -1,4 +1,4 @@
-"""SASL through the proxy in front of a secured Kafka (issue 36, points 1 and 2).
+"""SASL through the proxy in front of a secured Kafka.
 
 A real Kafka 4.x with a SASL_SSL listener, SCRAM-SHA-512/256, PLAIN and OAUTHBEARER users and
 KRaft's StandardAuthorizer (tests/support/secure_kafka.py); the proxy's Kafka listener on SASL_SSL

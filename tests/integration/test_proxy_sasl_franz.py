@@ -1,4 +1,4 @@
-"""franz-go through the SASL proxy: the third client family of issue 36 point 1.
+"""franz-go through the SASL proxy: the third client family.
 
 tests/support/franz/main.go, a small franz-go (github.com/twmb/franz-go, pinned in its go.mod
 and go.sum) producer and consumer, is built once with ``go build`` into ``.cache/go-bin`` (keyed

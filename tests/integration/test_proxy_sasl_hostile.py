@@ -1,4 +1,4 @@
-"""Hostile input on the proxy's SASL listener (issue 36, point 9), against a real secured Kafka.
+"""Hostile input on the proxy's SASL listener, against a real secured Kafka.
 
 Malformed SASL frames, an unknown mechanism, SASL out of order, a client that never logs in and a
 flood of failed logins each get Kafka's answer (or the close Kafka would do), are counted in
@@ -145,7 +145,7 @@ def test_malformed_sasl_frames_get_kafkas_answer_and_cost_nobody_else(
             raw.send_bytes(struct.pack(">i", len(frame)) + frame)
             assert raw.closed_by_peer()
         # SaslHandshake v0, then a bare token (no SaslAuthenticate framing) that is not
-        # PLAIN's: as on Kafka, the failed v0 login is closed unanswered (issue 45).
+        # PLAIN's: as on Kafka, the failed v0 login is closed unanswered.
         with RawClient(addr) as raw:
             assert raw.request(sasl_handshake_request("PLAIN", version=0)).error_code == 0
             raw.send_bytes(struct.pack(">i", 4) + b"nope")

@@ -1,5 +1,4 @@
-"""kcat (Debian's, librdkafka 2.0) through the SASL proxy: every client family logs in (issue 45
-point 11).
+"""kcat (Debian's, librdkafka 2.0) through the SASL proxy: every client family logs in.
 
 librdkafka before 2.1 turns on its SASL handshake only when the broker's ApiVersions range for
 SaslHandshake includes v0 (its feature map asks for v0..v0), as Kafka 4.3's does (v0-v1). The

@@ -1,7 +1,7 @@
 """``kdelay proxy --workers 2`` against real Kafka: two processes on one Kafka port and one HTTP
 port, connections spread over both, metrics reported for both together, a SIGKILLed worker
 restarted while an idempotent producer keeps sending (nothing acknowledged lost), and a clean
-stop on SIGTERM that leaves no worker behind (issue 13).
+stop on SIGTERM that leaves no worker behind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A replace with ``repeat`` keeps its whole series (issue 48 point 3), through a real proxy (its
+"""A replace with ``repeat`` keeps its whole series, through a real proxy (its
 HTTP ``PUT /v1/messages/{id}`` and its Kafka listener with ``kdelay-replace: true``) to a real
 replica on the proxy's buffer topic.
 

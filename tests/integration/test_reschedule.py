@@ -1,4 +1,4 @@
-"""A reschedule is never lost and a message can be replaced by id (issue 35, points 1 and 2),
+"""A reschedule is never lost and a message can be replaced by id,
 through a real proxy to a real replica,
 with the proxy's wall clock right, 5 s behind and 5 s ahead of the broker's (``faketime`` on the
 proxy alone).

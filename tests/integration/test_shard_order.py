@@ -1,4 +1,4 @@
-"""Issue 35, point 9: what "Order, per target partition" (README "Guarantees") means with shards.
+"""What "Order, per target partition" (README "Guarantees") means with shards.
 
 Each shard releases its own buffer partitions (``kdelay/shards.py``), in its own key order
 (due time, then acceptance order), and no shard waits for another: so order holds among the

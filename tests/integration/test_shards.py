@@ -1,4 +1,4 @@
-"""Shards (issue 13): each shard's replicas ingest and release only their own buffer partitions;
+"""Shards: each shard's replicas ingest and release only their own buffer partitions;
 ``kdelay reshard`` changes the shard count of a stopped delay set without losing or releasing
 anything twice; a replica of another layout refuses to start.
 

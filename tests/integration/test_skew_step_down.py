@@ -1,4 +1,4 @@
-"""One skewed clock does not stall a shard (issue 35, point 8): a master whose wall clock is
+"""One skewed clock does not stall a shard: a master whose wall clock is
 beyond ``--max-clock-skew-ms`` from the broker's holds its releases, and after
 ``--skew-step-down-ms`` of that it steps down for a replica with a good clock; a replica whose
 clock is off stands for election only when nobody else does (someone must hold the mastership).

@@ -1,4 +1,4 @@
-"""ZooKeeper security (issue 36 point 6) on a real ZooKeeper with a digest super user and TLS:
+"""ZooKeeper security on a real ZooKeeper with a digest super user and TLS:
 replicas that log in elect a master and deliver; every znode they create carries only kdelay's
 digest ACL, so an anonymous client and one with a wrong password get NoAuth on the election,
 the registry, the layout and the checkpoint; a tree created open is closed at start, one closed

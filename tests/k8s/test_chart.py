@@ -1,5 +1,5 @@
 """helm/kdelay installed on a real Kubernetes: Ready, traffic, failover, upgrade, rollback,
-drain, uninstall (issue 18). The tests run in file order on one release and share its state.
+drain, uninstall. The tests run in file order on one release and share its state.
 
 The proxy's Service is a NodePort on the node's own address (10.87.0.1:30092, never the
 machine's interfaces) and the proxy advertises exactly that (``proxy.advertised.mode: fixed``),
@@ -449,7 +449,7 @@ def test_uninstall_leaves_only_the_claims(release: Release) -> None:
 
 
 def test_shards_install_each_with_its_master_and_its_partitions(release: Release) -> None:
-    """delayService.shards=2 (issue 13): a StatefulSet of two replicas per shard, each shard
+    """delayService.shards=2: a StatefulSet of two replicas per shard, each shard
     electing its own master and ingesting only its buffer partitions; a stream through the
     proxy loses nothing, none early or twice, while one shard's master pod is deleted."""
     zk_root = release.zk_root + "-sharded"

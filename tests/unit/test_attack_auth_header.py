@@ -1,4 +1,4 @@
-"""Attack (issue 45 point 8): what is logged, and who you are.
+"""Attack: what is logged, and who you are.
 
 - A hostile ``Authorization`` header (an unknown scheme, garbage, a JWT whose header names an
   invented key or algorithm) carries a marker; neither the proxy's log nor any response holds

@@ -1,4 +1,4 @@
-"""Attack (issue 45 point 1): unauthenticated input cannot grow the proxy's metrics.
+"""Attack: unauthenticated input cannot grow the proxy's metrics.
 
 An outsider without credentials sent ApiVersions with thousands of distinct unsupported versions
 and HTTP requests with made-up methods to ``kdelay up --secure``: every one became a new label

@@ -1,7 +1,7 @@
 """Buffer keys derived from an idempotent producer (proxy/buffer_keys.py): a retry (the same
 record at the same sequence) gets the same key; a record with any other content, at the same
 (producer id, epoch, partition, sequence) after a sequence wrap or through a proxy that forgot
-the producer, gets another (issue 35, point 3)."""
+the producer, gets another."""
 
 from __future__ import annotations
 

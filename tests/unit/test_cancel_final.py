@@ -1,4 +1,4 @@
-"""A confirmed cancel is final (CONTRACT.md v4, issue 48 point 1), with in-process fakes.
+"""A confirmed cancel is final (CONTRACT.md v4), with in-process fakes.
 
 The race: a round hands message M to the producer (inside a transaction, or as a plain
 produce at-least-once); ingest reads M's cancel before the round removes M. The cancel must

@@ -171,7 +171,7 @@ def test_a_series_stops_at_its_confirmed_cancel() -> None:
 
 
 def test_a_series_replacing_a_message_owes_every_occurrence() -> None:
-    """Issue 48, point 3: the replace's own cancel must not stop its series."""
+    """The replace's own cancel must not stop its series."""
     ops = [
         write("r", "r.0", T + 10_000, kind="delayed_http"),
         write("r", "r.1", T + 2_000, sent=T + 1_000, kind="replace_series_http", repeat=(3, 1_000)),

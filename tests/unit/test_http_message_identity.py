@@ -1,6 +1,6 @@
 """The identity of a posted message (proxy/http_messages.py): a POST with an id derives its
 buffer key from every field of its body, so the same body sent again is a retry (the same key)
-and a body that differs in any field is a new message (issue 35, point 5: ``repeat`` was left
+and a body that differs in any field is a new message (``repeat`` was left
 out). The fields are :class:`MessageIn`'s, so a field added later must be listed here."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_a_body_that_differs_in_any_field_is_another_message(data: st.DataObject
 
 
 def test_another_repeat_is_another_message() -> None:
-    """The case issue 35 found: R2/PT1S then R3/PT1S with the same id."""
+    """The case found from outside: R2/PT1S then R3/PT1S with the same id."""
     assert buffer_key(BASE) != buffer_key({**BASE, "repeat": "R3/PT1S"})
     assert buffer_key(BASE) != buffer_key({**BASE, "repeat": None})
 

@@ -1,4 +1,4 @@
-"""Ingest survives any record in the buffer topic (issue 35, point 7).
+"""Ingest survives any record in the buffer topic.
 
 Whatever a buffer record holds -- written by another kdelay version, by hand, or corrupt --
 ingest either applies it or stores it as a dead-letter entry, and goes on: a record that made

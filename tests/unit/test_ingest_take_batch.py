@@ -1,5 +1,5 @@
 """``take_batch``: ingest and the retry helper read what is queued without waiting for a full
-batch (issue 13).
+batch.
 
 The fake consumer behaves like librdkafka's: ``consume(n, timeout)`` returns early only with
 ``n`` records, otherwise after the whole timeout (the simulated clock advances by it), and

@@ -1,4 +1,4 @@
-"""Message owners (issue 36 point 3): who is a kdelay administrator, the owner stamped in buffer
+"""Message owners: who is a kdelay administrator, the owner stamped in buffer
 records, and the cancel rule with owners."""
 
 from __future__ import annotations

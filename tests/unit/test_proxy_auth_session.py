@@ -189,7 +189,7 @@ def test_api_versions_lists_the_sasl_apis_of_a_sasl_listener() -> None:
             c = await h.client()
             resp = await c.call(_versions())
             keys = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
-            assert keys[p.SASL_HANDSHAKE] == (0, 1)  # as Kafka 4.3 (issue 45)
+            assert keys[p.SASL_HANDSHAKE] == (0, 1)  # as Kafka 4.3
             assert keys[p.SASL_AUTHENTICATE] == (0, 2)
             c.close()
 

@@ -194,7 +194,7 @@ def _kafka(enc: buffer.Encoded) -> tuple[bytes, bytes | None, list[tuple[str, by
     return enc.key, enc.value, list(enc.headers)
 
 
-# ---- exponential series over their whole accepted domain (issue 35, point 6) ----------------
+# ---- exponential series over their whole accepted domain ----------------
 # `factor ** n` overflowed a float past occurrence ~1,024 (factor 2) or ~309 (factor 10) and
 # the series ended early; the gap is now min(MAX, INITIAL * FACTOR ** (n - 1)) for every n.
 

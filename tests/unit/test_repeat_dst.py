@@ -1,4 +1,4 @@
-"""Cron series across daylight-saving transitions (issue 37 point 5): the ``DST=`` policy of
+"""Cron series across daylight-saving transitions: the ``DST=`` policy of
 ``kdelay-repeat``'s cron form, for Europe/Berlin and America/New_York over every transition of
 2027 and 2028 (found here with zoneinfo, independently of kdelay.cron_dst's own search).
 

@@ -1,4 +1,4 @@
-"""Replace by id (``kdelay-replace: true``, issue 35 point 1): the header, its buffer record, and
+"""Replace by id (``kdelay-replace: true``): the header, its buffer record, and
 what a replica's store does with it (delay_service/store_writes.py): the replace cancels what
 its id has pending (by the cancel rule), whatever else is in flight, and is pending itself."""
 

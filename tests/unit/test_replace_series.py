@@ -1,4 +1,4 @@
-"""A replace with ``repeat`` keeps its whole series (issue 48 point 3).
+"""A replace with ``repeat`` keeps its whole series.
 
 The replace is a cancel of its id at its own position and a new message, the first occurrence
 of a series; its later occurrences are written to the buffer topic by the master as it

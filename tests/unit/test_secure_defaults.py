@@ -1,4 +1,4 @@
-"""Secure by default (issue 45 point 6): a proxy whose Kafka listener requires SASL does not
+"""Secure by default: a proxy whose Kafka listener requires SASL does not
 start with an open HTTP API, nor a listener without SASL in front of a SASL upstream, unless
 the opt-in naming the risk is set."""
 

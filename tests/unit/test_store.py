@@ -128,7 +128,7 @@ def test_the_fast_encoder_and_check_agree_with_the_checked_encoder(msg: Schedule
     value=st.binary(max_size=8),
     key=st.none() | st.binary(max_size=8),
 )
-@example(count=65_536, name="", value=b"", key=None)  # the poison record of issue 10
+@example(count=65_536, name="", value=b"", key=None)  # the poison record
 @example(count=65_535, name="h", value=b"v", key=b"k")
 @settings(max_examples=15, deadline=None)
 def test_any_header_count_a_kafka_record_carries_round_trips(

@@ -1,4 +1,4 @@
-"""The test kit's own rule (issue 47, point 3): no test module imports another test module.
+"""The test kit's own rule: no test module imports another test module.
 
 A helper one test module takes from another ties the tiers together (tests/spark could not be
 collected without tests/integration's module, and its fixtures and constants came along) and

@@ -1,5 +1,5 @@
 """The verifier's cancel rule, written from the contract (verifier/cancel_contract.py), not
-imported from the replicas' (``kdelay.buffer.cancel_rule``): issue 48 point 3.
+imported from the replicas' (``kdelay.buffer.cancel_rule``).
 
 The history of the bug as it was reported (``PUT /v1/messages/{id}`` with ``"repeat":
 "R5/PT1S"`` over a pending message delivered occurrence 1 and nothing more): the buffer held
