@@ -56,8 +56,9 @@ already then): so compaction never drops such a cancel before a schedule it canc
 when a master lost its queue in a crash, and a replica rebuilt from the topic decides as the
 others did. Such a cancel in a partition that receives nothing more waits for that
 partition's next record. (A cancel tombstoned at once that later cancels a schedule on arrival
-has that schedule's tombstone owed again at its close; only a crash that loses that first
-tombstone, then compaction and a replica rebuilt from the topic, could still see the schedule.)
+has that schedule's tombstone owed again at its close.) Every tombstone owed is also kept in
+the store, on every replica, until that replica reads it back (``owed_tombstones.py``): no
+step-down or crash loses one.
 
 Layout: the open cancels are kept in the store's ``meta`` column family, in the keys and
 formats of ``cancel_keys.py``. Not thread-safe: the store calls it under its own lock.

@@ -321,7 +321,9 @@ class ExactlyOnceForwarder(Forwarder):
         self._write_zookeeper(checkpoints)
 
     def _produce_tombstones(self) -> None:
-        """Tombstones leave only inside a transaction: they stay queued for the next one."""
+        """Tombstones leave only inside a transaction: they stay queued for the next one. A
+        term that ends first loses the queue, not the debt: every replica's store keeps what
+        cancels owe (``owed_tombstones.py``) and the next master writes it."""
 
 
 def make_forwarder(

@@ -89,7 +89,7 @@ class Forwarder(ForwarderControl):
         clock: Clock = SYSTEM_CLOCK,
         hold: Callable[[], str | None] = lambda: None,
     ) -> None:
-        super().__init__(metrics)
+        super().__init__(metrics, store.owed_tombstones)
         self._cfg = cfg
         self._store = store
         self._ingest = ingest

@@ -10,7 +10,7 @@ state other threads flip, all under one Condition, never waiting for the forward
   :meth:`~ForwarderControl.clear_fenced`, :meth:`~ForwarderControl.shutdown`;
 - the ingest thread: :meth:`~ForwarderControl.notify_new` (an entry due earlier than the next
   wake-up) and :meth:`~ForwarderControl.add_tombstones` (cancelled records, whose tombstones
-  the master writes).
+  the master writes; the store also keeps them owed, ``owed_tombstones.py``).
 
 Every activation and deactivation bumps a *generation*: the forwarder thread serves the
 generation it started with, and stops sending the moment it is stale (``_may_forward``).
@@ -20,7 +20,7 @@ generation it started with, and stops sending the moment it is stale (``_may_for
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from delay_service.metrics import Metrics
@@ -43,8 +43,9 @@ class CheckpointWriter(Protocol):
 class ForwarderControl:
     """The forwarder's state that other threads change; any thread, never blocks."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, owed: Callable[[], list[Retired]] = lambda: []) -> None:
         self._metrics = metrics
+        self._owed = owed  # the tombstones the store owes (Store.owed_tombstones)
         self._cond = threading.Condition()
         self._stop = threading.Event()
         # State flipped by other threads, guarded by _cond.
@@ -71,13 +72,20 @@ class ForwarderControl:
         """Become master: claim an epoch, load the checkpoint, catch up, then forward.
 
         Returns the generation the forwarder thread serves from now on (see forward_once).
+        The tombstones the store owes are queued first (``owed_tombstones.py``): those owed
+        as a follower, and those an earlier term left unwritten (exactly-once queues them for
+        the next transaction, which a step-down may never begin). Read after the term began,
+        so whatever ingest retires meanwhile is in the store, the queue, or both (a tombstone
+        written twice is harmless), and what was owed first is written first.
         """
         with self._cond:
             self._checkpoints = checkpoints
             self._generation += 1
             self._paused = False
             self._cond.notify_all()
-            return self._generation
+            generation = self._generation
+        self._tombstones.prepend(self._owed())
+        return generation
 
     def deactivate(self, reason: str) -> None:
         """Stop forwarding at once (step-down, lost session, fenced)."""
@@ -120,7 +128,9 @@ class ForwarderControl:
                 self._cond.notify_all()
 
     def add_tombstones(self, retired: Iterable[Retired]) -> None:
-        """Cancelled records whose tombstones the master writes."""
+        """Cancelled records whose tombstones the master writes. A follower drops them: its
+        store keeps them owed until it reads them back, and writes them if it becomes master
+        first (:meth:`activate`)."""
         with self._cond:
             if self._checkpoints is not None and self._tombstones.add(retired):
                 self._wake_at_ms = 0  # full: the next round writes the checkpoint and them

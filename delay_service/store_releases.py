@@ -99,6 +99,8 @@ class StoreReleases(StoreWrites):
             _, partition, offset = split_key(key)
             retired.append(Retired(msg.id, msg.uid, partition, offset))
         if retired:
+            self._owed.begin()
+            self._owed.owe(batch, retired)  # owed_tombstones.py: whoever is master writes them
             batch.put(META_PENDING, U64.pack(self._pending - len(retired)), self._meta_cf)
             self._write(batch)
             self._pending -= len(retired)

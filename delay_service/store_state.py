@@ -29,6 +29,8 @@ from delay_service.errors import StoreError
 from delay_service.ids import RecentlyDone, reindex
 from delay_service.in_round import InRound
 from delay_service.outcomes import OutcomeLog
+from delay_service.owed_tombstones import OwedTombstones
+from delay_service.tombstones import Retired
 from kdelay.checkpoint import NOTHING, Checkpoint
 
 U64 = struct.Struct(">Q")
@@ -93,6 +95,7 @@ class StoreState:
         self._floor = self._first_key() or due_bound(0)
         self._cancels = CancelMemory(self._meta, self._meta_cf)
         self._bulks = BulkMemory(self._meta, self._meta_cf)
+        self._owed = OwedTombstones(self._meta, self._meta_cf)  # owed_tombstones.py
         self._outcomes = OutcomeLog(
             self._db,
             self._meta,
@@ -147,6 +150,14 @@ class StoreState:
         with self._lock:
             return self._outcomes.count
 
+    def owed_tombstones(self) -> list[Retired]:
+        """The tombstones this store owes the buffer topic, in the order they were owed
+        (``owed_tombstones.py``): what a master writes when its term begins."""
+        with self._lock:
+            if self._closed:
+                return []
+            return self._owed.all()
+
     def size_bytes(self) -> int:
         """RocksDB's size on disk: live SST files plus the write-ahead log."""
         total = 0
@@ -195,5 +206,5 @@ class StoreState:
             self._meta.close()
             self._outcomes.close()
             del self._ids, self._meta, self._ids_cf, self._meta_cf, self._cancels, self._outcomes
-            del self._bulks
+            del self._bulks, self._owed
             self._db.close()

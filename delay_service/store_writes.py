@@ -90,6 +90,8 @@ class StoreWrites(StoreState):
             cancels = self._cancels.begin(txn.batch)
             self._bulks.begin()
             self._owners, self._added = {}, {}
+            self._owed.begin()
+            owed = 0  # result.retired[:owed] are recorded as owed (owed_tombstones.py)
             for item in records:
                 record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
                 result.retired += cancels.advance(at[0], at[2])
@@ -103,6 +105,9 @@ class StoreWrites(StoreState):
                 elif isinstance(record, Cancel):
                     self._apply_cancel(txn, cancels, result, at, record)
                 else:
+                    self._owed.owe(txn.batch, result.retired[owed:])
+                    owed = len(result.retired)
+                    self._owed.paid(txn.batch, at[0], record.buffer_key)
                     released = self._released.pop((at[0], record.buffer_key.encode()), None)
                     if released == record.offset:
                         continue  # our own release (see StoreState.__init__)
@@ -125,6 +130,7 @@ class StoreWrites(StoreState):
                         U64.pack(next_offset),
                         self._meta_cf,
                     )
+            self._owed.owe(txn.batch, result.retired[owed:])
             txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
             cancels.finish()
             self._write(txn.batch)
@@ -305,6 +311,7 @@ class StoreWrites(StoreState):
             if at[1] < self._offsets.get(at[0], 0):
                 return [], True
             self._added = {}
+            self._owed.begin()
             txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
             cursor, cancelled, refused = self._bulks.progress(at)
             retired: list[Retired] = []
@@ -322,6 +329,7 @@ class StoreWrites(StoreState):
                 return [], True
             assert cursor is not None
             self._bulks.step(txn.batch, at, cursor, cancelled, refused)
+            self._owed.owe(txn.batch, retired)
             txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
             self._write(txn.batch)
             self._pending += txn.delta
@@ -373,11 +381,14 @@ class StoreWrites(StoreState):
         return None if value is None else entry_owner(bytes(value))
 
     def _write(self, batch: WriteBatch) -> None:
-        """Write ``batch`` with the outcomes' pruning and count (under the lock)."""
+        """Write ``batch`` with the outcomes' pruning and count, and take the owed tombstones it
+        records (under the lock)."""
         self._outcomes.finish(batch, _wall_ms())
         try:
             self._db.write(batch)
         except BaseException:
             self._outcomes.abort()
+            self._owed.abort()
             raise
         self._outcomes.commit()
+        self._owed.commit()

@@ -15,11 +15,13 @@ produces it after every checkpoint write and when a term as master ends (deactiv
 stopping: the tombstones still name acknowledged or cancelled entries). Memory stays bounded by
 *backpressure*: once :data:`FLUSH_AT` tombstones are queued, :meth:`TombstoneQueue.add` tells
 the caller to wake the forwarder, which writes its checkpoint early and produces the queue
-(producing itself blocks while librdkafka's queue is full). What remains: a master that crashes
-loses what it had queued (at most one checkpoint interval's worth, or :data:`FLUSH_AT`); those
-buffer records then stay in the compacted topic, harmlessly, since every replica skips records
-the checkpoint covers, and a cancelled record is named again when its cancel closes. Cancels a
-follower ingests are not queued: the master ingests the same cancel.
+(producing itself blocks while librdkafka's queue is full). A master that crashes loses what
+it had queued: a delivered record's tombstone (at most one checkpoint interval's worth, or
+:data:`FLUSH_AT`) then stays in the compacted topic, harmlessly, since every replica skips
+records the checkpoint covers. What cancels, replaces and bulk cancels retired is not lost:
+every replica's store keeps it owed (``owed_tombstones.py``) until it reads the tombstone
+back, and a master queues what its store owes when its term begins. Cancels a follower
+ingests are not queued: its store owes them.
 
 Threads: the ingest thread adds cancelled records and closed cancels, the forwarder thread adds
 deliveries and takes the queue; one lock guards it and nothing blocks under it.
@@ -68,6 +70,12 @@ class TombstoneQueue:
         with self._lock:
             self._items.extend(retired)
             return len(self._items) >= self._flush_at
+
+    def prepend(self, retired: Iterable[Retired]) -> None:
+        """Queue tombstones before everything queued: what the store owed when a term began
+        (``owed_tombstones.py``), which was owed before anything queued since."""
+        with self._lock:
+            self._items.extendleft(reversed(list(retired)))
 
     def take(self) -> list[Retired]:
         """Everything queued, emptying the queue."""
