@@ -10,12 +10,15 @@ Layout (three column families, keys and values raw bytes):
   ``pending`` -> entry count; ``checkpoint`` -> the last checkpoint this replica applied
   (``time_ms`` (8, signed), then ``partition (4) | offset (8)`` per partition). What a
   checkpoint covers is ``kdelay.checkpoint``'s rule. ``cancel/...``: the open cancels
-  (``cancels.py``: a cancel also cancels a schedule sent with it that arrives after it).
+  (``cancels.py``, ``cancel_keys.py``: a cancel also cancels a schedule sent with it that
+  arrives after it); ``bulk/...``: bulk cancels (``bulk_cancels.py``); ``owed/<partition>
+  <buffer key>``: the tombstones this store owes the buffer topic until it reads them back
+  (``owed_tombstones.py``).
 - ``outcomes``, ``outcome_time``: what became of the messages that left the store, for their
   status (``outcomes.py``), written in the same WriteBatch as the change that made them.
 
-Every change (entries, ids, offsets, count, open cancels) is one WriteBatch, so after any crash
-the store is exactly "the first K records of each buffer partition, applied".
+Every change (entries, ids, offsets, count, open cancels, owed tombstones) is one WriteBatch,
+so after any crash the store is exactly "the first K records of each buffer partition, applied".
 
 Scans stay fast after millions of deletions: entries are deleted in key order, so the store keeps
 a *floor* (no live entry sorts below it) and every scan seeks straight to it, never walking the

@@ -6,8 +6,10 @@ answers the SASL APIs itself and refuses what Kafka would refuse, and lets the r
 the broker once the connection is authenticated. What Kafka's own SASL server does
 (``SaslServerAuthenticator``), the session does, with Kafka judging the credentials:
 
-- SaslHandshake (v1) names a mechanism. One the proxy does not enable gets
-  UNSUPPORTED_SASL_MECHANISM with the enabled list, and the connection closes. Otherwise the
+- SaslHandshake (v0 or v1, as Kafka advertises; after a v0 handshake the client sends bare SASL
+  tokens, which the connection wraps as SaslAuthenticate v0) names a mechanism. One the proxy
+  does not enable gets UNSUPPORTED_SASL_MECHANISM with the enabled list, and the connection
+  closes. Otherwise the
   session answers it without asking upstream (a handshake is free to send, so it must cost
   nothing upstream): the mechanisms both enable, as far as an earlier relayed handshake told
   (``UpstreamMechanisms``), else the proxy's. The link (proxy/broker_link.py: a connection of
