@@ -53,6 +53,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from kdelay import logs
+from kdelay.errors import KdelayError
 from proxy import metric_labels
 from proxy import protocol as p
 from proxy.auth_session import AuthSession, AuthSettings, Phase
@@ -100,7 +101,7 @@ class _Pending:
     reserved: int = 0
 
 
-class _Close(Exception):  # noqa: N818 - control flow, not an error users see
+class _Close(KdelayError):  # noqa: N818 - control flow, not an error users see
     """Stop reading this connection; ``event`` and fields go to the log."""
 
     def __init__(self, event: str, **fields: object) -> None:

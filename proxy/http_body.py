@@ -22,17 +22,18 @@ import asyncio
 
 from fastapi import HTTPException
 
+from kdelay.errors import KdelayError
 from proxy.budget import RequestBudget
 from proxy.http_errors import ASGIApp, Message, Receive, Scope, Send, problem
 
 __all__ = ["BodyLimit", "BodyTimeoutError", "BodyTooLargeError"]
 
 
-class BodyTooLargeError(HTTPException):
+class BodyTooLargeError(KdelayError, HTTPException):
     """A body grew over ``max_request_bytes``, or a piece of it over the budget (413)."""
 
 
-class BodyTimeoutError(HTTPException):
+class BodyTimeoutError(KdelayError, HTTPException):
     """The body did not arrive within ``http_body_timeout_ms`` (408)."""
 
 

@@ -9,6 +9,8 @@ import binascii
 from dataclasses import dataclass
 from typing import Final
 
+from kdelay.errors import KdelayError
+
 #: IANA's HTTP Authentication Scheme Registry (besides Basic and Bearer), by lower-case name:
 #: the only schemes an error names.
 _SCHEMES: Final = {
@@ -20,7 +22,7 @@ _SCHEMES: Final = {
 }  # fmt: skip
 
 
-class MalformedCredentialsError(ValueError):
+class MalformedCredentialsError(KdelayError, ValueError):
     """The ``Authorization`` header cannot be read; the message says why, quoting nothing."""
 
 

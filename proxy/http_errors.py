@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
+from kdelay.errors import KdelayError
 from proxy.limits import Violation
 from proxy.metrics import ProxyMetrics
 
@@ -71,7 +72,7 @@ class Problem(BaseModel):
     field: str | None = None
 
 
-class ApiError(Exception):
+class ApiError(KdelayError):
     """An error answer: ``status``, a message that names the culprit, and its ``field``."""
 
     status = 500

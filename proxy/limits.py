@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from kdelay.errors import KdelayError
+
 #: Real producers send a handful of headers (tracing, schema ids, routing); a thousand leaves
 #: two orders of magnitude of headroom while staying far below the 65,536 that broke ingest.
 DEFAULT_MAX_HEADERS: Final = 1_000
@@ -65,7 +67,7 @@ class Violation:
         return f"{self.what} is {self.actual:,}, over the limit {self.setting}={self.limit:,}"
 
 
-class LimitExceededError(Exception):
+class LimitExceededError(KdelayError):
     """A record is over a limit (``violation``); routing turns it into a rejection."""
 
     def __init__(self, violation: Violation) -> None:
