@@ -13,13 +13,12 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from dev.stack import wait_until
-from kdelay.buffer import BufferRecord, Cancel, Scheduled, encode
+from kdelay.buffer import Cancel, Scheduled
 from kdelay.topics import BUFFER_TOPIC_CONFIG
+from tests.support.buffer_writes import now_ms, read_for, write_buffer_records
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
-from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
+from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import create_target
 
@@ -30,19 +29,6 @@ FAST_CLEANER = {
     "min.compaction.lag.ms": "0",
     "delete.retention.ms": "1000",
 }
-
-
-def _write(bootstrap: str, topic: str, records: list[BufferRecord]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
-    for record in records:
-        enc = encode(record)
-        producer.produce(topic, enc.value, enc.key, partition=0, headers=list(enc.headers))
-    assert producer.flush(60) == 0
-
-
-def _read_for(bootstrap: str, topic: str, seconds: float) -> list[Record]:
-    end = time.monotonic() + seconds
-    return consume_until(bootstrap, [topic], lambda _r: time.monotonic() > end)
 
 
 def test_a_replica_away_longer_than_the_tombstones_are_kept_rebuilds(
@@ -59,7 +45,7 @@ def test_a_replica_away_longer_than_the_tombstones_are_kept_rebuilds(
         away = next(n for n in rs.replicas if n != master)
         due = int(time.time() * 1000) + 3_600_000
         msg = Scheduled(f"m-{run}", target, 0, None, b"v", due, uid=f"s-{run}")
-        _write(bs, rs.buffer_topic, [msg])
+        write_buffer_records(bs, rs.buffer_topic, [(msg, now_ms())])
         stamp = rs.replicas[away].data_dir / "synced.json"
         wait_until(
             lambda: rs.message(away, msg.id) is not None and stamp.exists(),
@@ -68,7 +54,7 @@ def test_a_replica_away_longer_than_the_tombstones_are_kept_rebuilds(
         )
         rs.stop(away)
         cancel = Cancel(msg.id, f"c-{run}")
-        _write(bs, rs.buffer_topic, [cancel])
+        write_buffer_records(bs, rs.buffer_topic, [(cancel, now_ms())])
         gone = {msg.uid.encode(), cancel.uid.encode()}
         filler = 0
 
@@ -76,8 +62,10 @@ def test_a_replica_away_longer_than_the_tombstones_are_kept_rebuilds(
             """Nothing of the message or its cancel is left, tombstones included."""
             nonlocal filler  # appends roll the active segment, so the cleaner can take it
             filler += 1
-            _write(bs, rs.buffer_topic, [Cancel(f"filler-{run}", f"f-{run}-{filler}")])
-            return not {r.key for r in _read_for(bs, rs.buffer_topic, 1.0)} & gone
+            write_buffer_records(
+                bs, rs.buffer_topic, [(Cancel(f"filler-{run}", f"f-{run}-{filler}"), now_ms())]
+            )
+            return not {r.key for r in read_for(bs, rs.buffer_topic, 1.0)} & gone
 
         wait_until(cleaned, timeout=120, what="the cleaner to remove the records", interval=0.5)
         rs.start(away)

@@ -9,16 +9,14 @@ the records' own timestamps only, never in a replica's clock (delay_service/canc
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import KafkaError, Message, Producer
-
 from delay_service.cancels import WINDOW_MS
 from dev.stack import wait_until
-from kdelay.buffer import BufferRecord, Cancel, Scheduled, encode
+from kdelay.buffer import Cancel, Scheduled
 from kdelay.topics import BUFFER_TOPIC_CONFIG
+from tests.support.buffer_writes import now_ms, read_for, write_buffer_records
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
 from tests.support.replicas import ReplicaSet
@@ -34,39 +32,6 @@ EAGER_COMPACTION = {
     "min.compaction.lag.ms": "0",
     "delete.retention.ms": "600000",
 }
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def write(bootstrap: str, topic: str, records: list[tuple[BufferRecord, int]]) -> None:
-    """Write buffer records, each with its timestamp, to partition 0 in order."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
-    failures: list[KafkaError] = []
-
-    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            failures.append(err)
-
-    for record, timestamp in records:
-        enc = encode(record)
-        producer.produce(
-            topic,
-            enc.value,
-            enc.key,
-            partition=0,
-            headers=list(enc.headers),
-            timestamp=timestamp,
-            on_delivery=on_delivery,
-        )
-    assert producer.flush(60) == 0
-    assert failures == [], failures[:3]
-
-
-def read_for(bootstrap: str, topic: str, seconds: float) -> list[Record]:
-    end = time.monotonic() + seconds
-    return consume_until(bootstrap, [topic], lambda _r: time.monotonic() > end)
 
 
 def test_cancels_matched_or_not_get_tombstones_and_compaction_removes_them(
@@ -89,11 +54,13 @@ def test_cancels_matched_or_not_get_tombstones_and_compaction_removes_them(
             f"late-{run}", target, 0, None, b"v", now_ms() + 3_600_000,
             uid=f"s-late-{run}", seq=(old - 5) << 20,
         )  # fmt: skip
-        write(bs, rs.buffer_topic, [(unknown, old), (early, old), (late, old + 1)])
+        write_buffer_records(bs, rs.buffer_topic, [(unknown, old), (early, old), (late, old + 1)])
         # Nothing is owed for a cancel until a record of its partition is appended more than
         # a window after it; the master then retires the message, again, then each cancel.
         gone = {unknown.uid.encode(), early.uid.encode(), late.uid.encode()}
-        write(bs, rs.buffer_topic, [(Cancel(f"filler-{run}", f"f-{run}-0"), now_ms())])
+        write_buffer_records(
+            bs, rs.buffer_topic, [(Cancel(f"filler-{run}", f"f-{run}-0"), now_ms())]
+        )
 
         def tombstones(records: list[Record]) -> dict[bytes, int]:
             """Key -> offset of its last tombstone."""
@@ -109,7 +76,9 @@ def test_cancels_matched_or_not_get_tombstones_and_compaction_removes_them(
         def compacted() -> bool:
             nonlocal filler  # appends roll the active segment, so the cleaner can take it
             filler += 1
-            write(bs, rs.buffer_topic, [(Cancel(f"filler-{run}", f"f-{run}-{filler}"), now_ms())])
+            write_buffer_records(
+                bs, rs.buffer_topic, [(Cancel(f"filler-{run}", f"f-{run}-{filler}"), now_ms())]
+            )
             live = {r.key for r in read_for(bs, rs.buffer_topic, 1.0) if r.value is not None}
             return not live & gone
 
