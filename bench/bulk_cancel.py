@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from delay_service.store import Store
-from delay_service.store_writes import BULK_STEP
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.store_writes import BULK_STEP
 
 BATCH = 5_000
 T0 = 1_800_000_000_000  # the bulk cancel's append time

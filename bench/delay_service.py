@@ -42,10 +42,10 @@ from bench.harness.lateness import (
 )
 from bench.harness.release_floor import BURST, Floor
 from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
-from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from dev.kafka_tools import create_topic
 from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 
 
 def plain_consume_per_s(bootstrap: str, topic: str, count: int) -> float:

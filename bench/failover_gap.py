@@ -49,7 +49,7 @@ from dev.stack.process import python_argv
 from dev.stack.restarts import Supervisor
 from dev.stack.stack import LocalStack, StackOptions
 from kdelay import headers as h
-from zk import Paths, Session, cluster_status, current_leader
+from kdelay.zk import Paths, Session, cluster_status, current_leader
 
 PARTITIONS = 4
 DELAY_MS = 1_000

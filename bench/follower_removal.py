@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 
 from bench.harness.buffer_messages import PARTITIONS, batches, buffer_records
-from delay_service.config import ReplicaConfig
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.store import Store
 from kdelay import memory
 from kdelay.checkpoint import Checkpoint
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
 
 ORDERS = ("tombstone_first", "checkpoint_first")
 

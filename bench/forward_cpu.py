@@ -27,13 +27,13 @@ from typing import Any, cast
 from rocksdict import WriteBatch
 
 from bench.harness import cpu_count
-from delay_service.config import ReplicaConfig
-from delay_service.entry import decode_entry
-from delay_service.exactly_once import ExactlyOnceForwarder
-from delay_service.metrics import Metrics
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender
 from kdelay.buffer import Scheduled, Tombstone, encode
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.entry import decode_entry
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender
 
 _CHUNK = 5_000
 Callback = Callable[[Any, Any], None]

@@ -38,11 +38,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from delay_service import health
-from delay_service.listing import LIST_SCAN
-from delay_service.queries import Answers
-from delay_service.store import Store
 from kdelay.buffer import Scheduled
+from kdelay.delay_service import health
+from kdelay.delay_service.listing import LIST_SCAN
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.store import Store
 
 RARE_EVERY = 100_000
 BATCH = 5_000

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from delay_service.store import Store
 from kdelay.buffer import Fate, Scheduled
+from kdelay.delay_service.store import Store
 
 
 def main() -> None:

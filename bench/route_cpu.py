@@ -23,8 +23,8 @@ import uuid
 from bench.harness import cpu_count
 from kdelay import headers as h
 from kdelay.headers import DelayPolicy
-from proxy.buffer_keys import Origin
-from proxy.routing import route
+from kdelay.proxy.buffer_keys import Origin
+from kdelay.proxy.routing import route
 
 _BATCH = 100
 _NOW_MS = 1_800_000_000_000

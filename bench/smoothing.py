@@ -34,10 +34,10 @@ from pathlib import Path
 
 from bench.harness.lateness import pct, produce_buffer
 from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
-from delay_service.smoothing import BURST_S
 from dev.kafka_tools import Record, consume_until, create_topic
 from dev.stack import LocalKafka, LocalZooKeeper
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.smoothing import BURST_S
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 MODES = ("alone", "burst", "throttled")

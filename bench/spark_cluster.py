@@ -55,9 +55,9 @@ from dev.kafka_tools import HeaderList, create_topic
 from dev.spark import SparkCluster
 from dev.stack import KafkaSettings, LocalKafka
 from kdelay.buffer import Scheduled, encode
-from verifier.cli import verify_once
-from verifier.config import VerifierConfig
-from verifier.report import Slo
+from kdelay.verifier.cli import verify_once
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.report import Slo
 
 PARTITIONS = 4
 BUFFER_TOPIC = "bench-spark-buffer"
@@ -116,7 +116,7 @@ def fill(bootstrap: str, first: int, last: int, due0: int) -> None:
 def measure(cfg: VerifierConfig, executors: int) -> tuple[float, float, dict[str, Any]]:
     """(start-up seconds, verification seconds, report) on ``cfg.spark_master``; start-up
     includes the registration of ``executors`` executors (0 for local)."""
-    from verifier import job
+    from kdelay.verifier import job
 
     t0 = time.monotonic()
     session = job.spark_session(cfg)

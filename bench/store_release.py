@@ -22,8 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
-from delay_service.store import Store
 from kdelay.buffer import Fate, Scheduled
+from kdelay.delay_service.store import Store
 
 
 def main() -> None:

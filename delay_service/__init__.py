@@ -15,9 +15,9 @@ dead-letter policy) and ``sender`` (every produce to Kafka: ``producer``, ``in_f
 
 from __future__ import annotations
 
-from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry
-from delay_service.errors import StoreError
-from delay_service.store import Store
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.errors import StoreError
+from kdelay.delay_service.store import Store
 
 __all__ = ["Entry", "ReplicaConfig", "Store", "StoreError"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from delay_service.cancels import Refused
-from delay_service.tombstones import Retired
 from kdelay.buffer import BufferRecord
+from kdelay.delay_service.cancels import Refused
+from kdelay.delay_service.tombstones import Retired
 
 
 @dataclass(slots=True)

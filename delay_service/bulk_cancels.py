@@ -64,10 +64,10 @@ from typing import Any
 import orjson
 from rocksdict import WriteBatch
 
-from delay_service.ids import IndexedBatch
-from delay_service.tombstones import Retired
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled, may_cancel
+from kdelay.delay_service.ids import IndexedBatch
+from kdelay.delay_service.tombstones import Retired
 from kdelay.json_bytes import dumps
 
 WINDOW_MS = buffer.CANCEL_WINDOW_MS

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from delay_service.ids import id_prefix
 from kdelay.buffer import Cancel
+from kdelay.delay_service.ids import id_prefix
 
 #: The stored time of a record that had none (only in-process callers omit it).
 UNKNOWN = -(2**63)

@@ -73,7 +73,9 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from delay_service.cancel_keys import (
+from kdelay import buffer
+from kdelay.buffer import Cancel, Scheduled, may_cancel, own_series
+from kdelay.delay_service.cancel_keys import (
     UNKNOWN,
     OpenCancel,
     cancelled_by,
@@ -89,12 +91,10 @@ from delay_service.cancel_keys import (
     sent_by,
     stored_counts,
 )
-from delay_service.entry import split_key
-from delay_service.ids import IndexedBatch, uid_of
-from delay_service.outcomes import Canceller
-from delay_service.tombstones import Retired
-from kdelay import buffer
-from kdelay.buffer import Cancel, Scheduled, may_cancel, own_series
+from kdelay.delay_service.entry import split_key
+from kdelay.delay_service.ids import IndexedBatch, uid_of
+from kdelay.delay_service.outcomes import Canceller
+from kdelay.delay_service.tombstones import Retired
 
 #: The rule's window (``kdelay/buffer/cancel_rule.py``).
 WINDOW_MS = buffer.CANCEL_WINDOW_MS

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from delay_service.config import ReplicaConfig
-from delay_service.zk_flags import check_access, no_auth, zk_security, zk_security_options
 from kdelay import logs, memory
 from kdelay.config_loader import load
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.zk_flags import check_access, no_auth, zk_security, zk_security_options
 from kdelay.options import config_options
 from kdelay.stop_signals import on_stop_signals
-from zk.paths import DEFAULT_ROOT
-from zk.security import ZkSecurity
+from kdelay.zk.paths import DEFAULT_ROOT
+from kdelay.zk.security import ZkSecurity
 
 if TYPE_CHECKING:
     pass
@@ -46,7 +46,7 @@ def command(config_file: Path | None, **flags: Any) -> None:
     cfg = load(ReplicaConfig, flags, config_file)
     logs.configure(cfg.log_level)
     memory.limit_arenas()  # before any thread starts (kdelay/memory.py)
-    from delay_service.replica import Replica
+    from kdelay.delay_service.replica import Replica
 
     replica = Replica(cfg)
 
@@ -89,8 +89,8 @@ def status_command(
     --id, one message's status."""
     from kazoo.exceptions import NoAuthError
 
-    from zk import Paths, Session
-    from zk.layout import delay_set_status
+    from kdelay.zk import Paths, Session
+    from kdelay.zk.layout import delay_set_status
 
     security = zk_security(**security_flags)
     try:
@@ -156,7 +156,7 @@ def _message_status(
     security: ZkSecurity,
 ) -> None:
     """``kdelay status --id``: ask the replicas (zk/replica_api.py), print the answer."""
-    from zk.replica_api import NoReplicaError, ReplicaApi
+    from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
 
     api = ReplicaApi(zk_connect, zk_root, timeout_s=timeout, security=security)
     try:
@@ -272,7 +272,7 @@ def list_command(
 ) -> None:
     """The pending messages in due order, as GET /v1/messages?state=pending lists them,
     asking the replicas found through ZooKeeper (every principal's messages)."""
-    from zk.replica_api import NoReplicaError, ReplicaApi
+    from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
 
     security = zk_security(**security_flags)
     params = _list_params(topic, id_prefix, due_before)

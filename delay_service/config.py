@@ -12,8 +12,8 @@ from pydantic_settings import BaseSettings
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.config_loader import TopicDurability, component_config
 from kdelay.kafka_security import KafkaClientSecurity
-from zk.paths import DEFAULT_ROOT, Paths
-from zk.security import ZkSecurity
+from kdelay.zk.paths import DEFAULT_ROOT, Paths
+from kdelay.zk.security import ZkSecurity
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"

@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from delay_service.entry import Entry, entry_seq
-from delay_service.in_flight import Completion
-from delay_service.metrics import Metrics
-from delay_service.outcomes import DEAD_LETTERED, DELIVERED
-from delay_service.producer import error_name, is_permanent
-from delay_service.release_backoff import ReleaseBackoff, Verdict
-from delay_service.round import Target, target_of
-from delay_service.sender import ERROR_HEADER, Sender, dead_letter_error
-from delay_service.store import Store
-from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, Fate, accepted_ms
+from kdelay.delay_service.entry import Entry, entry_seq
+from kdelay.delay_service.in_flight import Completion
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.outcomes import DEAD_LETTERED, DELIVERED
+from kdelay.delay_service.producer import error_name, is_permanent
+from kdelay.delay_service.release_backoff import ReleaseBackoff, Verdict
+from kdelay.delay_service.round import Target, target_of
+from kdelay.delay_service.sender import ERROR_HEADER, Sender, dead_letter_error
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.tombstones import Retired, TombstoneQueue
 
 log = logs.get(__name__)
 

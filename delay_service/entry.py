@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import struct
 
-from delay_service.errors import StoreError, UnstorableError
 from kdelay.buffer import I64_RANGE, Scheduled
+from kdelay.delay_service.errors import StoreError, UnstorableError
 from kdelay.immutable import immutable
 
 _KEY = struct.Struct(">QQIQ")

@@ -40,25 +40,25 @@ from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import KafkaError
 
-from delay_service.config import EXACTLY_ONCE, ReplicaConfig
-from delay_service.delivery_reports import attempt_failed, fate_of, retired
-from delay_service.entry import Entry
-from delay_service.forwarder import Forwarder, IngestLike
-from delay_service.forwarder_control import CheckpointWriter
-from delay_service.in_flight import Completion
-from delay_service.metrics import Metrics
-from delay_service.producer import error_name, is_permanent
-from delay_service.round import RoundResult, claim_ms, plan_scan, target_of
-from delay_service.sender import Sender
-from delay_service.store import Store
-from delay_service.takeover import buffer_ends, catch_up
-from delay_service.tombstones import Retired
-from delay_service.txn_sender import TxnSender, load_checkpoint
 from kdelay import logs
 from kdelay.buffer import Fate
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
 from kdelay.clock import SYSTEM_CLOCK, Clock
-from zk.errors import FencedError
+from kdelay.delay_service.config import EXACTLY_ONCE, ReplicaConfig
+from kdelay.delay_service.delivery_reports import attempt_failed, fate_of, retired
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.forwarder import Forwarder, IngestLike
+from kdelay.delay_service.forwarder_control import CheckpointWriter
+from kdelay.delay_service.in_flight import Completion
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.producer import error_name, is_permanent
+from kdelay.delay_service.round import RoundResult, claim_ms, plan_scan, target_of
+from kdelay.delay_service.sender import Sender
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.takeover import buffer_ends, catch_up
+from kdelay.delay_service.tombstones import Retired
+from kdelay.delay_service.txn_sender import TxnSender, load_checkpoint
+from kdelay.zk.errors import FencedError
 
 log = logs.get(__name__)
 

@@ -45,22 +45,29 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from delay_service.config import ReplicaConfig
-from delay_service.delivery_reports import Settled, Settler
-from delay_service.entry import Entry
-from delay_service.forwarder_control import CheckpointWriter, ForwarderControl
-from delay_service.metrics import Metrics
-from delay_service.producer import is_permanent
-from delay_service.release_backoff import ReleaseBackoff
-from delay_service.round import DueScan, RoundResult, Target, claim_ms, next_wake_ms, plan_scan
-from delay_service.sender import Sender
-from delay_service.smoothing import Smoothing
-from delay_service.store import Store
-from delay_service.sweep import Sweep
 from kdelay import logs
 from kdelay.checkpoint import NOTHING, Checkpoint, CheckpointFormatError, CheckpointRecord
 from kdelay.clock import SYSTEM_CLOCK, Clock
-from zk.errors import CoordinationError, FencedError
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.delivery_reports import Settled, Settler
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.forwarder_control import CheckpointWriter, ForwarderControl
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.producer import is_permanent
+from kdelay.delay_service.release_backoff import ReleaseBackoff
+from kdelay.delay_service.round import (
+    DueScan,
+    RoundResult,
+    Target,
+    claim_ms,
+    next_wake_ms,
+    plan_scan,
+)
+from kdelay.delay_service.sender import Sender
+from kdelay.delay_service.smoothing import Smoothing
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.sweep import Sweep
+from kdelay.zk.errors import CoordinationError, FencedError
 
 log = logs.get(__name__)
 

@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from delay_service.metrics import Metrics
-from delay_service.tombstones import Retired, TombstoneQueue
 from kdelay import logs
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.tombstones import Retired, TombstoneQueue
 
 log = logs.get(__name__)
 

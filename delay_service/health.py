@@ -37,11 +37,11 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from delay_service.config import ReplicaConfig
-from delay_service.errors import QueryError, StoreError
-from delay_service.ingest import Ingest
-from delay_service.queries import Answers
-from delay_service.threads import Supervisor
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.errors import QueryError, StoreError
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.threads import Supervisor
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -26,8 +26,8 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from delay_service.entry import decode_entry, encode_entry
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.entry import decode_entry, encode_entry
 
 _LEN = struct.Struct(">H")
 

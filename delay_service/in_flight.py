@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from delay_service.entry import Entry
-from delay_service.producer import Outgoing, ProducerLike, produce
-from delay_service.round import Target
 from kdelay import logs
 from kdelay.clock import SYSTEM_CLOCK, Clock
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.producer import Outgoing, ProducerLike, produce
+from kdelay.delay_service.round import Target
 from kdelay.immutable import immutable
 
 log = logs.get(__name__)

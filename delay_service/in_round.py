@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from delay_service.outcomes import Canceller
+from kdelay.delay_service.outcomes import Canceller
 
 
 @dataclass(frozen=True, slots=True)

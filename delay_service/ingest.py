@@ -27,13 +27,13 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
-from delay_service.config import ReplicaConfig
-from delay_service.ingest_batch import BufferConsumer, IngestBatch
-from delay_service.metrics import Metrics
-from delay_service.store import Store
-from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.consuming import take_batch
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.ingest_batch import BufferConsumer, IngestBatch
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.tombstones import Retired
 from kdelay.shards import owned
 
 log = logs.get(__name__)

@@ -28,15 +28,15 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from delay_service.config import ReplicaConfig
-from delay_service.entry import check_storable
-from delay_service.errors import UnstorableError
-from delay_service.metrics import Metrics
-from delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
-from delay_service.store import ApplyResult, Incoming, Store
-from delay_service.tombstones import Retired
 from kdelay import logs
 from kdelay.buffer import BufferRecord, Cancel, Scheduled, Tombstone, decode
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.entry import check_storable
+from kdelay.delay_service.errors import UnstorableError
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.poison import UNDECODABLE, UNSTORABLE, dead_letter_entry
+from kdelay.delay_service.store import ApplyResult, Incoming, Store
+from kdelay.delay_service.tombstones import Retired
 from kdelay.errors import BufferFormatError
 
 log = logs.get(__name__)

@@ -25,13 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delay_service.entry import decode_entry, split_key
-from delay_service.errors import QueryError
-from delay_service.message_status import PENDING
-from delay_service.store import Store
-from delay_service.timeline import CHUNK
 from kdelay import headers as h
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.entry import decode_entry, split_key
+from kdelay.delay_service.errors import QueryError
+from kdelay.delay_service.message_status import PENDING
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.timeline import CHUNK
 from kdelay.errors import InvalidHeaderError
 
 #: Messages per listing page: by default, and at most (CONTRACT.md v3 "Listing").

@@ -25,10 +25,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from delay_service.entry import Entry, entry_seq
-from delay_service.outcomes import CANCELLED, REPLACED, Outcome
-from delay_service.store import Store
 from kdelay.buffer import accepted_ms
+from kdelay.delay_service.entry import Entry, entry_seq
+from kdelay.delay_service.outcomes import CANCELLED, REPLACED, Outcome
+from kdelay.delay_service.store import Store
 
 PENDING = "pending"
 #: The time field of an outcome's document, by state (the others: ``released_at``).

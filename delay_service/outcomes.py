@@ -37,9 +37,9 @@ from typing import Any
 import orjson
 from rocksdict import WriteBatch
 
-from delay_service import rocks
 from kdelay.buffer import Fate, Scheduled
 from kdelay.buffer import accepted_ms as buffer_accepted_ms
+from kdelay.delay_service import rocks
 from kdelay.immutable import immutable
 
 #: The states a message that left the store can be in (CONTRACT.md v2).

@@ -29,7 +29,7 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from delay_service.tombstones import Retired
+from kdelay.delay_service.tombstones import Retired
 
 _PREFIX = b"owed/"
 _P = struct.Struct(">I")

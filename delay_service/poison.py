@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from delay_service.entry import check_storable
-from delay_service.errors import UnstorableError
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled
+from kdelay.delay_service.entry import check_storable
+from kdelay.delay_service.errors import UnstorableError
 
 ERROR_HEADER = "kdelay-error"  # the same header the forwarder's dead letters carry
 SOURCE_HEADER = "kdelay-source"

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from delay_service.config import ReplicaConfig
+from kdelay.delay_service.config import ReplicaConfig
 from kdelay.immutable import immutable
 
 #: Errors retrying cannot fix: after ``dead_letter_after`` attempts the record is dead-lettered.

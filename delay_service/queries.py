@@ -37,13 +37,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delay_service.errors import QueryError
-from delay_service.listing import LIST_SCAN, list_pending, parse_listing
-from delay_service.message_status import message_status
-from delay_service.store import Store
-from delay_service.timeline import DEFAULT_BUCKET, DEFAULT_HORIZON, parse_window, timeline
 from kdelay import headers as h
 from kdelay.clock import now_ms as wall_ms
+from kdelay.delay_service.errors import QueryError
+from kdelay.delay_service.listing import LIST_SCAN, list_pending, parse_listing
+from kdelay.delay_service.message_status import message_status
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.timeline import DEFAULT_BUCKET, DEFAULT_HORIZON, parse_window, timeline
 from kdelay.errors import InvalidHeaderError
 
 #: Timelines computed at once per replica; more are refused with 503 (a scan is CPU-heavy).

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from delay_service.config import ReplicaConfig
-from delay_service.round import Target
 from kdelay.clock import Clock
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.round import Target
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,22 +39,22 @@ from typing import Any
 
 from kazoo.recipe.watchers import DataWatch
 
-from delay_service import away, health, startup
-from delay_service.config import ReplicaConfig
-from delay_service.errors import ComponentFailedError
-from delay_service.follower_checkpoints import FollowerCheckpoints
-from delay_service.forwarder import Forwarder
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.skew_step_down import Leave, SkewCandidacy
-from delay_service.status import StatusPublisher, role
-from delay_service.store import Store
-from delay_service.threads import RestartPolicy, Supervisor
 from kdelay import logs, memory
 from kdelay.backoff import Backoff
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
+from kdelay.delay_service import away, health, startup
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.errors import ComponentFailedError
+from kdelay.delay_service.follower_checkpoints import FollowerCheckpoints
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.skew_step_down import Leave, SkewCandidacy
+from kdelay.delay_service.status import StatusPublisher, role
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.threads import RestartPolicy, Supervisor
 from kdelay.errors import ConfigError
-from zk import (
+from kdelay.zk import (
     CONNECTED,
     LOST,
     SUSPENDED,

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from delay_service.txn_sender import release_transactional_id
 from kdelay import logs
 from kdelay.checkpoint import CheckpointRecord
+from kdelay.delay_service.txn_sender import release_transactional_id
 from kdelay.errors import ConfigError, InfrastructureError
 from kdelay.shards import owns
-from zk import CheckpointStore, Paths, read_checkpoint
-from zk.layout import Layout, read_layout, write_layout
+from kdelay.zk import CheckpointStore, Paths, read_checkpoint
+from kdelay.zk.layout import Layout, read_layout, write_layout
 
 log = logs.get(__name__)
 

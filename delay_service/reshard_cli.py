@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from delay_service.config import ReplicaConfig
-from delay_service.zk_flags import check_access, no_auth, zk_security, zk_security_options
 from kdelay.config_loader import load
-from zk.paths import DEFAULT_ROOT
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.zk_flags import check_access, no_auth, zk_security, zk_security_options
+from kdelay.zk.paths import DEFAULT_ROOT
 
 
 @click.command("reshard")
@@ -51,8 +51,8 @@ def reshard_command(
     with the new --shards (docs/operations.md, "Shards")."""
     from kazoo.exceptions import NoAuthError
 
-    from delay_service.reshard import fence, reshard
-    from zk import Paths, Session
+    from kdelay.delay_service.reshard import fence, reshard
+    from kdelay.zk import Paths, Session
 
     security = zk_security(**security_flags)
     fence_removed: Callable[[list[str]], None] | None = None

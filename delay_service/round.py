@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from delay_service.entry import Entry
+from kdelay.delay_service.entry import Entry
 
 #: A release target: topic and partition (-1: the partitioner picks from the key).
 Target = tuple[str, int]

@@ -40,10 +40,13 @@ from typing import cast
 
 from confluent_kafka import KafkaError
 
-from delay_service.config import ReplicaConfig
-from delay_service.entry import Entry
-from delay_service.in_flight import InFlight
-from delay_service.producer import (
+from kdelay import logs
+from kdelay.buffer import DEAD_LETTER_TOPIC, tombstone_route
+from kdelay.clock import SYSTEM_CLOCK, Clock
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.in_flight import InFlight
+from kdelay.delay_service.producer import (
     Headers,
     Outgoing,
     ProducerLike,
@@ -51,11 +54,8 @@ from delay_service.producer import (
     make_producer,
     produce,
 )
-from delay_service.series import next_occurrence
-from delay_service.tombstones import Retired
-from kdelay import logs
-from kdelay.buffer import DEAD_LETTER_TOPIC, tombstone_route
-from kdelay.clock import SYSTEM_CLOCK, Clock
+from kdelay.delay_service.series import next_occurrence
+from kdelay.delay_service.tombstones import Retired
 
 log = logs.get(__name__)
 

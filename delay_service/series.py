@@ -14,10 +14,10 @@ Threads: called by the sender, on the forwarder thread; no state of its own.
 
 from __future__ import annotations
 
-from delay_service.entry import Entry, entry_seq
-from delay_service.producer import Outgoing
 from kdelay import logs
 from kdelay.buffer import encode
+from kdelay.delay_service.entry import Entry, entry_seq
+from kdelay.delay_service.producer import Outgoing
 from kdelay.errors import KdelayError
 from kdelay.repeat import parse_repeat
 

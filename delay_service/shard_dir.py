@@ -13,8 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from delay_service.config import ReplicaConfig
 from kdelay import logs
+from kdelay.delay_service.config import ReplicaConfig
 
 log = logs.get(__name__)
 

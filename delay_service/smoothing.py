@@ -42,10 +42,10 @@ import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from delay_service.entry import Entry
-from delay_service.metrics import Metrics
-from delay_service.round import Target
 from kdelay.clock import Clock
+from kdelay.delay_service.entry import Entry
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.round import Target
 
 #: A bucket's burst when the topic has nothing waiting: this long at its rate (at least 1).
 BURST_S = 0.1

@@ -25,23 +25,23 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported in the stubs
 
-from delay_service import away, health, shard_dir
-from delay_service.broker_clock import SkewHold
-from delay_service.config import EXACTLY_ONCE, ReplicaConfig
-from delay_service.exactly_once import make_forwarder
-from delay_service.forwarder import Forwarder
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.queries import Answers
-from delay_service.store import Store
 from kdelay import acl_check, logs
 from kdelay.acls import REPLICA_GROUPS, Acl, replica_acls
 from kdelay.broker_clock import BrokerClock
 from kdelay.buffer import BUFFER_TOPIC
+from kdelay.delay_service import away, health, shard_dir
+from kdelay.delay_service.broker_clock import SkewHold
+from kdelay.delay_service.config import EXACTLY_ONCE, ReplicaConfig
+from kdelay.delay_service.exactly_once import make_forwarder
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.store import Store
 from kdelay.errors import ConfigError
 from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
-from zk import Paths, Session
-from zk.layout import ensure_layout
+from kdelay.zk import Paths, Session
+from kdelay.zk.layout import ensure_layout
 
 log = logs.get(__name__)
 

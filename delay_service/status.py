@@ -15,16 +15,16 @@ from __future__ import annotations
 import os
 import time
 
-from delay_service.config import ReplicaConfig
-from delay_service.forwarder import Forwarder
-from delay_service.ingest import Ingest
-from delay_service.metrics import DUE_WINDOWS, Metrics
-from delay_service.store import Store
 from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.clock import now_ms
-from zk import CoordinationError, Election, Registry
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import DUE_WINDOWS, Metrics
+from kdelay.delay_service.store import Store
+from kdelay.zk import CoordinationError, Election, Registry
 
 log = logs.get(__name__)
 

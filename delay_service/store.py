@@ -37,10 +37,10 @@ cancels that wait on a release, ``in_round.py``).
 
 from __future__ import annotations
 
-from delay_service.apply_result import ApplyResult, Incoming
-from delay_service.store_releases import StoreReleases
-from delay_service.store_scans import StoreScans
-from delay_service.store_state import DEFAULT_STATUS_MAX_ENTRIES, DEFAULT_STATUS_RETENTION_MS
+from kdelay.delay_service.apply_result import ApplyResult, Incoming
+from kdelay.delay_service.store_releases import StoreReleases
+from kdelay.delay_service.store_scans import StoreScans
+from kdelay.delay_service.store_state import DEFAULT_STATUS_MAX_ENTRIES, DEFAULT_STATUS_RETENTION_MS
 
 __all__ = [
     "DEFAULT_STATUS_MAX_ENTRIES",

@@ -23,15 +23,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from rocksdict import WriteBatch
 
-from delay_service import rocks, store_writes
-from delay_service.entry import Entry, decode_entry, due_bound, entry_seq, split_key
-from delay_service.ids import id_key
-from delay_service.in_round import Waiting
-from delay_service.store_state import META_CHECKPOINT, META_PENDING, U64
-from delay_service.store_writes import StoreWrites
-from delay_service.tombstones import Retired
 from kdelay.buffer import Fate, accepted_ms
 from kdelay.checkpoint import Checkpoint
+from kdelay.delay_service import rocks, store_writes
+from kdelay.delay_service.entry import Entry, decode_entry, due_bound, entry_seq, split_key
+from kdelay.delay_service.ids import id_key
+from kdelay.delay_service.in_round import Waiting
+from kdelay.delay_service.store_state import META_CHECKPOINT, META_PENDING, U64
+from kdelay.delay_service.store_writes import StoreWrites
+from kdelay.delay_service.tombstones import Retired
 
 
 class StoreReleases(StoreWrites):

@@ -19,11 +19,11 @@ from typing import Any
 
 from rocksdict import ReadOptions
 
-from delay_service.entry import Entry, decode_entry, due_bound, split_key
-from delay_service.ids import first_with_id
-from delay_service.outcomes import Outcome
-from delay_service.round import DueScan, Target
-from delay_service.store_state import StoreState
+from kdelay.delay_service.entry import Entry, decode_entry, due_bound, split_key
+from kdelay.delay_service.ids import first_with_id
+from kdelay.delay_service.outcomes import Outcome
+from kdelay.delay_service.round import DueScan, Target
+from kdelay.delay_service.store_state import StoreState
 
 
 class StoreScans(StoreState):

@@ -21,17 +21,17 @@ from pathlib import Path
 
 from rocksdict import Rdict, RdictIter, ReadOptions
 
-from delay_service import rocks
-from delay_service.bulk_cancels import BulkMemory
-from delay_service.cancels import CancelMemory
-from delay_service.entry import due_bound
-from delay_service.errors import StoreError
-from delay_service.ids import RecentlyDone, reindex
-from delay_service.in_round import InRound
-from delay_service.outcomes import OutcomeLog
-from delay_service.owed_tombstones import OwedTombstones
-from delay_service.tombstones import Retired
 from kdelay.checkpoint import NOTHING, Checkpoint
+from kdelay.delay_service import rocks
+from kdelay.delay_service.bulk_cancels import BulkMemory
+from kdelay.delay_service.cancels import CancelMemory
+from kdelay.delay_service.entry import due_bound
+from kdelay.delay_service.errors import StoreError
+from kdelay.delay_service.ids import RecentlyDone, reindex
+from kdelay.delay_service.in_round import InRound
+from kdelay.delay_service.outcomes import OutcomeLog
+from kdelay.delay_service.owed_tombstones import OwedTombstones
+from kdelay.delay_service.tombstones import Retired
 
 U64 = struct.Struct(">Q")
 META_PENDING = b"pending"

@@ -24,21 +24,6 @@ from collections.abc import Iterable, Mapping
 
 from rocksdict import WriteBatch
 
-from delay_service.apply_result import ApplyResult, Incoming
-from delay_service.bulk_cancels import ids_with_prefix, matching
-from delay_service.cancels import At, CancelBatch
-from delay_service.entry import (
-    decode_entry,
-    entry_key,
-    entry_owner,
-    entry_seq,
-    split_key,
-)
-from delay_service.ids import IndexedBatch, id_key, uid_of
-from delay_service.in_round import Waiting
-from delay_service.outcomes import CANCELLED, DELIVERED, REPLACED, Canceller
-from delay_service.store_state import META_OFFSET, META_PENDING, U64, StoreState
-from delay_service.tombstones import Retired
 from kdelay.buffer import (
     CANCEL_SENT_WITH_MS as SENT_WITH_MS,
 )
@@ -48,6 +33,21 @@ from kdelay.buffer import (
     accepted_ms,
     may_cancel,
 )
+from kdelay.delay_service.apply_result import ApplyResult, Incoming
+from kdelay.delay_service.bulk_cancels import ids_with_prefix, matching
+from kdelay.delay_service.cancels import At, CancelBatch
+from kdelay.delay_service.entry import (
+    decode_entry,
+    entry_key,
+    entry_owner,
+    entry_seq,
+    split_key,
+)
+from kdelay.delay_service.ids import IndexedBatch, id_key, uid_of
+from kdelay.delay_service.in_round import Waiting
+from kdelay.delay_service.outcomes import CANCELLED, DELIVERED, REPLACED, Canceller
+from kdelay.delay_service.store_state import META_OFFSET, META_PENDING, U64, StoreState
+from kdelay.delay_service.tombstones import Retired
 
 #: Pending entries one :meth:`StoreWrites.bulk_step` examines at most (one WriteBatch; the
 #: store's lock held about 0.25 s at 25 µs an entry, bench/bulk_cancel.py).

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from delay_service.round import DueScan, Target
+from kdelay.delay_service.round import DueScan, Target
 
 #: Appended to a key: the smallest key that sorts after it.
 _NEXT = b"\x00"

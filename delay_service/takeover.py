@@ -28,8 +28,8 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from delay_service.config import ReplicaConfig
 from kdelay import logs
+from kdelay.delay_service.config import ReplicaConfig
 from kdelay.errors import InfrastructureError
 from kdelay.shards import owned
 

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from delay_service.metrics import Metrics
 from kdelay import logs
 from kdelay.backoff import Backoff
+from kdelay.delay_service.metrics import Metrics
 
 log = logs.get(__name__)
 

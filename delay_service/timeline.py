@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from delay_service.entry import decode_entry, split_key
-from delay_service.errors import QueryError
-from delay_service.store import Store
+from kdelay.delay_service.entry import decode_entry, split_key
+from kdelay.delay_service.errors import QueryError
+from kdelay.delay_service.store import Store
 from kdelay.durations import duration_ms
 
 #: Entries read per store-lock acquisition by the timeline scan (and the listing's).

@@ -41,15 +41,15 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from delay_service.config import ReplicaConfig
-from delay_service.producer import ProducerLike
-from delay_service.sender import Sender
 from kdelay import logs
 from kdelay.acls import kafka_acls_command, replica_acls
 from kdelay.clock import SYSTEM_CLOCK, Clock
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.producer import ProducerLike
+from kdelay.delay_service.sender import Sender
 from kdelay.errors import InfrastructureError
 from kdelay.topics import CHECKPOINT_TOPIC
-from zk.errors import FencedError
+from kdelay.zk.errors import FencedError
 
 log = logs.get(__name__)
 

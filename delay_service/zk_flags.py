@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from pydantic import SecretStr, ValidationError
 
-from zk.security import ZkSecurity
+from kdelay.zk.security import ZkSecurity
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient

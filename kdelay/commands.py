@@ -26,14 +26,14 @@ from kdelay.errors import KdelayError
 SUBCOMMANDS: dict[str, str] = {
     "up": "dev.up:command",
     "spark": "dev.spark:command",
-    "proxy": "proxy.cli:command",
-    "send": "proxy.client:send_command",
-    "cancel": "proxy.client:cancel_command",
-    "delay-service": "delay_service.cli:command",
-    "status": "delay_service.cli:status_command",
-    "list": "delay_service.cli:list_command",
-    "reshard": "delay_service.reshard_cli:reshard_command",
-    "verify": "verifier.cli:command",
+    "proxy": "kdelay.proxy.cli:command",
+    "send": "kdelay.proxy.client:send_command",
+    "cancel": "kdelay.proxy.client:cancel_command",
+    "delay-service": "kdelay.delay_service.cli:command",
+    "status": "kdelay.delay_service.cli:status_command",
+    "list": "kdelay.delay_service.cli:list_command",
+    "reshard": "kdelay.delay_service.reshard_cli:reshard_command",
+    "verify": "kdelay.verifier.cli:command",
     "jvm": "kdelay.commands:jvm",
 }
 

@@ -6,7 +6,7 @@ ones and cancels go to the buffer topic. See DESIGN.md and CONTRACT.md.
 
 from __future__ import annotations
 
-from proxy.app import Addresses, Proxy, running_proxy
-from proxy.config import ProxyConfig
+from kdelay.proxy.app import Addresses, Proxy, running_proxy
+from kdelay.proxy.config import ProxyConfig
 
 __all__ = ["Addresses", "Proxy", "ProxyConfig", "running_proxy"]

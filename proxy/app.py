@@ -23,29 +23,29 @@ import uvicorn
 from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.errors import InfrastructureError
+from kdelay.proxy import http_login, upstream_acls
+from kdelay.proxy.auth_session import AuthSettings
+from kdelay.proxy.authorization import AclCache
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.broker_link import LinkSettings
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.buffer_keys import AcceptanceOrder
+from kdelay.proxy.cancel_acks import CancelAcks
+from kdelay.proxy.config import ProxyConfig
+from kdelay.proxy.http import create_app
+from kdelay.proxy.http_login import HttpAuthenticator
+from kdelay.proxy.idempotence import ProducerRegistry
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.login_gate import LoginGate
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.owners import Owners
+from kdelay.proxy.prelogin import PreloginGate
+from kdelay.proxy.restarts import ComponentStoppedError, Supervisor
+from kdelay.proxy.server import KafkaServer, Limits, reuse_port_socket
+from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.upstream import Upstream
 from kdelay.topics import ensure_internal_topics
-from proxy import http_login, upstream_acls
-from proxy.auth_session import AuthSettings
-from proxy.authorization import AclCache
-from proxy.broker import Broker
-from proxy.broker_link import LinkSettings
-from proxy.budget import RequestBudget
-from proxy.buffer_keys import AcceptanceOrder
-from proxy.cancel_acks import CancelAcks
-from proxy.config import ProxyConfig
-from proxy.http import create_app
-from proxy.http_login import HttpAuthenticator
-from proxy.idempotence import ProducerRegistry
-from proxy.login_backoff import LoginBackoff
-from proxy.login_gate import LoginGate
-from proxy.metrics import ProxyMetrics
-from proxy.owners import Owners
-from proxy.prelogin import PreloginGate
-from proxy.restarts import ComponentStoppedError, Supervisor
-from proxy.server import KafkaServer, Limits, reuse_port_socket
-from proxy.topics import Advertised, Topics
-from proxy.upstream import Upstream
-from zk.replica_api import ReplicaApi
+from kdelay.zk.replica_api import ReplicaApi
 
 log = logs.get(__name__)
 

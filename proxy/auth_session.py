@@ -63,15 +63,15 @@ import kafka.errors as kerr
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from kdelay import logs
-from proxy import metric_labels, sasl
-from proxy import protocol as p
-from proxy import sasl_answers as answers
-from proxy.authorization import AclCache, TopicAccess
-from proxy.broker import Reply, resolved
-from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
-from proxy.login_backoff import LoginBackoff
-from proxy.login_gate import LoginGate, LoginsBusyError
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy import metric_labels, sasl
+from kdelay.proxy import protocol as p
+from kdelay.proxy import sasl_answers as answers
+from kdelay.proxy.authorization import AclCache, TopicAccess
+from kdelay.proxy.broker import Reply, resolved
+from kdelay.proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.login_gate import LoginGate, LoginsBusyError
+from kdelay.proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
 

@@ -37,11 +37,11 @@ from typing import Any, Final
 import kafka.errors as kerr
 from kafka.protocol.metadata import MetadataRequest
 
-from proxy import internal_topics
-from proxy import records as rec
-from proxy.broker_link import Link
-from proxy.sasl import Principal
-from proxy.topics import Advertised, TopicInfo, metadata_response
+from kdelay.proxy import internal_topics
+from kdelay.proxy import records as rec
+from kdelay.proxy.broker_link import Link
+from kdelay.proxy.sasl import Principal
+from kdelay.proxy.topics import Advertised, TopicInfo, metadata_response
 
 #: Kafka's AclOperation codes: ALL, WRITE and ALTER.
 ALL: Final = 2

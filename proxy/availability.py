@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from kdelay import logs
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
 

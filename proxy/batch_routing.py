@@ -15,18 +15,18 @@ from confluent_kafka import KafkaException
 
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.headers import DelayPolicy
-from proxy import internal_topics
-from proxy import records as rec
-from proxy.buffer_keys import AcceptanceOrder, BrokerTimeUnknownError, Origin
-from proxy.limits import RecordLimits
-from proxy.routing import (
+from kdelay.proxy import internal_topics
+from kdelay.proxy import records as rec
+from kdelay.proxy.buffer_keys import AcceptanceOrder, BrokerTimeUnknownError, Origin
+from kdelay.proxy.limits import RecordLimits
+from kdelay.proxy.routing import (
     BufferUnavailableError,
     Kind,
     Outgoing,
     RejectedRecordError,
     route,
 )
-from proxy.topics import Topics
+from kdelay.proxy.topics import Topics
 
 
 class BatchRouter:

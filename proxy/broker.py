@@ -37,30 +37,30 @@ from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from kdelay import clock, logs
 from kdelay.headers import DelayPolicy
-from proxy import protocol as p
-from proxy import records as rec
-from proxy.authorization import TopicAccess, unauthorized
-from proxy.batch_routing import BatchRouter
-from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, Origin
-from proxy.cancel_acks import CancelAcks, Cancels, after_cancels, submit_cancels
-from proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
-from proxy.limits import RecordLimits
-from proxy.metrics import ProxyMetrics
-from proxy.owners import Owners
-from proxy.refusals import APIS as CONSUMER_APIS
-from proxy.refusals import (
+from kdelay.proxy import protocol as p
+from kdelay.proxy import records as rec
+from kdelay.proxy.authorization import TopicAccess, unauthorized
+from kdelay.proxy.batch_routing import BatchRouter
+from kdelay.proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, Origin
+from kdelay.proxy.cancel_acks import CancelAcks, Cancels, after_cancels, submit_cancels
+from kdelay.proxy.idempotence import NO_PRODUCER_ID, PartitionResult, ProducerRegistry, Verdict
+from kdelay.proxy.limits import RecordLimits
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.owners import Owners
+from kdelay.proxy.refusals import APIS as CONSUMER_APIS
+from kdelay.proxy.refusals import (
     TRANSACTIONAL_DENIED,
     TRANSACTIONAL_MESSAGE,
     ConsumerRefusals,
     refuse_transactional,
 )
-from proxy.routing import (
+from kdelay.proxy.routing import (
     DEFAULT_LIMITS,
     Kind,
     UpstreamPort,
 )
-from proxy.topics import Advertised, Topics, answer_metadata
-from proxy.upstream import UpstreamError
+from kdelay.proxy.topics import Advertised, Topics, answer_metadata
+from kdelay.proxy.upstream import UpstreamError
 
 log = logs.get(__name__)
 

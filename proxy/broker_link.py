@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kdelay.errors import KdelayError
-from proxy import protocol as p
+from kdelay.proxy import protocol as p
 
 #: A response larger than this from the broker is refused (Metadata of many topics fits).
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 from collections import deque
 
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.metrics import ProxyMetrics
 
 
 class RequestBudget:

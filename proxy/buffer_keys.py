@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from kdelay import clock
 from kdelay.errors import KdelayError
-from proxy.records import Record
+from kdelay.proxy.records import Record
 
 #: Namespace of the buffer keys derived from an idempotent producer's identity.
 _DERIVED = uuid.UUID("6b64656c-6179-4b65-8b79-000000000002")

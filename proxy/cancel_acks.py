@@ -26,7 +26,7 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from kdelay.buffer import CANCEL_SENT_WITH_MS
-from proxy.routing import Outgoing, UpstreamPort
+from kdelay.proxy.routing import Outgoing, UpstreamPort
 
 #: One partition's cancels, and where their acknowledgement goes once submitted.
 Cancels = tuple[list[Outgoing], "asyncio.Future[Awaitable[int]]"]

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
+from kdelay.zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
 #: Longest ``wait`` a request may ask for, seconds.
 MAX_WAIT_S: Final = 60.0

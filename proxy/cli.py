@@ -13,7 +13,7 @@ import click
 from kdelay import logs, memory
 from kdelay.config_loader import load
 from kdelay.options import config_options
-from proxy.config import ProxyConfig
+from kdelay.proxy.config import ProxyConfig
 
 #: The start of the one line ``kdelay proxy`` prints on stdout once it serves (scripts wait for it);
 #: a supervisor of workers (proxy/workers.py) waits for it from each.
@@ -33,7 +33,7 @@ def command(config_file: Path | None, **flags: Any) -> None:
     cfg = load(ProxyConfig, flags, config_file)
     logs.configure(cfg.log_level)
     if cfg.workers > 1:
-        from proxy import workers
+        from kdelay.proxy import workers
 
         code = workers.run(cfg)
     else:
@@ -45,8 +45,8 @@ def command(config_file: Path | None, **flags: Any) -> None:
 async def _serve(cfg: ProxyConfig) -> int:
     """Serve until a signal (0), or until a component cannot be kept running (EXIT_GAVE_UP:
     the orchestrator restarts the process)."""
-    from proxy.app import Proxy
-    from proxy.restarts import EXIT_GAVE_UP
+    from kdelay.proxy.app import Proxy
+    from kdelay.proxy.restarts import EXIT_GAVE_UP
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

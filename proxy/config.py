@@ -10,12 +10,12 @@ from pydantic_settings import BaseSettings
 from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from kdelay.kafka_security import KafkaClientSecurity, merge_client_config
-from proxy import limits as lim
-from proxy.prelogin_config import PreloginSettings
-from proxy.sasl import MECHANISMS
-from proxy.secure_defaults import SecureDefaults
-from zk.paths import DEFAULT_ROOT, Paths
-from zk.security import ZkSecurity
+from kdelay.proxy import limits as lim
+from kdelay.proxy.prelogin_config import PreloginSettings
+from kdelay.proxy.sasl import MECHANISMS
+from kdelay.proxy.secure_defaults import SecureDefaults
+from kdelay.zk.paths import DEFAULT_ROOT, Paths
+from kdelay.zk.security import ZkSecurity
 
 #: What the Kafka listener may speak (Kafka's security.protocol names).
 LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

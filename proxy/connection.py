@@ -54,15 +54,15 @@ from dataclasses import dataclass
 
 from kdelay import logs
 from kdelay.errors import KdelayError
-from proxy import metric_labels
-from proxy import protocol as p
-from proxy.auth_session import AuthSession, AuthSettings, Phase
-from proxy.broker import Broker, Reply, resolved
-from proxy.broker_link import LinkError
-from proxy.budget import RequestBudget
-from proxy.metrics import ProxyMetrics
-from proxy.prelogin import Ticket
-from proxy.sasl_answers import (
+from kdelay.proxy import metric_labels
+from kdelay.proxy import protocol as p
+from kdelay.proxy.auth_session import AuthSession, AuthSettings, Phase
+from kdelay.proxy.broker import Broker, Reply, resolved
+from kdelay.proxy.broker_link import LinkError
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.prelogin import Ticket
+from kdelay.proxy.sasl_answers import (
     bare_token_reply,
     bare_token_request,
     bare_tokens_follow,

@@ -26,7 +26,7 @@ from typing import Final
 from fastapi import FastAPI, Response
 from fastapi.responses import RedirectResponse
 
-from proxy.http_errors import ApiError
+from kdelay.proxy.http_errors import ApiError
 
 #: The console's files (proxy/console/) and their media types.
 ASSETS: Final = {
@@ -53,8 +53,8 @@ class AssetNotFoundError(ApiError):
 
 
 def load_assets() -> dict[str, bytes]:
-    """The console's files, from the installed ``proxy`` package."""
-    folder = resources.files("proxy").joinpath("console")
+    """The console's files, from the installed ``kdelay.proxy`` package."""
+    folder = resources.files("kdelay.proxy").joinpath("console")
     return {name: folder.joinpath(name).read_bytes() for name in ASSETS}
 
 

@@ -24,27 +24,27 @@ from pydantic import BaseModel
 
 from kdelay import clock
 from kdelay.headers import DelayPolicy
-from proxy import http_errors, metric_labels
-from proxy.availability import UpstreamAvailability
-from proxy.budget import RequestBudget
-from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
-from proxy.cancel_acks import CancelAcks
-from proxy.console import install_console
-from proxy.http_auth import STATE_AUTHENTICATES
-from proxy.http_body import BodyLimit
-from proxy.http_cancels import install_cancel_routes
-from proxy.http_cluster import install_cluster_route
-from proxy.http_errors import Problem, UnavailableError
-from proxy.http_login import Authenticate, HttpAuthenticator
-from proxy.http_messages import install_message_routes
-from proxy.http_queries import install_replica_queries
-from proxy.limits import RecordLimits
-from proxy.metrics import ProxyMetrics
-from proxy.owners import Owners
-from proxy.routing import DEFAULT_LIMITS
-from proxy.topics import Topics
-from proxy.upstream import Upstream
-from zk.replica_api import ReplicaApi
+from kdelay.proxy import http_errors, metric_labels
+from kdelay.proxy.availability import UpstreamAvailability
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder
+from kdelay.proxy.cancel_acks import CancelAcks
+from kdelay.proxy.console import install_console
+from kdelay.proxy.http_auth import STATE_AUTHENTICATES
+from kdelay.proxy.http_body import BodyLimit
+from kdelay.proxy.http_cancels import install_cancel_routes
+from kdelay.proxy.http_cluster import install_cluster_route
+from kdelay.proxy.http_errors import Problem, UnavailableError
+from kdelay.proxy.http_login import Authenticate, HttpAuthenticator
+from kdelay.proxy.http_messages import install_message_routes
+from kdelay.proxy.http_queries import install_replica_queries
+from kdelay.proxy.limits import RecordLimits
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.owners import Owners
+from kdelay.proxy.routing import DEFAULT_LIMITS
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream
+from kdelay.zk.replica_api import ReplicaApi
 
 
 class Status(BaseModel):

@@ -25,7 +25,7 @@ from typing import Final, Protocol
 
 from fastapi import Request
 
-from proxy.http_errors import ApiError
+from kdelay.proxy.http_errors import ApiError
 
 #: Where the authentication middleware leaves a request's caller (``request.state``).
 STATE_CALLER: Final = "kdelay_caller"

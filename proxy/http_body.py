@@ -23,8 +23,8 @@ import asyncio
 from fastapi import HTTPException
 
 from kdelay.errors import KdelayError
-from proxy.budget import RequestBudget
-from proxy.http_errors import ASGIApp, Message, Receive, Scope, Send, problem
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.http_errors import ASGIApp, Message, Receive, Scope, Send, problem
 
 __all__ = ["BodyLimit", "BodyTimeoutError", "BodyTooLargeError"]
 

@@ -23,9 +23,9 @@ from fastapi.responses import JSONResponse
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
-from proxy.cancel_wait import bulk_count, confirm_cancel, parse_wait
-from proxy.http_errors import BadRequestError, Problem, UnavailableError
-from proxy.http_messages import (
+from kdelay.proxy.cancel_wait import bulk_count, confirm_cancel, parse_wait
+from kdelay.proxy.http_errors import BadRequestError, Problem, UnavailableError
+from kdelay.proxy.http_messages import (
     ERRORS,
     TOPIC_PATTERN,
     CallerParam,
@@ -35,11 +35,11 @@ from proxy.http_messages import (
     path_id,
     utf8,
 )
-from proxy.metrics import ProxyMetrics
-from proxy.owners import Owners
-from proxy.routing import Kind, Outgoing, cancel
-from proxy.topics import Topics
-from zk.replica_api import NoReplicaError, ReplicaApi
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.owners import Owners
+from kdelay.proxy.routing import Kind, Outgoing, cancel
+from kdelay.proxy.topics import Topics
+from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
 
 
 def install_cancel_routes(

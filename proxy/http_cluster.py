@@ -45,10 +45,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from kdelay.buffer import BUFFER_TOPIC
-from proxy.http_errors import Problem, UnavailableError
-from proxy.http_messages import CallerParam
-from proxy.http_queries import AdministratorsOnlyError, ReplicasNotConfiguredError
-from zk.replica_api import NoReplicaError, Replica, ReplicaApi
+from kdelay.proxy.http_errors import Problem, UnavailableError
+from kdelay.proxy.http_messages import CallerParam
+from kdelay.proxy.http_queries import AdministratorsOnlyError, ReplicasNotConfiguredError
+from kdelay.zk.replica_api import NoReplicaError, Replica, ReplicaApi
 
 #: How far back the release rate and lateness quantiles look.
 WINDOW_S: Final = 300.0

@@ -42,8 +42,8 @@ from pydantic import BaseModel
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.errors import KdelayError
-from proxy.limits import Violation
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.limits import Violation
+from kdelay.proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
 

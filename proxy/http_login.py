@@ -50,19 +50,24 @@ from typing import Final, NoReturn
 
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import metric_labels, sasl
-from proxy.authorization import AclCache, TopicAccess
-from proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
-from proxy.config import ProxyConfig
-from proxy.http_auth import STATE_CALLER, Caller, UnauthenticatedError
-from proxy.http_credentials import Basic, Bearer, MalformedCredentialsError, parse_authorization
-from proxy.http_errors import ApiError, ASGIApp, Receive, Scope, Send, UnavailableError
-from proxy.jwks import InvalidTokenError, JwksFile
-from proxy.login_backoff import LoginBackoff
-from proxy.login_gate import LoginGate, LoginsBusyError
-from proxy.metrics import ProxyMetrics
-from proxy.sasl_client import LoginRefusedError, login
-from proxy.saslprep import InvalidNameError, saslprep
+from kdelay.proxy import metric_labels, sasl
+from kdelay.proxy.authorization import AclCache, TopicAccess
+from kdelay.proxy.broker_link import BrokerLink, Link, LinkError, LinkSettings
+from kdelay.proxy.config import ProxyConfig
+from kdelay.proxy.http_auth import STATE_CALLER, Caller, UnauthenticatedError
+from kdelay.proxy.http_credentials import (
+    Basic,
+    Bearer,
+    MalformedCredentialsError,
+    parse_authorization,
+)
+from kdelay.proxy.http_errors import ApiError, ASGIApp, Receive, Scope, Send, UnavailableError
+from kdelay.proxy.jwks import InvalidTokenError, JwksFile
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.login_gate import LoginGate, LoginsBusyError
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.sasl_client import LoginRefusedError, login
+from kdelay.proxy.saslprep import InvalidNameError, saslprep
 
 log = logs.get(__name__)
 

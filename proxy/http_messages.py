@@ -42,12 +42,17 @@ from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import DelayPolicy
-from proxy import internal_topics
-from proxy.availability import UpstreamAvailability
-from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BrokerTimeUnknownError, Origin
-from proxy.cancel_acks import CancelAcks
-from proxy.http_auth import Caller, current_caller
-from proxy.http_errors import (
+from kdelay.proxy import internal_topics
+from kdelay.proxy.availability import UpstreamAvailability
+from kdelay.proxy.buffer_keys import (
+    ACCEPTANCE_ORDER,
+    AcceptanceOrder,
+    BrokerTimeUnknownError,
+    Origin,
+)
+from kdelay.proxy.cancel_acks import CancelAcks
+from kdelay.proxy.http_auth import Caller, current_caller
+from kdelay.proxy.http_errors import (
     ApiError,
     BadRequestError,
     ForbiddenTopicError,
@@ -56,11 +61,11 @@ from proxy.http_errors import (
     UnavailableError,
     upstream_refusal,
 )
-from proxy.internal_topics import RefusedTopicError
-from proxy.limits import RecordLimits
-from proxy.metrics import ProxyMetrics
-from proxy.owners import Owners, refusal
-from proxy.routing import (
+from kdelay.proxy.internal_topics import RefusedTopicError
+from kdelay.proxy.limits import RecordLimits
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.owners import Owners, refusal
+from kdelay.proxy.routing import (
     DEFAULT_LIMITS,
     Incoming,
     Kind,
@@ -68,8 +73,8 @@ from proxy.routing import (
     RejectedRecordError,
     route,
 )
-from proxy.topics import Topics
-from proxy.upstream import Upstream, UpstreamError
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream, UpstreamError
 
 _FIELD_OF_HEADER = {
     h.DELAY_MS: "delay_ms",

@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.durations import duration_ms
 from kdelay.listing import listing_filters
-from proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
-from proxy.http_messages import CallerParam, NotOwnerError, path_id
-from proxy.owners import others_in, own_view, refusal
-from zk.list_merge import cursor_key
-from zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
+from kdelay.proxy.http_errors import ApiError, BadRequestError, Problem, UnavailableError
+from kdelay.proxy.http_messages import CallerParam, NotOwnerError, path_id
+from kdelay.proxy.owners import others_in, own_view, refusal
+from kdelay.zk.list_merge import cursor_key
+from kdelay.zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
 #: Messages per listing page: by default, and at most (delay_service/listing.py's).
 LIST_DEFAULT = 100

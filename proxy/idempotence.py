@@ -51,7 +51,7 @@ from enum import Enum
 
 import kafka.errors as kerr
 
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.metrics import ProxyMetrics
 
 NO_PRODUCER_ID = -1
 #: Kafka keeps the metadata of the last five batches per producer and partition (KIP-98), the

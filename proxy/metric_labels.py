@@ -19,7 +19,7 @@ from typing import Final
 
 import kafka.errors as kerr
 
-from proxy import protocol as p
+from kdelay.proxy import protocol as p
 
 #: The value of every label whose input is outside its set.
 OTHER: Final = "other"

@@ -14,8 +14,8 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from proxy.limits import LIMIT_SETTINGS
-from proxy.sasl import MECHANISMS
+from kdelay.proxy.limits import LIMIT_SETTINGS
+from kdelay.proxy.sasl import MECHANISMS
 
 #: Reasons besides a limit (whose reason is the limit's setting name): a malformed control
 #: header or a plain record for the buffer topic; a batch refused before its records are read

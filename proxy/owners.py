@@ -37,10 +37,10 @@ import orjson
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
 from kdelay.json_bytes import dumps
-from proxy import records as rec
-from proxy.authorization import TopicAccess
-from proxy.routing import Kind, Outgoing
-from zk.replica_api import NoReplicaError, ReplicaApi
+from kdelay.proxy import records as rec
+from kdelay.proxy.authorization import TopicAccess
+from kdelay.proxy.routing import Kind, Outgoing
+from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
 
 log = logs.get(__name__)
 

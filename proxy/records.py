@@ -37,8 +37,8 @@ from kafka.record.default_records import DefaultRecordBatch as _HeaderReader
 from kafka.record.memory_records import MemoryRecords
 
 from kdelay.errors import KdelayError
-from proxy.decompress import DecompressError, TooLargeError, decompress
-from proxy.protocol import DECODE_ERRORS
+from kdelay.proxy.decompress import DecompressError, TooLargeError, decompress
+from kdelay.proxy.protocol import DECODE_ERRORS
 
 #: The compiled batch class (its pure-Python fallback when the extension did not load).
 BatchParser: Final[Any] = DefaultRecordBatch

@@ -42,7 +42,7 @@ from kafka.protocol.metadata import FindCoordinatorResponse
 from kafka.protocol.producer import InitProducerIdResponse
 
 from kdelay import logs
-from proxy import protocol as p
+from kdelay.proxy import protocol as p
 
 log = logs.get(__name__)
 

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from kdelay import logs
 from kdelay.backoff import Backoff
 from kdelay.errors import KdelayError
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.metrics import ProxyMetrics
 
 log = logs.get(__name__)
 

@@ -38,10 +38,16 @@ from kdelay.headers import (
     in_namespace,
     strip_control,
 )
-from proxy import internal_topics
-from proxy.buffer_keys import ACCEPTANCE_ORDER, AcceptanceOrder, BatchKeys, Origin, ReservedOrder
-from proxy.limits import LimitExceededError, RecordLimits, Violation
-from proxy.records import Record
+from kdelay.proxy import internal_topics
+from kdelay.proxy.buffer_keys import (
+    ACCEPTANCE_ORDER,
+    AcceptanceOrder,
+    BatchKeys,
+    Origin,
+    ReservedOrder,
+)
+from kdelay.proxy.limits import LimitExceededError, RecordLimits, Violation
+from kdelay.proxy.records import Record
 
 HeaderList = list[tuple[str, bytes | None]]
 

@@ -24,8 +24,8 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from proxy import protocol as p
-from proxy.broker import Reply
+from kdelay.proxy import protocol as p
+from kdelay.proxy.broker import Reply
 
 ILLEGAL_STATE: Final = kerr.IllegalSaslStateError.errno
 

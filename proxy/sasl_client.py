@@ -30,8 +30,8 @@ import scramp
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from kdelay.errors import KdelayError
-from proxy import sasl
-from proxy.broker_link import Link
+from kdelay.proxy import sasl
+from kdelay.proxy.broker_link import Link
 
 #: The SaslHandshake version (v1: SaslAuthenticate requests follow, KIP-152) and the
 #: SaslAuthenticate version (v1: the session lifetime, KIP-368).

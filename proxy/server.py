@@ -20,12 +20,12 @@ import socket
 import ssl
 
 from kdelay import logs
-from proxy.auth_session import AuthSettings
-from proxy.broker import Broker
-from proxy.budget import RequestBudget
-from proxy.connection import Connection, Limits, Shared
-from proxy.metrics import ProxyMetrics
-from proxy.prelogin import PreloginGate, Refused
+from kdelay.proxy.auth_session import AuthSettings
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.connection import Connection, Limits, Shared
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.prelogin import PreloginGate, Refused
 
 __all__ = ["DEFAULT_BUFFERED_REQUEST_BYTES", "KafkaServer", "Limits", "reuse_port_socket"]
 

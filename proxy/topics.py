@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import kafka.errors as kerr
 from kafka.protocol.metadata import MetadataResponse
 
-from proxy import internal_topics
+from kdelay.proxy import internal_topics
 
 _ZERO_UUID = uuid.UUID(int=0)
 _MetaTopic = MetadataResponse.MetadataResponseTopic

@@ -42,12 +42,12 @@ import kafka.errors as kerr
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from kdelay import logs
-from proxy.availability import UpstreamAvailability
-from proxy.delivery import OUTAGE_CODES, Batch, UpstreamError
-from proxy.metrics import ProxyMetrics
-from proxy.restarts import Supervisor
-from proxy.routing import Kind, Outgoing
-from proxy.topics import TopicInfo
+from kdelay.proxy.availability import UpstreamAvailability
+from kdelay.proxy.delivery import OUTAGE_CODES, Batch, UpstreamError
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.restarts import Supervisor
+from kdelay.proxy.routing import Kind, Outgoing
+from kdelay.proxy.topics import TopicInfo
 
 __all__ = ["POLL_COMPONENT", "Upstream", "UpstreamError"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from kdelay import acl_check, logs
 from kdelay.acls import Acl, proxy_acls
+from kdelay.proxy.config import ProxyConfig
 from kdelay.topics import ensure_internal_topics
-from proxy.config import ProxyConfig
 
 log = logs.get(__name__)
 

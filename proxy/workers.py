@@ -50,11 +50,11 @@ from kdelay import logs
 from kdelay.backoff import Backoff
 from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
+from kdelay.proxy.cli import READY
+from kdelay.proxy.config import ProxyConfig
+from kdelay.proxy.restarts import MAX_BACKOFF_S
+from kdelay.proxy.server import reuse_port_socket
 from kdelay.stop_signals import on_stop_signals
-from proxy.cli import READY
-from proxy.config import ProxyConfig
-from proxy.restarts import MAX_BACKOFF_S
-from proxy.server import reuse_port_socket
 
 log = logs.get(__name__)
 

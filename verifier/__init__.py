@@ -9,8 +9,16 @@ driver), all imported lazily: they pull in PySpark.
 
 from __future__ import annotations
 
-from verifier.config import VerifierConfig
-from verifier.report import Lateness, Outcome, Slo, Summary, WindowResult, breaches, summarise
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.report import (
+    Lateness,
+    Outcome,
+    Slo,
+    Summary,
+    WindowResult,
+    breaches,
+    summarise,
+)
 
 __all__ = [
     "Lateness",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
-from verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
+from kdelay.verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
 
 #: At most this many lateness values are collected for the histogram chart.
 CHART_SAMPLE = 200_000

@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from verifier.report import WindowResult
+from kdelay.verifier.report import WindowResult
 
 _DAY_MS = 86_400_000
 #: The id of the messages' scatter in the figure (and of its group in an SVG rendering).

@@ -27,10 +27,10 @@ from kdelay.acls import VERIFIER_GROUPS, Acl, verifier_acls
 from kdelay.config_loader import load
 from kdelay.options import config_options
 from kdelay.stop_signals import on_stop_signals
-from verifier.config import VerifierConfig
-from verifier.metrics import Metrics
-from verifier.report import Slo, breaches
-from verifier.sinks import Sinks, write_json
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.metrics import Metrics
+from kdelay.verifier.report import Slo, breaches
+from kdelay.verifier.sinks import Sinks, write_json
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,7 +57,7 @@ def verify_once(
     spark: SparkSession, cfg: VerifierConfig, slo: Slo, report_path: Path | None
 ) -> OnceOutcome:
     """Run the bounded verification, write the report, details, charts and window results."""
-    from verifier import chart, job
+    from kdelay.verifier import chart, job
 
     result = job.run_once(spark, cfg)
     report = {**result.summary.report(), "isolation": cfg.isolation_level}
@@ -109,7 +109,7 @@ def verify_continuous(
     spark: SparkSession, cfg: VerifierConfig, stop: threading.Event, metrics: Metrics
 ) -> None:
     """Run the streaming verifier until ``stop`` is set."""
-    from verifier import stream
+    from kdelay.verifier import stream
 
     sinks = Sinks(cfg, metrics)
 
@@ -158,7 +158,7 @@ def command(
     slo = Slo(max_p99_ms, max_early, max_missing, max_duplicates)
 
     try:
-        from verifier import job
+        from kdelay.verifier import job
     except ModuleNotFoundError as exc:
         if exc.name != "pyspark":
             raise

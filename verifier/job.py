@@ -59,18 +59,18 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import jars, logs
 from kdelay.errors import KdelayError
-from verifier import shipping
-from verifier.aggregates import lateness_points, summarise, window_results
-from verifier.config import VerifierConfig
-from verifier.matching import (
+from kdelay.verifier import shipping
+from kdelay.verifier.aggregates import lateness_points, summarise, window_results
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.matching import (
     bulk_cancelled_positions,
     cancelled_positions,
     match_batch,
     messages,
     with_cancels,
 )
-from verifier.report import Summary, WindowResult
-from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
+from kdelay.verifier.report import Summary, WindowResult
+from kdelay.verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
 
 log = logs.get(__name__)
 

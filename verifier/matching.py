@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
-from verifier.cancel_contract import OCCURRENCE_SEPARATOR, SENT_WITH_MS, WINDOW_MS
+from kdelay.verifier.cancel_contract import OCCURRENCE_SEPARATOR, SENT_WITH_MS, WINDOW_MS
 
 #: The per-message rows both drivers summarise.
 PER_MESSAGE = (

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from verifier.report import Summary
+from kdelay.verifier.report import Summary
 
 #: Lateness buckets (seconds): from a millisecond to five minutes late.
 LATENESS_BUCKETS = (

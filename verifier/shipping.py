@@ -4,9 +4,9 @@
 (``spark://host:port``) or Kubernetes (``k8s://https://host:port``). The job ships everything
 its executors need itself, from the machine only (nothing is fetched from the internet):
 
-- the project's Python packages (``kdelay`` and ``verifier``): a zip built at start into a
-  temporary directory (:func:`package_zip`), added with ``SparkContext.addPyFile`` so every
-  executor's Python worker can import them;
+- the project's Python package ``kdelay`` without the proxy, the replicas and ZooKeeper: a
+  zip built at start into a temporary directory (:func:`package_zip`), added with
+  ``SparkContext.addPyFile`` so every executor's Python worker can import it;
 - the pinned spark-sql-kafka jars (``kdelay.jars.jar_dir("spark-kafka")``), passed as
   ``spark.jars``: the driver serves them to the executors from its own file server.
 
@@ -28,6 +28,7 @@ at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import sys
 import tempfile
@@ -38,8 +39,9 @@ from pathlib import Path
 
 from kdelay.errors import ConfigError
 
-#: The packages executors import (the wheel's product packages the verifier uses).
-SHIPPED_PACKAGES = ("kdelay", "verifier")
+#: The package executors import, and the components of it they never use.
+SHIPPED_PACKAGES = ("kdelay",)
+NOT_SHIPPED = ("kdelay.proxy", "kdelay.delay_service", "kdelay.zk")
 LOCAL = "local"
 STANDALONE = "standalone"
 KUBERNETES = "kubernetes"
@@ -116,12 +118,19 @@ def package_zip() -> Path:
 
 def write_package_zip(target: Path, packages: tuple[str, ...] = SHIPPED_PACKAGES) -> None:
     """Write the ``.py`` files of ``packages`` (imported from where this process imports them)
-    into ``target``, at their import paths."""
+    into ``target``, at their import paths, leaving out :data:`NOT_SHIPPED`. In a checkout the
+    components are symbolic links inside ``kdelay/`` (the wheel holds them as folders): they are
+    followed."""
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for name in packages:
             module = __import__(name)
             root = Path(str(module.__file__)).parent
-            for path in sorted(root.rglob("*.py")):
-                if "__pycache__" in path.parts:
+            for folder, dirs, files in os.walk(root, followlinks=True):
+                rel = Path(folder).relative_to(root)
+                dotted = ".".join((name, *rel.parts))
+                if "__pycache__" in rel.parts or dotted in NOT_SHIPPED:
+                    dirs.clear()
                     continue
-                zf.write(path, f"{name}/{path.relative_to(root).as_posix()}")
+                dirs.sort()
+                for file in sorted(f for f in files if f.endswith(".py")):
+                    zf.write(Path(folder) / file, f"{name}/{(rel / file).as_posix()}")

@@ -15,9 +15,9 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import logs
-from verifier.config import VerifierConfig
-from verifier.metrics import Metrics
-from verifier.report import WindowResult
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.metrics import Metrics
+from kdelay.verifier.report import WindowResult
 
 log = logs.get(__name__)
 

@@ -34,8 +34,8 @@ from kdelay.buffer import (
     ROUTE_HEADER,
     route_schema,
 )
-from verifier.cancel_contract import ORDER_SHIFT
-from verifier.config import VerifierConfig
+from kdelay.verifier.cancel_contract import ORDER_SHIFT
+from kdelay.verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
 _ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx", "px")

@@ -25,13 +25,19 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kdelay import logs
-from verifier import cancel_contract as contract
-from verifier.aggregates import lateness_values, summarise, window_results
-from verifier.config import VerifierConfig
-from verifier.job import ALL_USER_TOPICS, VerifierError
-from verifier.matching import per_message, series_key_column, with_cancels
-from verifier.report import WindowResult
-from verifier.source import only_topics, parse_buffer, parse_delivered, read_batch, read_stream
+from kdelay.verifier import cancel_contract as contract
+from kdelay.verifier.aggregates import lateness_values, summarise, window_results
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.job import ALL_USER_TOPICS, VerifierError
+from kdelay.verifier.matching import per_message, series_key_column, with_cancels
+from kdelay.verifier.report import WindowResult
+from kdelay.verifier.source import (
+    only_topics,
+    parse_buffer,
+    parse_delivered,
+    read_batch,
+    read_stream,
+)
 
 log = logs.get(__name__)
 

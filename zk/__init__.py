@@ -6,12 +6,12 @@ status documents are JSON it passes on without reading.
 
 from __future__ import annotations
 
-from zk.checkpoint import CheckpointStore, read_checkpoint
-from zk.connection import CONNECTED, LOST, SUSPENDED, Session
-from zk.election import Election, current_leader
-from zk.errors import CoordinationError, FencedError
-from zk.paths import DEFAULT_ROOT, Paths
-from zk.registry import Registry, cluster_status, members
+from kdelay.zk.checkpoint import CheckpointStore, read_checkpoint
+from kdelay.zk.connection import CONNECTED, LOST, SUSPENDED, Session
+from kdelay.zk.election import Election, current_leader
+from kdelay.zk.errors import CoordinationError, FencedError
+from kdelay.zk.paths import DEFAULT_ROOT, Paths
+from kdelay.zk.registry import Registry, cluster_status, members
 
 __all__ = [
     "CONNECTED",

@@ -29,7 +29,7 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import ACL, Permissions
 
 from kdelay import logs
-from zk.errors import CoordinationError, zk_errors
+from kdelay.zk.errors import CoordinationError, zk_errors
 
 log = logs.get(__name__)
 

@@ -20,8 +20,8 @@ import time
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError
 
-from zk.errors import CoordinationError, FencedError, zk_errors
-from zk.paths import Paths
+from kdelay.zk.errors import CoordinationError, FencedError, zk_errors
+from kdelay.zk.paths import Paths
 
 
 def read_checkpoint(client: KazooClient, paths: Paths) -> bytes | None:

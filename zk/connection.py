@@ -24,9 +24,9 @@ import threading
 
 from kazoo.client import KazooClient, KazooState
 
-from zk.acls import close_tree
-from zk.errors import CoordinationError, zk_errors
-from zk.security import ZkSecurity
+from kdelay.zk.acls import close_tree
+from kdelay.zk.errors import CoordinationError, zk_errors
+from kdelay.zk.security import ZkSecurity
 
 CONNECTED = "connected"
 SUSPENDED = "suspended"

@@ -30,8 +30,8 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import ChildrenWatch
 
 from kdelay import logs
-from zk.errors import CoordinationError, zk_errors
-from zk.paths import Paths
+from kdelay.zk.errors import CoordinationError, zk_errors
+from kdelay.zk.paths import Paths
 
 log = logs.get(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from zk.errors import CoordinationError, zk_errors
-from zk.paths import Paths
-from zk.registry import cluster_status
+from kdelay.zk.errors import CoordinationError, zk_errors
+from kdelay.zk.paths import Paths
+from kdelay.zk.registry import cluster_status
 
 LAYOUT_VERSION = 1
 

@@ -30,10 +30,10 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from zk.checkpoint import read_checkpoint
-from zk.election import Candidate, leading_candidate
-from zk.errors import CoordinationError, zk_errors
-from zk.paths import Paths
+from kdelay.zk.checkpoint import read_checkpoint
+from kdelay.zk.election import Candidate, leading_candidate
+from kdelay.zk.errors import CoordinationError, zk_errors
+from kdelay.zk.paths import Paths
 
 #: ZooKeeper stamps ``ctime``/``mtime`` with the clock of the server that committed the write:
 #: allow for two servers' clocks apart.

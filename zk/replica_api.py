@@ -41,14 +41,14 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from kdelay.errors import KdelayError
-from zk.connection import RECONNECT
-from zk.errors import CoordinationError, zk_errors
-from zk.layout import shard_paths
-from zk.list_merge import merge_pages
-from zk.paths import DEFAULT_ROOT, Paths
-from zk.registry import members
-from zk.security import ZkSecurity
-from zk.shard_merge import merge_pending
+from kdelay.zk.connection import RECONNECT
+from kdelay.zk.errors import CoordinationError, zk_errors
+from kdelay.zk.layout import shard_paths
+from kdelay.zk.list_merge import merge_pages
+from kdelay.zk.paths import DEFAULT_ROOT, Paths
+from kdelay.zk.registry import members
+from kdelay.zk.security import ZkSecurity
+from kdelay.zk.shard_merge import merge_pending
 
 #: Replica statuses whose answers are returned (any other is passed over).
 ANSWERS = frozenset({200, 400, 404})

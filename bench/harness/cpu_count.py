@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from delay_service.store import Store
 from kdelay import memory
+from kdelay.delay_service.store import Store
 
 MODES = ("setup", "kdelay", "baseline")
 

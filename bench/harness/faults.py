@@ -30,7 +30,7 @@ from dev.stack.process import free_port, python_argv
 from dev.stack.replica import ReplicaSpec
 from kdelay.buffer import BUFFER_TOPIC, ROUTE_HEADER
 from kdelay.topics import ensure_internal_topics
-from zk import CoordinationError, Paths, cluster_status
+from kdelay.zk import CoordinationError, Paths, cluster_status
 
 HOST = "127.0.0.1"
 SESSION_S = 6  # replicas' ZooKeeper session timeout; master-stop stops for longer

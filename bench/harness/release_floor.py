@@ -35,8 +35,8 @@ from multiprocessing.process import BaseProcess
 from confluent_kafka import Producer
 
 from bench.harness.replicas import PARTITIONS
-from delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 from dev.kafka_tools import create_topic
+from kdelay.delay_service.config import DELIVERY_MODES, EXACTLY_ONCE
 
 #: Most records a round releases: kdelay's default ``scan_batch``.
 ROUND_LIMIT = 10_000

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dev.stack import KDELAY, KafkaSettings, ManagedProcess, wait_until
 from dev.stack.replica import ReplicaSpec
-from zk import Paths, cluster_status
+from kdelay.zk import Paths, cluster_status
 
 PARTITIONS = 4
 

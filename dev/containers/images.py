@@ -123,6 +123,10 @@ def _copy(
     possible (the jar cache's files, which are never written again)."""
     if skip(src):
         return
+    if src.is_symlink() and not dst.exists():  # kdelay/proxy -> ../proxy: a link, as git keeps it
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.symlink_to(src.readlink())
+        return
     if src.is_dir():
         dst.mkdir(parents=True, exist_ok=True)
         for child in sorted(src.iterdir()):

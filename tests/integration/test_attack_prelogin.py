@@ -30,8 +30,8 @@ import pytest
 from confluent_kafka import Producer
 
 from dev.stack import wait_until
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.raw_client import RawClient, sasl_handshake_request
 from tests.support.secure_kafka import SecureKafka, secured_kafka

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from delay_service.metrics import Metrics
 from dev.stack import wait_until
 from kdelay.broker_clock import BrokerClock
+from kdelay.delay_service.metrics import Metrics
 from kdelay.errors import BrokerClockError
 from kdelay.topics import CLOCK_TOPIC_CONFIG
 from tests.support.infra import KafkaInfra

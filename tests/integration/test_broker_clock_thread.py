@@ -16,12 +16,12 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient
 
-from delay_service.metrics import Metrics
 from dev.stack import wait_until
 from kdelay import broker_clock
 from kdelay.backoff import Backoff
 from kdelay.broker_clock import BrokerClock
 from kdelay.clock import SYSTEM_CLOCK
+from kdelay.delay_service.metrics import Metrics
 from kdelay.topics import CLOCK_TOPIC
 from tests.support.fakes import FakeAdmin
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from dev.stack import wait_until
-from proxy.client import cancel_command
+from kdelay.proxy.client import cancel_command
 from tests.support.infra import ZooKeeperInfra
 from tests.support.owners_stack import OwnersStack, owners_stack
 

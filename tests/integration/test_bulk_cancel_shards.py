@@ -16,8 +16,8 @@ from confluent_kafka.admin import AdminClient
 from dev.stack import wait_until
 from kdelay import buffer
 from kdelay.buffer import BUFFER_TOPIC, Cancel
+from kdelay.proxy import running_proxy
 from kdelay.shards import shard_of
-from proxy import running_proxy
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, decode_buffer, unique_topic
 from tests.support.proxies import loopback_config

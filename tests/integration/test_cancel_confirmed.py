@@ -25,8 +25,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Cancel
-from proxy import running_proxy
-from proxy.client import cancel_command
+from kdelay.proxy import running_proxy
+from kdelay.proxy.client import cancel_command
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import (
     HeaderList,

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dev.kafka_tools import consume_until
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, unique_topic
 from tests.support.proxies import loopback_config

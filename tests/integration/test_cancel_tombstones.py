@@ -12,9 +12,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from delay_service.cancels import WINDOW_MS
 from dev.stack import wait_until
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.cancels import WINDOW_MS
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.buffer_writes import now_ms, read_for, write_buffer_records
 from tests.support.infra import KafkaInfra, ZooKeeperInfra

@@ -531,9 +531,9 @@ def test_secured_settings_are_what_the_components_load(
     components' own, and the password reaches librdkafka and ZooKeeper from its file only."""
     import yaml
 
-    from delay_service.config import ReplicaConfig
     from kdelay.config_loader import load
-    from proxy.config import ProxyConfig
+    from kdelay.delay_service.config import ReplicaConfig
+    from kdelay.proxy.config import ProxyConfig
 
     docs = helm_template(tools, values=[SECURED])
     rendered = "\n".join(yaml.safe_dump(d) for d in docs)
@@ -660,7 +660,7 @@ def test_http_auth_without_tls_only_when_plaintext_auth_is_allowed(tools: Tools)
 
 def test_open_doors_beside_a_sasl_kafka_render_only_when_opted_in(tools: Tools) -> None:
     """Each opt-in reaches the proxy as its setting, and the proxy accepts the result."""
-    from proxy import ProxyConfig
+    from kdelay.proxy import ProxyConfig
 
     sasl_listener = {**_SASL_KAFKA, "proxy.kafkaListener.securityProtocol": "SASL_PLAINTEXT"}
     for sets, name in (

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from kdelay.verifier.cli import command
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.source import kafka_security_options
 from tests.support.deploy_tools import CHART, Tools, find, helm_template, helm_template_text, one
-from verifier.cli import command
-from verifier.config import VerifierConfig
-from verifier.source import kafka_security_options
 
 VALUES = CHART / "ci" / "verifier-values.yaml"
 SECURED = CHART / "examples" / "secured-values.yaml"

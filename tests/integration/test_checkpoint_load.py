@@ -29,12 +29,12 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from delay_service.config import ReplicaConfig
-from delay_service.exactly_once import ExactlyOnceForwarder
-from delay_service.metrics import Metrics
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender, make_txn_producer, set_key
 from kdelay.checkpoint import CheckpointRecord
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender, make_txn_producer, set_key
 from kdelay.topics import CHECKPOINT_TOPIC, CHECKPOINT_TOPIC_CONFIG
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest
 from tests.support.infra import KafkaInfra

@@ -30,8 +30,8 @@ from selenium.webdriver.support.ui import Select
 
 from dev.stack import wait_until
 from kdelay import buffer
-from proxy import running_proxy
-from proxy.http_cluster import ClusterView
+from kdelay.proxy import running_proxy
+from kdelay.proxy.http_cluster import ClusterView
 from tests.support.browser import (
     attributes,
     chromium,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from delay_service.cli import status_command
 from dev.stack import wait_until
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled
+from kdelay.delay_service.cli import status_command
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet

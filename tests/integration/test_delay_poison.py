@@ -17,9 +17,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from delay_service.poison import ERROR_HEADER, SOURCE_HEADER
 from dev.stack import wait_until
 from kdelay.buffer import DEAD_LETTER_TOPIC, ROUTE_HEADER, Scheduled, encode
+from kdelay.delay_service.poison import ERROR_HEADER, SOURCE_HEADER
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import (
     HeaderList,

@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from delay_service.txn_sender import PAUSE_BEFORE_COMMIT_ENV
 from dev.kafka_tools import consume_until
 from dev.stack import wait_until
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.txn_sender import PAUSE_BEFORE_COMMIT_ENV
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, unique_topic
 from tests.support.replicas import ReplicaSet

@@ -31,16 +31,16 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from delay_service.config import ReplicaConfig
-from delay_service.exactly_once import ExactlyOnceForwarder, make_forwarder
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender
 from dev.stack import wait_until
 from kdelay.buffer import Scheduled
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.clock import SYSTEM_CLOCK
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder, make_forwarder
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.forwarder_rigs import FakeCheckpoints
 from tests.support.infra import KafkaInfra

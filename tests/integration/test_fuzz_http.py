@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import content_type_conformance, response_schema_conformance
 
-from proxy import metric_labels
+from kdelay.proxy import metric_labels
 from tests.support.fuzz import SCALE, SecuredProxy, basic, secured_proxy, series
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.secure_kafka import SecureKafka, secured_kafka

@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy import metric_labels
-from proxy import protocol as p
+from kdelay.proxy import metric_labels
+from kdelay.proxy import protocol as p
 from tests.support.fuzz import (
     LOGIN_DEADLINE_MS,
     SASL_MAX_RECEIVE,

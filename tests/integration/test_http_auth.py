@@ -31,7 +31,7 @@ import pytest
 from dev.stack import KDELAY, ManagedProcess, free_port, wait_until
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
 from tests.support.infra import ZooKeeperInfra
 from tests.support.jwt_keys import SigningKey, write_jwks
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic

@@ -31,19 +31,19 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from delay_service import startup
-from delay_service.config import ReplicaConfig
 from dev.kafka_tools import consume_until, create_topic
 from dev.stack import KDELAY, free_port, wait_until
 from kdelay import acls, buffer
 from kdelay import headers as h
 from kdelay.acl_check import MissingAclsError
 from kdelay.acls import TARGETS, Acl
+from kdelay.delay_service import startup
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.verifier import cli as verifier_cli
+from kdelay.verifier.config import VerifierConfig
 from tests.support.infra import ZooKeeperInfra
 from tests.support.replicas import ReplicaSet
 from tests.support.secure_kafka import SecureKafka, secured_kafka
-from verifier import cli as verifier_cli
-from verifier.config import VerifierConfig
 
 TIMEOUT_S = 90
 #: When the message the test cancels is due, after the first send starts.

@@ -23,11 +23,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from delay_service.cli import list_command
 from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import running_proxy
-from proxy.http_queries import PendingPage
+from kdelay.delay_service.cli import list_command
+from kdelay.proxy import running_proxy
+from kdelay.proxy.http_queries import PendingPage
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import unique_topic
 from tests.support.proxies import loopback_config

@@ -29,7 +29,7 @@ import pytest
 
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.proxies import loopback_config

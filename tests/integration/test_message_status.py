@@ -23,11 +23,11 @@ from confluent_kafka.admin import AdminClient
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from delay_service.cli import status_command
 from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC, Scheduled
-from proxy import running_proxy
-from proxy.http_queries import MessageStatus, PendingTimeline
+from kdelay.delay_service.cli import status_command
+from kdelay.proxy import running_proxy
+from kdelay.proxy.http_queries import MessageStatus, PendingTimeline
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.proxies import loopback_config

@@ -18,8 +18,8 @@ from kafka import KafkaProducer
 
 from kdelay import buffer, jars
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     Record,

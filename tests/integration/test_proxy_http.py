@@ -16,8 +16,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from dev.stack import free_port
 from kdelay import buffer
-from proxy import ProxyConfig, running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import ProxyConfig, running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     about,

@@ -18,8 +18,8 @@ import pytest
 from dev.stack import KafkaSettings, LocalKafka, wait_until
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support import infra
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic

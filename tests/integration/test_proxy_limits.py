@@ -15,8 +15,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
 from tests.support.proxies import loopback_config

@@ -26,8 +26,8 @@ from kafka import TopicPartition as KafkaTopicPartition
 
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import about, consume_until, create_topic, unique_topic
 from tests.support.proxies import loopback_config

@@ -27,8 +27,8 @@ from kafka import KafkaProducer
 from dev.stack import wait_until
 from kdelay import buffer, jars
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import ZooKeeperInfra
 from tests.support.kafka_helpers import (
     Record,

@@ -31,8 +31,8 @@ import pytest
 
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.infra import ZooKeeperInfra
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.replicas import ReplicaSet

@@ -26,8 +26,8 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from dev.stack import KDELAY, ManagedProcess, free_port, wait_until
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.proxies import wait_accepting
 from tests.support.raw_client import (

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.smoothing import BURST_S
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.smoothing import BURST_S
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
 from tests.support.replicas import ReplicaSet

@@ -25,15 +25,15 @@ from dev.stack import wait_until
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
+from kdelay.verifier.cli import verify_once
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.report import Slo
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
 from tests.support.proxies import loopback_config
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import assert_not_early, create_target
-from verifier.cli import verify_once
-from verifier.config import VerifierConfig
-from verifier.report import Slo
 
 OLD_DELAY_MS = 8_000  # the replaced messages: due after every occurrence of the replacements
 NEW_DELAY_MS = 1_000
@@ -144,7 +144,7 @@ def test_the_verifier_reports_the_bugs_history_as_a_missing_occurrence(kafka: Ka
     written at occurrence 1's release with occurrence 1's acceptance stamp, never delivered
     (and no later occurrence written). ``kdelay verify --once``: the replaced message is
     cancelled, occurrence 2 missing."""
-    from verifier import job
+    from kdelay.verifier import job
 
     bs = kafka.bootstrap_servers
     buffer_topic, target = unique_topic("vbuf-series"), unique_topic("vtgt-series")

@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
 from tests.support.faketime import faketime
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from delay_service.txn_sender import release_transactional_id
 from dev.stack import KDELAY
+from kdelay.delay_service.txn_sender import release_transactional_id
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
 

@@ -20,6 +20,8 @@ from kazoo.client import KazooClient
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Cancel, Scheduled
 from kdelay.shards import owns
+from kdelay.zk import Paths
+from kdelay.zk.layout import delay_set_status
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
@@ -30,8 +32,6 @@ from tests.support.schedule import (
     produce_buffer,
 )
 from tests.support.shards import sharded
-from zk import Paths
-from zk.layout import delay_set_status
 
 PARTITIONS = 6
 

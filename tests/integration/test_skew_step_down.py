@@ -26,12 +26,12 @@ from bench.harness.clock_skew import SHIM
 from dev.stack import wait_until
 from dev.stack.process import MARKER
 from kdelay.buffer import Scheduled
+from kdelay.zk import Election, Paths
 from tests.support.faketime import faketime
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import assert_not_early, create_target, produce_buffer
-from zk import Election, Paths
 
 SKEW_S = 5
 #: Below SKEW_S, so the skewed replica is past it; far above two local processes' skew.

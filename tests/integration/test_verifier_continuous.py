@@ -22,6 +22,9 @@ import pytest
 from confluent_kafka import Producer
 
 from dev.stack.process import KDELAY, free_port
+from kdelay.verifier.cli import verify_continuous
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.metrics import Metrics
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import (
     HeaderList,
@@ -40,9 +43,6 @@ from tests.support.verifier_scenarios import (
     settled,
     window_totals,
 )
-from verifier.cli import verify_continuous
-from verifier.config import VerifierConfig
-from verifier.metrics import Metrics
 
 # PySpark's collect() leaves its result socket to the garbage collector; a collection during
 # a test reports it as unraisable. The module's fixture collects them before it ends.
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 @pytest.fixture(scope="module")
 def spark(kafka: KafkaInfra) -> Iterator[Any]:
-    from verifier import job
+    from kdelay.verifier import job
 
     session = job.spark_session(VerifierConfig(bootstrap_servers=kafka.bootstrap_servers))
     yield session

@@ -25,6 +25,9 @@ import pytest
 from dev.stack import KDELAY
 from kdelay import buffer
 from kdelay import headers as h
+from kdelay.verifier.cli import verify_once
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.report import Slo
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import HeaderList, consume_until, create_topic, unique_topic
 from tests.support.verifier_scenarios import (
@@ -34,9 +37,6 @@ from tests.support.verifier_scenarios import (
     build_faults,
     independent_report,
 )
-from verifier.cli import verify_once
-from verifier.config import VerifierConfig
-from verifier.report import Slo
 
 # PySpark's collect() leaves its result socket to the garbage collector (see
 # release_pyspark_sockets); a collection during a test reports it as unraisable.
@@ -50,7 +50,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def spark(kafka: KafkaInfra) -> Iterator[Any]:
     """One SparkSession for the module (start-up is the slow part)."""
-    from verifier import job
+    from kdelay.verifier import job
 
     session = job.spark_session(VerifierConfig(bootstrap_servers=kafka.bootstrap_servers))
     yield session

@@ -10,9 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from dev.stack import wait_until
-from tests.support.infra import ZooKeeperInfra
-from tests.support.zk_helpers import expire_session
-from zk import (
+from kdelay.zk import (
     CheckpointStore,
     Election,
     FencedError,
@@ -21,6 +19,8 @@ from zk import (
     cluster_status,
     read_checkpoint,
 )
+from tests.support.infra import ZooKeeperInfra
+from tests.support.zk_helpers import expire_session
 
 
 @pytest.fixture

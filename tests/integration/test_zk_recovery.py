@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dev.stack import wait_until
-from tests.support.infra import ZooKeeperInfra
-from zk import (
+from kdelay.zk import (
     CONNECTED,
     LOST,
     SUSPENDED,
@@ -24,6 +23,7 @@ from zk import (
     cluster_status,
     current_leader,
 )
+from tests.support.infra import ZooKeeperInfra
 
 #: 15 s: on a loaded machine (a CI run) a client reconnected more than 4 s, and once more than
 #: 6 s, after the server started, and found its session expired. (The local ZooKeeper allows

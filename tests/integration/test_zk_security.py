@@ -23,22 +23,22 @@ from kazoo.exceptions import NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
-from delay_service.cli import status_command
-from delay_service.reshard_cli import reshard_command
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Scheduled
-from proxy import running_proxy
+from kdelay.delay_service.cli import status_command
+from kdelay.delay_service.reshard_cli import reshard_command
+from kdelay.proxy import running_proxy
+from kdelay.zk import CheckpointStore, Election, Paths, Registry, Session
+from kdelay.zk.errors import CoordinationError
+from kdelay.zk.layout import ensure_layout
+from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
+from kdelay.zk.security import ZkSecurity
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import Record, consume_until, unique_topic
 from tests.support.proxies import loopback_config
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import create_target, delivered_ids, produce_buffer
 from tests.support.secure_zk import USER, SecureReplicaSet, SecureZooKeeper, secure_zookeeper
-from zk import CheckpointStore, Election, Paths, Registry, Session
-from zk.errors import CoordinationError
-from zk.layout import ensure_layout
-from zk.replica_api import NoReplicaError, ReplicaApi
-from zk.security import ZkSecurity
 
 OPEN = "world:anyone"
 

@@ -23,7 +23,17 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("kdelay", "proxy", "delay_service", "zk", "verifier")
+#: The one top-level package the wheel installs.
+TOP_LEVEL = "kdelay"
+#: The product's packages: kdelay's components keep their folders at the checkout's top
+#: (pyproject.toml's package-dir maps them below kdelay).
+PRODUCT = {
+    "kdelay": "kdelay",
+    "kdelay/proxy": "proxy",
+    "kdelay/delay_service": "delay_service",
+    "kdelay/zk": "zk",
+    "kdelay/verifier": "verifier",
+}
 #: The development harness (dev/, tests/, bench/) and where it lived before it moved to dev/.
 HARNESS = (
     "dev/*",
@@ -85,22 +95,33 @@ def test_the_wheel_holds_the_product_and_none_of_the_harness(wheel: Path) -> Non
     print(f"{wheel.name}: {len(names)} files", *names, sep="\n  ")
     harness = [n for n in names if any(fnmatch.fnmatch(n, p) for p in HARNESS)]
     assert not harness, f"development harness in the wheel: {harness}"
-    for package in PRODUCT:
+    for package, folder in PRODUCT.items():
         assert f"{package}/__init__.py" in names
         assert f"{package}/py.typed" in names
-        shipped = {n for n in names if n.startswith(f"{package}/") and n.endswith(".py")}
-        source = {p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py")}
-        source -= {s for s in source if "__pycache__" in s}
+        others = tuple(f"{p}/" for p in PRODUCT if p != package and p.startswith(f"{package}/"))
+        shipped = {
+            n
+            for n in names
+            if n.startswith(f"{package}/") and n.endswith(".py") and not n.startswith(others)
+        }
+        source = {
+            f"{package}/{p.relative_to(ROOT / folder).as_posix()}"
+            for p in (ROOT / folder).rglob("*.py")
+            if "__pycache__" not in p.parts
+        }
         assert shipped == source, f"{package}: missing {source - shipped}, extra {shipped - source}"
     poms = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kdelay/jvm").glob("*/pom.xml")}
     assert poms, "kdelay/jvm has no poms"
     assert poms | {"kdelay/jvm/settings.xml"} <= set(names)
     # The operator's console (proxy/console.py serves /ui/ from the installed package).
-    console = {p.relative_to(ROOT).as_posix() for p in (ROOT / "proxy/console").iterdir()}
-    assert console >= {"proxy/console/index.html", "proxy/console/console.js"}
+    console = {f"kdelay/proxy/console/{p.name}" for p in (ROOT / "proxy/console").iterdir()}
+    assert console >= {"kdelay/proxy/console/index.html", "kdelay/proxy/console/console.js"}
     assert console <= set(names), f"console files missing: {console - set(names)}"
-    outside = [n for n in names if n.split("/")[0] not in {*PRODUCT, *_dist_info(names)}]
-    assert not outside, f"files outside the product packages: {outside}"
+    top_level = {n.split("/")[0] for n in names} - _dist_info(names)
+    assert top_level == {TOP_LEVEL}, f"the wheel installs other top-level names: {top_level}"
+    info = _dist_info(names).pop()
+    declared = zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").decode().split()
+    assert declared == [TOP_LEVEL], f"top_level.txt names {declared}"
     licence = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     assert licence, "the wheel carries no LICENSE"
     metadata = zipfile.ZipFile(wheel).read(_dist_info(names).pop() + "/METADATA").decode()
@@ -137,7 +158,8 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel: Path, tmp_path: Pa
     console = _run(
         python,
         "-c",
-        "from proxy.console import load_assets as a; assert b'/ui/console.js' in a()['index.html']",
+        "from kdelay.proxy.console import load_assets as a;"
+        " assert b'/ui/console.js' in a()['index.html']",
         cwd=tmp_path,
         timeout=120,
     )

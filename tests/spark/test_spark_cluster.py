@@ -22,6 +22,10 @@ from typing import Any
 import pytest
 
 from dev.spark import SparkCluster
+from kdelay.verifier.cli import verify_continuous, verify_once
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.metrics import Metrics
+from kdelay.verifier.report import Slo
 from tests.support.infra import KafkaInfra
 from tests.support.kafka_helpers import consume_until
 from tests.support.verifier_scenarios import (
@@ -36,10 +40,6 @@ from tests.support.verifier_scenarios import (
     settled,
     window_totals,
 )
-from verifier.cli import verify_continuous, verify_once
-from verifier.config import VerifierConfig
-from verifier.metrics import Metrics
-from verifier.report import Slo
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
@@ -74,7 +74,7 @@ class ClusterSession:
         self.session: Any = None
 
     def get(self) -> Any:
-        from verifier import job
+        from kdelay.verifier import job
 
         if self.session is None:
             self.session = job.spark_session(self.cfg)
@@ -101,7 +101,7 @@ def _executors(session: Any) -> int:
 def test_once_gives_the_identical_report_on_local_and_on_a_two_worker_cluster(
     kafka: KafkaInfra, cluster: SparkCluster, cluster_spark: ClusterSession
 ) -> None:
-    from verifier import job
+    from kdelay.verifier import job
 
     sc = build_faults(kafka.bootstrap_servers)  # missing, duplicate, early, cancelled
     end_ms = int(time.time() * 1000)

@@ -16,7 +16,7 @@ import httpx
 
 from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC
-from proxy import running_proxy
+from kdelay.proxy import running_proxy
 from tests.support.kafka_helpers import unique_topic
 from tests.support.proxies import loopback_config
 from tests.support.replicas import ReplicaSet

@@ -22,8 +22,8 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from proxy import sasl
-from proxy.broker_link import LinkError, LinkSettings
+from kdelay.proxy import sasl
+from kdelay.proxy.broker_link import LinkError, LinkSettings
 
 WRITE, DESCRIBE = 4, 8
 _Topic = MetadataResponse.MetadataResponseTopic

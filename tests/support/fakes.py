@@ -28,10 +28,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
-from proxy.availability import UpstreamAvailability
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
-from proxy.topics import TopicInfo
+from kdelay.proxy.availability import UpstreamAvailability
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Outgoing
+from kdelay.proxy.topics import TopicInfo
 
 #: A delivery report callback, as confluent_kafka.Producer.produce takes it.
 Callback = Callable[[KafkaError | None, Message], None]

@@ -14,8 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from kdelay.buffer import Scheduled
 from kdelay.checkpoint import CheckpointRecord
+from kdelay.zk.errors import FencedError
 from tests.support.fakes import FakeProducer, Sent
-from zk.errors import FencedError
 
 
 @dataclass

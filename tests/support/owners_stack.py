@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdelay import buffer
-from proxy import running_proxy
-from proxy.app import Proxy
+from kdelay.proxy import running_proxy
+from kdelay.proxy.app import Proxy
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.replicas import ReplicaSet
 from tests.support.secure_kafka import SecureKafka, secured_kafka

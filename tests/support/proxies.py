@@ -10,7 +10,7 @@ from typing import Any
 
 from dev.stack import KDELAY, free_port, wait_until
 from dev.stack.process import ManagedProcess
-from proxy import ProxyConfig
+from kdelay.proxy import ProxyConfig
 
 
 def loopback_config(bootstrap: str, **overrides: Any) -> ProxyConfig:

@@ -15,15 +15,15 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from delay_service import health
-from delay_service.queries import Answers
-from delay_service.store import Store
+from kdelay.delay_service import health
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.store import Store
 from kdelay.headers import DelayPolicy
-from proxy.http import create_app
-from proxy.metrics import ProxyMetrics
-from proxy.topics import Topics
-from proxy.upstream import Upstream
-from zk.replica_api import Replica, ReplicaApi
+from kdelay.proxy.http import create_app
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream
+from kdelay.zk.replica_api import Replica, ReplicaApi
 
 
 def replica_answers(store: Store, now_ms: int, max_scan: int = 1_000_000) -> Answers:

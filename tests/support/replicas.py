@@ -23,7 +23,7 @@ from dev.stack import KDELAY, ManagedProcess, wait_until
 from dev.stack.replica import ReplicaSpec
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.topics import BUFFER_TOPIC_CONFIG
-from zk import Paths, cluster_status, read_checkpoint
+from kdelay.zk import Paths, cluster_status, read_checkpoint
 
 
 @dataclass

@@ -33,7 +33,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from dev.stack import KafkaSecurity, KafkaSettings, LocalKafka, free_port
 from dev.stack.kafka_security import create_scram_users
-from proxy import ProxyConfig
+from kdelay.proxy import ProxyConfig
 from tests.support import infra
 
 USERS = ("admin", "kdelay", "alice", "bob", "carol")

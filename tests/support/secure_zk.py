@@ -24,10 +24,10 @@ from kazoo.client import KazooClient
 from pydantic import SecretStr
 
 from dev.stack.zookeeper import LocalZooKeeper, ZooKeeperSecurity
+from kdelay.zk import Paths
+from kdelay.zk.security import ZkSecurity
 from tests.support import infra
 from tests.support.replicas import Replica, ReplicaSet
-from zk import Paths
-from zk.security import ZkSecurity
 
 #: kdelay's ZooKeeper user in these tests.
 USER = "kdelay"

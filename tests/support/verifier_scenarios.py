@@ -18,10 +18,10 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import buffer
+from kdelay.verifier.config import VerifierConfig
 from tests.support import oracle
 from tests.support.kafka_helpers import HeaderList, Record, create_topic, unique_topic
 from tests.support.schedule import create_target
-from verifier.config import VerifierConfig
 
 # -- the streaming scenario (kdelay verify, continuous) --------------------------------------
 

@@ -33,18 +33,18 @@ from structlog.testing import capture_logs
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from proxy import protocol as p
-from proxy import sasl
-from proxy.auth_session import AuthSettings
-from proxy.authorization import AclCache
-from proxy.broker_link import Link, LinkSettings
-from proxy.http import create_app
-from proxy.http_login import HttpAuthenticator, HttpAuthSettings
-from proxy.jwks import JwksFile
-from proxy.login_backoff import LoginBackoff
-from proxy.saslprep import InvalidNameError, saslprep
-from proxy.topics import Topics
-from proxy.upstream import Upstream
+from kdelay.proxy import protocol as p
+from kdelay.proxy import sasl
+from kdelay.proxy.auth_session import AuthSettings
+from kdelay.proxy.authorization import AclCache
+from kdelay.proxy.broker_link import Link, LinkSettings
+from kdelay.proxy.http import create_app
+from kdelay.proxy.http_login import HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.jwks import JwksFile
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.saslprep import InvalidNameError, saslprep
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream
 from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink, _auth, _failed
 from tests.support.fakes import FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks

@@ -21,19 +21,19 @@ from prometheus_client import CollectorRegistry
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from proxy import metric_labels
-from proxy import protocol as p
-from proxy.auth_session import AuthSettings
-from proxy.authorization import AclCache
-from proxy.broker import Broker
-from proxy.broker_link import LinkSettings
-from proxy.http import create_app
-from proxy.http_login import HttpAuthenticator, HttpAuthSettings
-from proxy.login_backoff import LoginBackoff
-from proxy.metrics import ProxyMetrics
-from proxy.server import KafkaServer, Limits
-from proxy.topics import Advertised, Topics
-from proxy.upstream import Upstream
+from kdelay.proxy import metric_labels
+from kdelay.proxy import protocol as p
+from kdelay.proxy.auth_session import AuthSettings
+from kdelay.proxy.authorization import AclCache
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.broker_link import LinkSettings
+from kdelay.proxy.http import create_app
+from kdelay.proxy.http_login import HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.server import KafkaServer, Limits
+from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.upstream import Upstream
 from tests.support.fake_broker_link import FakeKafka
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import sasl_handshake_request

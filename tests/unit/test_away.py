@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from delay_service.away import (
+from kdelay.delay_service.away import (
     STAMP_FILE,
     SyncStamp,
     margin_ms,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from delay_service.metrics import LATENESS_BUCKETS, BatchHistogram, Metrics
+from kdelay.delay_service.metrics import LATENESS_BUCKETS, BatchHistogram, Metrics
 
 #: Zero, values on bucket bounds (``le`` is inclusive), between them and past the last.
 VALUES = [0.0, 0.001, 0.0011, 0.0025, 0.004, 0.01, 0.5, 1.0, 7.5, 60.0, 61.0, 3600.0]

@@ -20,9 +20,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from delay_service.metrics import Metrics
 from kdelay.broker_clock import MAX_DRIFT, BrokerClock, Probe, ProbeWindow
 from kdelay.clock import Clock
+from kdelay.delay_service.metrics import Metrics
 from kdelay.errors import BrokerClockError
 from kdelay.topics import CLOCK_TOPIC, CLOCK_TOPIC_CONFIG, ensure_clock_topic
 from tests.support.fakes import FakeAdmin, FakeClock

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdelay import headers as h
-from proxy.buffer_keys import BatchKeys, Origin, buffer_key, content
-from proxy.routing import Incoming, route
+from kdelay.proxy.buffer_keys import BatchKeys, Origin, buffer_key, content
+from kdelay.proxy.routing import Incoming, route
 
 NOW = 1_700_000_000_000
 POLICY = h.DelayPolicy()

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.bulk_cancels import WINDOW_MS, _id_of, ids_with_prefix
-from delay_service.store import Store
 from kdelay import buffer
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.bulk_cancels import WINDOW_MS, _id_of, ids_with_prefix
+from kdelay.delay_service.store import Store
 from kdelay.errors import BufferFormatError
 
 T0 = 1_700_000_000_000  # the bulk cancel's append time

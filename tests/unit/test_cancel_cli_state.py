@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from proxy.client import cancel_command
+from kdelay.proxy.client import cancel_command
 
 pytestmark = pytest.mark.unit
 

@@ -20,19 +20,19 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from delay_service.config import ReplicaConfig
-from delay_service.exactly_once import ExactlyOnceForwarder
-from delay_service.forwarder import Forwarder
-from delay_service.message_status import message_status
-from delay_service.metrics import Metrics
-from delay_service.sender import Sender
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled
 from kdelay.checkpoint import CheckpointRecord
-from proxy.cancel_wait import decide
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.message_status import message_status
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.sender import Sender
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.proxy.cancel_wait import decide
+from kdelay.zk.replica_api import ReplicaAnswer
 from tests.support.fakes import FakeClock, FakeProducer, Sent
-from zk.replica_api import ReplicaAnswer
 
 T0 = 1_000_000
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.cancel_wait import MAX_WAIT_S, decide, parse_wait
-from zk.replica_api import ReplicaAnswer
+from kdelay.proxy.cancel_wait import MAX_WAIT_S, decide, parse_wait
+from kdelay.zk.replica_api import ReplicaAnswer
 
 P, OFFSET = 2, 41  # where the cancel was appended
 

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delay_service import cancels
-from delay_service.cancels import WINDOW_MS, accepted_ms
-from delay_service.store import Incoming, Store
-from delay_service.tombstones import Retired
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled, Tombstone
+from kdelay.delay_service import cancels
+from kdelay.delay_service.cancels import WINDOW_MS, accepted_ms
+from kdelay.delay_service.store import Incoming, Store
+from kdelay.delay_service.tombstones import Retired
 
 T0 = 1_700_000_000_000  # the cancel's append time in most tests
 

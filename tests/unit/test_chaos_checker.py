@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 T = 1_700_000_000_000
 END = T + 600_000  # read back ten minutes on: everything below is due long before
-FORBIDDEN = ("kdelay", "proxy", "delay_service", "zk", "verifier", "dev")
+FORBIDDEN = ("kdelay", "dev")
 
 
 def write(

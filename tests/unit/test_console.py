@@ -19,15 +19,15 @@ from fastapi import FastAPI
 
 from dev.stack import free_port
 from kdelay.headers import DelayPolicy
-from proxy import http_cluster
-from proxy.console import ASSETS, load_assets
-from proxy.http import create_app
-from proxy.http_auth import Caller, OpenCaller, current_caller
-from proxy.http_cluster import ReleaseWindow, Scrape, install_cluster_route, quantile
-from proxy.metrics import ProxyMetrics
-from proxy.topics import Topics
-from proxy.upstream import Upstream
-from zk.replica_api import Replica, ReplicaApi
+from kdelay.proxy import http_cluster
+from kdelay.proxy.console import ASSETS, load_assets
+from kdelay.proxy.http import create_app
+from kdelay.proxy.http_auth import Caller, OpenCaller, current_caller
+from kdelay.proxy.http_cluster import ReleaseWindow, Scrape, install_cluster_route, quantile
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream
+from kdelay.zk.replica_api import Replica, ReplicaApi
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from delay_service.cli import command
-from delay_service.config import ReplicaConfig
 from kdelay.config_loader import load
+from kdelay.delay_service.cli import command
+from kdelay.delay_service.config import ReplicaConfig
 from kdelay.errors import ConfigError
 
 

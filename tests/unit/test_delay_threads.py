@@ -9,11 +9,11 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from delay_service import health
-from delay_service.config import ReplicaConfig
-from delay_service.metrics import Metrics
-from delay_service.threads import RestartPolicy, Supervisor
 from kdelay.backoff import Backoff
+from kdelay.delay_service import health
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.threads import RestartPolicy, Supervisor
 
 FAST = RestartPolicy(Backoff(0.001, 0.002), max_failures=3)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from verifier import chart
-from verifier.report import Lateness, Summary, WindowResult
+from kdelay.verifier import chart
+from kdelay.verifier.report import Lateness, Summary, WindowResult
 
 START_MS = 1_700_000_000_000
 SVG = "{http://www.w3.org/2000/svg}"

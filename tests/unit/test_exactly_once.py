@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from delay_service import exactly_once
-from delay_service.config import ReplicaConfig
-from delay_service.exactly_once import ExactlyOnceForwarder
-from delay_service.metrics import Metrics
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
+from kdelay.delay_service import exactly_once
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender
 from kdelay.topics import CHECKPOINT_TOPIC
+from kdelay.zk.errors import FencedError
 from tests.support.fakes import FakeClock, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, msg
-from zk.errors import FencedError
 
 
 @dataclass

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 from typing import cast
 
-from delay_service.config import ReplicaConfig
-from delay_service.follower_checkpoints import FollowerCheckpoints
-from delay_service.forwarder import Forwarder
-from delay_service.replica import Replica
-from delay_service.store import Store
 from kdelay.checkpoint import Checkpoint
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.follower_checkpoints import FollowerCheckpoints
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.replica import Replica
+from kdelay.delay_service.store import Store
 from tests.support.fakes import FakeClock
 
 

@@ -8,9 +8,9 @@ from typing import Annotated
 import httpx
 from fastapi import Depends, FastAPI
 
-from proxy import http_errors
-from proxy.http_auth import STATE_AUTHENTICATES, Caller, current_caller
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy import http_errors
+from kdelay.proxy.http_auth import STATE_AUTHENTICATES, Caller, current_caller
+from kdelay.proxy.metrics import ProxyMetrics
 
 
 def _app() -> FastAPI:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proxy import ProxyConfig
+from kdelay.proxy import ProxyConfig
 
 SASL_UPSTREAM = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}
 

@@ -19,18 +19,23 @@ from fastapi import Depends, FastAPI
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from proxy import http_errors
-from proxy.authorization import AclCache
-from proxy.broker_link import Link, LinkSettings
-from proxy.http import create_app
-from proxy.http_auth import Caller, current_caller
-from proxy.http_credentials import Basic, Bearer, MalformedCredentialsError, parse_authorization
-from proxy.http_login import Authenticate, HttpAuthenticator, HttpAuthSettings
-from proxy.jwks import JwksFile
-from proxy.login_backoff import LoginBackoff
-from proxy.metrics import ProxyMetrics
-from proxy.topics import Topics
-from proxy.upstream import Upstream
+from kdelay.proxy import http_errors
+from kdelay.proxy.authorization import AclCache
+from kdelay.proxy.broker_link import Link, LinkSettings
+from kdelay.proxy.http import create_app
+from kdelay.proxy.http_auth import Caller, current_caller
+from kdelay.proxy.http_credentials import (
+    Basic,
+    Bearer,
+    MalformedCredentialsError,
+    parse_authorization,
+)
+from kdelay.proxy.http_login import Authenticate, HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.jwks import JwksFile
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream
 from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink
 from tests.support.fakes import FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kdelay import headers as h
-from proxy.http_messages import MessageIn, _route_message
+from kdelay.proxy.http_messages import MessageIn, _route_message
 
 NOW = 1_800_000_000_000
 POLICY = h.DelayPolicy()

@@ -11,13 +11,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, Message
 from structlog.testing import capture_logs
 
-from delay_service.config import ReplicaConfig
-from delay_service.errors import StoreError
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.poison import ERROR_HEADER, SOURCE_HEADER
-from delay_service.store import Store
-from delay_service.tombstones import Retired
 from kdelay.buffer import (
     BUFFER_TOPIC,
     DEAD_LETTER_TOPIC,
@@ -28,6 +21,13 @@ from kdelay.buffer import (
     Tombstone,
     encode,
 )
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.errors import StoreError
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.poison import ERROR_HEADER, SOURCE_HEADER
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.tombstones import Retired
 from tests.support.fakes import FakeConsumer
 
 

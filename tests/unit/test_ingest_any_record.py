@@ -16,11 +16,11 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from delay_service.config import ReplicaConfig
-from delay_service.ingest import Ingest
-from delay_service.metrics import Metrics
-from delay_service.store import Store
 from kdelay.buffer import ROUTE_HEADER, Cancel, Fate, Tombstone, encode
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.store import Store
 
 
 def _message(offset: int, key: bytes | None, value: bytes | None, headers: Any) -> Message:

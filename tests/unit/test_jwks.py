@@ -15,7 +15,7 @@ from typing import Any
 import jwt
 import pytest
 
-from proxy.jwks import InvalidTokenError, JwksFile, JwksFileError
+from kdelay.proxy.jwks import InvalidTokenError, JwksFile, JwksFileError
 from tests.support.jwt_keys import SigningKey, write_jwks
 
 

@@ -11,16 +11,16 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
-from delay_service.config import ReplicaConfig
-from delay_service.txn_sender import TxnSender
 from kdelay import acl_check, acls
 from kdelay.acls import Acl, kafka_acls_command
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.txn_sender import TxnSender
 from kdelay.errors import InfrastructureError
 from kdelay.kafka_security import merge_client_config
-from proxy.client import ClientSecurity, send_command
-from proxy.config import ProxyConfig
-from verifier.config import VerifierConfig
-from verifier.source import kafka_security_options
+from kdelay.proxy.client import ClientSecurity, send_command
+from kdelay.proxy.config import ProxyConfig
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.source import kafka_security_options
 
 PASSWORD = 's3cr"et\\pw'  # noqa: S105 - a test value; a quote and a backslash: JAAS escaping
 

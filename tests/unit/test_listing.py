@@ -15,9 +15,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from delay_service import health
-from delay_service.errors import QueryError
-from delay_service.listing import (
+from kdelay.buffer import Scheduled
+from kdelay.delay_service import health
+from kdelay.delay_service.errors import QueryError
+from kdelay.delay_service.listing import (
     LIST_MAX,
     ListFilter,
     decode_cursor,
@@ -25,13 +26,12 @@ from delay_service.listing import (
     list_pending,
     parse_listing,
 )
-from delay_service.queries import Answers
-from delay_service.store import Store
-from delay_service.timeline import timeline
-from kdelay.buffer import Scheduled
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.timeline import timeline
+from kdelay.zk.list_merge import merge_pages
+from kdelay.zk.replica_api import Replica
 from tests.support.replica_answers import GivenReplicas, proxy_app, proxy_get, serving
-from zk.list_merge import merge_pages
-from zk.replica_api import Replica
 
 T0 = 1_800_000_000_000
 NOW = T0 + 30_000

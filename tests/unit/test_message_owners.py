@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from delay_service.entry import decode_entry, encode_entry, entry_owner
-from delay_service.store import Store
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled, may_cancel
-from proxy import records as rec
-from proxy.authorization import Access, AclCache, TopicAccess
-from proxy.owners import Owners, others_in, own_view
-from proxy.routing import Incoming, Outgoing, route
-from proxy.sasl import Principal
-from zk.replica_api import NoReplicaError, ReplicaAnswer
+from kdelay.delay_service.entry import decode_entry, encode_entry, entry_owner
+from kdelay.delay_service.store import Store
+from kdelay.proxy import records as rec
+from kdelay.proxy.authorization import Access, AclCache, TopicAccess
+from kdelay.proxy.owners import Owners, others_in, own_view
+from kdelay.proxy.routing import Incoming, Outgoing, route
+from kdelay.proxy.sasl import Principal
+from kdelay.zk.replica_api import NoReplicaError, ReplicaAnswer
 
 BUFFER = "__kdelay_buffer"
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from delay_service.entry import Entry, entry_key
-from delay_service.message_status import message_status, outcome_status, pending_status
-from delay_service.outcomes import CANCELLED, DEAD_LETTERED, DELIVERED, HISTORY_MAX, Outcome
-from delay_service.store import Store
 from kdelay.buffer import ORDER_SHIFT, Cancel, Fate, Scheduled
+from kdelay.delay_service.entry import Entry, entry_key
+from kdelay.delay_service.message_status import message_status, outcome_status, pending_status
+from kdelay.delay_service.outcomes import CANCELLED, DEAD_LETTERED, DELIVERED, HISTORY_MAX, Outcome
+from kdelay.delay_service.store import Store
 
 MIN = 60_000
 NOW = 1_800_000_000_000 - 1_800_000_000_000 % MIN + 30_000

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from delay_service import store_writes
-from delay_service.outcomes import _FIELDS, Outcome, _body
-from delay_service.store import Store
 from kdelay.buffer import Fate, Scheduled
+from kdelay.delay_service import store_writes
+from kdelay.delay_service.outcomes import _FIELDS, Outcome, _body
+from kdelay.delay_service.store import Store
 
 
 class Clock:

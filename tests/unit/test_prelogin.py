@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from proxy.login_gate import LoginGate, LoginsBusyError
-from proxy.prelogin import PreloginGate, Refused, Ticket
+from kdelay.proxy.login_gate import LoginGate, LoginsBusyError
+from kdelay.proxy.prelogin import PreloginGate, Refused, Ticket
 
 
 def test_connections_are_capped_per_address_and_in_total() -> None:

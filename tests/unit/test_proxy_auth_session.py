@@ -22,16 +22,16 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from proxy import protocol as p
-from proxy.auth_session import AuthSettings
-from proxy.authorization import AclCache
-from proxy.broker import Broker
-from proxy.broker_link import LinkSettings
-from proxy.login_backoff import LoginBackoff
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
-from proxy.server import KafkaServer, Limits
-from proxy.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy import protocol as p
+from kdelay.proxy.auth_session import AuthSettings
+from kdelay.proxy.authorization import AclCache
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.broker_link import LinkSettings
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Outgoing
+from kdelay.proxy.server import KafkaServer, Limits
+from kdelay.proxy.topics import Advertised, TopicInfo, Topics
 from tests.support.fake_broker_link import WRITE, FakeKafka
 from tests.support.fakes import FakeClock
 from tests.support.raw_client import metadata_request, produce_request, record_batch

@@ -15,9 +15,9 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from proxy.availability import UpstreamAvailability
-from proxy.metrics import ProxyMetrics
-from proxy.upstream import Upstream
+from kdelay.proxy.availability import UpstreamAvailability
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.upstream import Upstream
 from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client import generate_latest
 
-from proxy.budget import RequestBudget
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.metrics import ProxyMetrics
 
 DEADLINE_S = 10.0
 

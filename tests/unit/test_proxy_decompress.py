@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import codec
 
-from proxy import decompress as d
-from proxy import protocol as p
-from proxy.broker import Broker
-from proxy.metrics import ProxyMetrics
-from proxy.topics import Advertised, Topics
+from kdelay.proxy import decompress as d
+from kdelay.proxy import protocol as p
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.topics import Advertised, Topics
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from proxy.http import create_app
-from proxy.topics import Topics
-from proxy.upstream import Upstream, UpstreamError
+from kdelay.proxy.http import create_app
+from kdelay.proxy.topics import Topics
+from kdelay.proxy.upstream import Upstream, UpstreamError
 from tests.support.fakes import FakeUpstream
 
 TOPIC = "orders"

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import kafka.errors as kerr
 import pytest
 
-from proxy.idempotence import PartitionResult, ProducerRegistry, Verdict
-from proxy.metrics import ProxyMetrics
+from kdelay.proxy.idempotence import PartitionResult, ProducerRegistry, Verdict
+from kdelay.proxy.metrics import ProxyMetrics
 
 
 @pytest.fixture

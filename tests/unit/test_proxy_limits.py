@@ -12,14 +12,14 @@ import pytest
 from fastapi import FastAPI
 
 from kdelay import headers as h
-from proxy import protocol as p
-from proxy.broker import Broker
-from proxy.config import ProxyConfig
-from proxy.http import create_app
-from proxy.limits import RecordLimits
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Incoming, Kind, RejectedRecordError, route
-from proxy.topics import Advertised, Topics
+from kdelay.proxy import protocol as p
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.config import ProxyConfig
+from kdelay.proxy.http import create_app
+from kdelay.proxy.limits import RecordLimits
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Incoming, Kind, RejectedRecordError, route
+from kdelay.proxy.topics import Advertised, Topics
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
 

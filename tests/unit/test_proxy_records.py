@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from kdelay.headers import in_namespace
-from proxy import protocol as p
-from proxy import records
-from proxy.broker import Broker
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Kind, Outgoing
-from proxy.topics import Advertised, Topics
+from kdelay.proxy import protocol as p
+from kdelay.proxy import records
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Kind, Outgoing
+from kdelay.proxy.topics import Advertised, Topics
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request
 

@@ -22,13 +22,13 @@ from structlog.testing import capture_logs
 
 from kdelay import buffer
 from kdelay import headers as h
-from proxy import protocol as p
-from proxy.broker import Broker
-from proxy.http import create_app
-from proxy.metrics import ProxyMetrics
-from proxy.refusals import ConsumerRefusals
-from proxy.routing import Kind
-from proxy.topics import Advertised, Topics
+from kdelay.proxy import protocol as p
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.http import create_app
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.refusals import ConsumerRefusals
+from kdelay.proxy.routing import Kind
+from kdelay.proxy.topics import Advertised, Topics
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import (
     init_producer_id_request,

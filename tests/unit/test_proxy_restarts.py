@@ -12,13 +12,13 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from proxy.broker import Broker
-from proxy.metrics import ProxyMetrics
-from proxy.restarts import MAX_BACKOFF_S, Supervisor
-from proxy.routing import Outgoing
-from proxy.server import KafkaServer
-from proxy.topics import Advertised, TopicInfo, Topics
-from proxy.upstream import POLL_COMPONENT, Upstream
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.restarts import MAX_BACKOFF_S, Supervisor
+from kdelay.proxy.routing import Outgoing
+from kdelay.proxy.server import KafkaServer
+from kdelay.proxy.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.upstream import POLL_COMPONENT, Upstream
 
 DEADLINE_S = 10.0
 

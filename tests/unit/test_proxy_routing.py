@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
-from proxy import internal_topics
-from proxy.buffer_keys import Origin, buffer_key, content
-from proxy.internal_topics import RefusedTopicError
-from proxy.routing import (
+from kdelay.proxy import internal_topics
+from kdelay.proxy.buffer_keys import Origin, buffer_key, content
+from kdelay.proxy.internal_topics import RefusedTopicError
+from kdelay.proxy.routing import (
     BufferUnavailableError,
     Incoming,
     Kind,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import sasl
-from proxy.authorization import Access, AclCache
-from proxy.login_backoff import LoginBackoff
-from proxy.sasl import Principal
+from kdelay.proxy import sasl
+from kdelay.proxy.authorization import Access, AclCache
+from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.sasl import Principal
 from tests.support.fakes import FakeClock
 
 

@@ -16,14 +16,14 @@ import kafka.errors as kerr
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
-from proxy import protocol as p
-from proxy.broker import Broker
-from proxy.budget import RequestBudget
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Outgoing
-from proxy.server import KafkaServer, Limits
-from proxy.topics import Advertised, TopicInfo, Topics
-from proxy.upstream import UpstreamError
+from kdelay.proxy import protocol as p
+from kdelay.proxy.broker import Broker
+from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Outgoing
+from kdelay.proxy.server import KafkaServer, Limits
+from kdelay.proxy.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.upstream import UpstreamError
 from tests.support.raw_client import metadata_request, produce_request, record_batch
 
 DEADLINE_S = 10.0

@@ -16,9 +16,9 @@ import kafka.errors as kerr
 import pytest
 from confluent_kafka import KafkaError
 
-from proxy.metrics import ProxyMetrics
-from proxy.routing import Kind, Outgoing
-from proxy.upstream import Upstream, UpstreamError
+from kdelay.proxy.metrics import ProxyMetrics
+from kdelay.proxy.routing import Kind, Outgoing
+from kdelay.proxy.upstream import Upstream, UpstreamError
 from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0

@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from delay_service.config import ReplicaConfig
-from delay_service.entry import entry_key
-from delay_service.errors import QueryError
-from delay_service.queries import Answers
-from delay_service.store import Store
-from delay_service.timeline import MAX_BUCKETS, parse_window, timeline
 from dev.stack import free_port
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.entry import entry_key
+from kdelay.delay_service.errors import QueryError
+from kdelay.delay_service.queries import Answers
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.timeline import MAX_BUCKETS, parse_window, timeline
+from kdelay.zk.replica_api import NoReplicaError, Replica, ordered
 from tests.support.replica_answers import (
     GivenReplicas,
     proxy_app,
@@ -31,7 +32,6 @@ from tests.support.replica_answers import (
     replica_app,
     serving,
 )
-from zk.replica_api import NoReplicaError, Replica, ordered
 
 MIN = 60_000
 #: A minute boundary (epoch ms), so bucket starts are easy to read.

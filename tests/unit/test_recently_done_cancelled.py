@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.store import Store
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.store import Store
 
 T = 1_000_000
 

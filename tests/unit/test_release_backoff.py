@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from delay_service.entry import Entry, entry_key
-from delay_service.release_backoff import ReleaseBackoff, Verdict
-from delay_service.round import claim_ms, plan_round
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.entry import Entry, entry_key
+from kdelay.delay_service.release_backoff import ReleaseBackoff, Verdict
+from kdelay.delay_service.round import claim_ms, plan_round
 
 
 @dataclass

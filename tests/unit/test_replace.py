@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.store import Store
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.store import Store
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import Delay, DelayPolicy
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.series import next_occurrence
-from delay_service.store import Store
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.delay_service.series import next_occurrence
+from kdelay.delay_service.store import Store
 
 T0 = 1_700_000_000_000
 DUE = T0 + 1_000

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from delay_service.entry import Entry, entry_key
-from delay_service.round import DueScan, claim_ms, next_wake_ms, plan_scan
-from delay_service.store import Store
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.entry import Entry, entry_key
+from kdelay.delay_service.round import DueScan, claim_ms, next_wake_ms, plan_scan
+from kdelay.delay_service.store import Store
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from proxy.sasl_client import LoginRefusedError, login
+from kdelay.proxy.sasl_client import LoginRefusedError, login
 
 FAILED = kerr.SaslAuthenticationFailedError.errno
 MESSAGE = "Authentication failed during authentication due to invalid credentials"

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from delay_service.config import ReplicaConfig
-from delay_service.exactly_once import ExactlyOnceForwarder
-from delay_service.forwarder import Forwarder
-from delay_service.metrics import Metrics
-from delay_service.round import RoundResult
-from delay_service.sender import Sender
-from delay_service.store import Store
-from delay_service.txn_sender import TxnSender
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.round import RoundResult
+from kdelay.delay_service.sender import Sender
+from kdelay.delay_service.store import Store
+from kdelay.delay_service.txn_sender import TxnSender
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, ids_to, msg
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from proxy import ProxyConfig
-from proxy.secure_defaults import refusal
+from kdelay.proxy import ProxyConfig
+from kdelay.proxy.secure_defaults import refusal
 
 UPSTREAM = {
     "security.protocol": "SASL_PLAINTEXT",

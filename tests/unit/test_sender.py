@@ -10,12 +10,12 @@ from types import EllipsisType
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from delay_service.entry import Entry, entry_key
-from delay_service.in_flight import Completion
-from delay_service.producer import is_permanent
-from delay_service.sender import ERROR_HEADER, TARGET_HEADER, Sender
-from delay_service.tombstones import Retired
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, decode
+from kdelay.delay_service.entry import Entry, entry_key
+from kdelay.delay_service.in_flight import Completion
+from kdelay.delay_service.producer import is_permanent
+from kdelay.delay_service.sender import ERROR_HEADER, TARGET_HEADER, Sender
+from kdelay.delay_service.tombstones import Retired
 
 Callback = Callable[[KafkaError | None, Message], None]
 Headers = list[tuple[str, str | bytes | None]]

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from delay_service import shard_dir
-from delay_service.config import ReplicaConfig
-from delay_service.reshard import derive
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
+from kdelay.delay_service import shard_dir
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.reshard import derive
 from kdelay.shards import owned, owns, shard_of
-from zk import CoordinationError, Paths
-from zk.layout import Layout
+from kdelay.zk import CoordinationError, Paths
+from kdelay.zk.layout import Layout
 
 
 def test_every_partition_has_exactly_one_shard() -> None:

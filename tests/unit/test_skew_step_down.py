@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from structlog.testing import capture_logs
 
-from delay_service.metrics import Metrics
-from delay_service.skew_step_down import RECOVER_S, Leave, SkewCandidacy
+from kdelay.delay_service.metrics import Metrics
+from kdelay.delay_service.skew_step_down import RECOVER_S, Leave, SkewCandidacy
 from tests.support.fakes import FakeClock
 
 LIMIT_MS = 10_000

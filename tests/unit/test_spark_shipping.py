@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from kdelay.errors import ConfigError
-from verifier import shipping
-from verifier.config import VerifierConfig
+from kdelay.verifier import shipping
+from kdelay.verifier.config import VerifierConfig
 
 SIZES = shipping.Executors(memory="2g", cores=3, instances=4)
 
@@ -73,11 +73,15 @@ def test_a_driver_in_a_pod_owns_its_executor_pods() -> None:
     assert got["spark.executor.instances"] == "3"
 
 
-def test_the_package_zip_holds_kdelay_and_verifier_at_their_import_paths(tmp_path: Path) -> None:
+def test_the_package_zip_holds_kdelay_and_its_verifier_at_their_import_paths(
+    tmp_path: Path,
+) -> None:
     target = tmp_path / "p.zip"
     shipping.write_package_zip(target)
     names = set(zipfile.ZipFile(target).namelist())
-    assert {"kdelay/__init__.py", "kdelay/buffer/__init__.py", "verifier/job.py"} <= names
+    assert {"kdelay/__init__.py", "kdelay/buffer/__init__.py", "kdelay/verifier/job.py"} <= names
+    components = ("kdelay/proxy/", "kdelay/delay_service/", "kdelay/zk/")
+    assert not any(n.startswith(components) for n in names)
     assert not any("__pycache__" in n or not n.endswith(".py") for n in names)
     # The process-wide zip (what spark_session ships) is built once and exists.
     assert zipfile.is_zipfile(shipping.package_zip())
@@ -86,7 +90,7 @@ def test_the_package_zip_holds_kdelay_and_verifier_at_their_import_paths(tmp_pat
 def test_executor_settings_are_configuration_fields_and_cli_options() -> None:
     cfg = VerifierConfig()
     assert (cfg.executor_memory, cfg.executor_cores, cfg.kubernetes_image) == ("1g", 1, "")
-    from verifier.cli import command
+    from kdelay.verifier.cli import command
 
     help_text = CliRunner().invoke(command, ["--help"]).output
     for option in (

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from delay_service.config import ReplicaConfig
 from kdelay import topics
 from kdelay.buffer import BUFFER_TOPIC, CANCEL_WINDOW_MS, DEAD_LETTER_TOPIC
 from kdelay.config_loader import load
+from kdelay.delay_service.config import ReplicaConfig
 from kdelay.errors import ConfigError
+from kdelay.proxy.config import ProxyConfig
 from kdelay.topics import (
     BUFFER_TOPIC_CONFIG,
     CHECKPOINT_TOPIC,
@@ -25,7 +26,6 @@ from kdelay.topics import (
     Durability,
     WeakTopic,
 )
-from proxy.config import ProxyConfig
 
 
 def _done(value: object) -> Future[object]:

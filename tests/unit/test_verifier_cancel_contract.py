@@ -14,9 +14,9 @@ import ast
 from pathlib import Path
 
 from kdelay import buffer
-from verifier import cancel_contract as contract
-from verifier.report import Outcome, summarise
-from verifier.stream import CancelAt, CancelRegistry, ScheduleAt
+from kdelay.verifier import cancel_contract as contract
+from kdelay.verifier.report import Outcome, summarise
+from kdelay.verifier.stream import CancelAt, CancelRegistry, ScheduleAt
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1_800_000_000_000

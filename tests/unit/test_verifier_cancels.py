@@ -7,7 +7,7 @@ from __future__ import annotations
 from kdelay import buffer
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import CANCEL_WINDOW_MS as WINDOW
-from verifier.stream import CancelRegistry
+from kdelay.verifier.stream import CancelRegistry
 
 T = 1_800_000_000_000
 

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from kdelay.config_loader import load
 from kdelay.durations import duration_ms
 from kdelay.errors import ConfigError
-from verifier import chart
-from verifier.cli import command
-from verifier.config import VerifierConfig
-from verifier.metrics import Metrics
-from verifier.report import Lateness, Summary, WindowResult
-from verifier.sinks import Sinks
+from kdelay.verifier import chart
+from kdelay.verifier.cli import command
+from kdelay.verifier.config import VerifierConfig
+from kdelay.verifier.metrics import Metrics
+from kdelay.verifier.report import Lateness, Summary, WindowResult
+from kdelay.verifier.sinks import Sinks
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,13 +142,13 @@ def test_verify_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch)
             raise ModuleNotFoundError(f"No module named {name!r}", name="pyspark")
         return real_import(name, *args, **kwargs)
 
-    # As in a full run, where other tests imported the job already: `from verifier import job`
-    # would find the package attribute and never import, so both are removed.
-    import verifier
-    import verifier.job
+    # As in a full run, where other tests imported the job already: `from kdelay.verifier import
+    # job` would find the package attribute and never import, so both are removed.
+    import kdelay.verifier
+    import kdelay.verifier.job
 
-    monkeypatch.delitem(sys.modules, "verifier.job")
-    monkeypatch.delattr(verifier, "job")
+    monkeypatch.delitem(sys.modules, "kdelay.verifier.job")
+    monkeypatch.delattr(kdelay.verifier, "job")
     monkeypatch.setattr(builtins, "__import__", no_pyspark)
     result = CliRunner().invoke(command, ["--once", "--bootstrap-servers", "127.0.0.1:1"])
     assert result.exit_code != 0

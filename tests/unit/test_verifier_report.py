@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdelay.stats import percentile
-from verifier.report import (
+from kdelay.verifier.report import (
     Lateness,
     Outcome,
     Slo,

@@ -15,17 +15,16 @@ from kazoo.protocol.serialization import Auth
 from kazoo.security import Permissions, make_digest_acl
 from pydantic import SecretStr, ValidationError
 
-import zk.replica_api
-from delay_service.cli import status_command
-from delay_service.config import ReplicaConfig
-from delay_service.reshard_cli import reshard_command
-from delay_service.zk_flags import zk_security
 from kdelay.config_loader import load
+from kdelay.delay_service.cli import status_command
+from kdelay.delay_service.config import ReplicaConfig
+from kdelay.delay_service.reshard_cli import reshard_command
+from kdelay.delay_service.zk_flags import zk_security
 from kdelay.errors import ConfigError
-from proxy.config import ProxyConfig
-from zk import Session
-from zk.replica_api import ReplicaApi
-from zk.security import ZkSecurity
+from kdelay.proxy.config import ProxyConfig
+from kdelay.zk import Session, replica_api
+from kdelay.zk.replica_api import ReplicaApi
+from kdelay.zk.security import ZkSecurity
 
 #: Random, so a leak check cannot pass by chance.
 PASSWORD = secrets.token_urlsafe(16)
@@ -178,7 +177,7 @@ def test_every_kazoo_client_gets_the_settings(monkeypatch: pytest.MonkeyPatch) -
     plain = Session("127.0.0.1:1", 2.0)
     assert (plain.client.default_acl, plain.client.use_ssl) == (None, False)
 
-    monkeypatch.setattr(zk.replica_api, "KazooClient", _RecordingKazoo)
+    monkeypatch.setattr(replica_api, "KazooClient", _RecordingKazoo)
     _RecordingKazoo.made.clear()
     api = ReplicaApi("127.0.0.1:1", security=sec)
     with pytest.raises(OSError, match="not started"):
