@@ -1,6 +1,7 @@
 """Aggregating the verifier's per-message rows (:data:`verifier.matching.PER_MESSAGE`) per
-event-time window (over the due time) and overall, with Spark's exact ``percentile`` (linear
-interpolation, like numpy's default); the definitions of every count are in
+event-time window (over the due time) and overall, with exact percentiles (Spark's
+``percentile``, linear interpolation like numpy's default, computed without gathering a
+window's values in one task: :mod:`verifier.quantiles`); the definitions of every count are in
 :mod:`verifier.report`. Both drivers use it (``job.py`` ``--once``, ``stream.py``).
 
 Plain functions building DataFrames; ``window_results`` and ``lateness_points`` collect.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
+from kdelay.verifier.quantiles import exact_percentiles
 from kdelay.verifier.report import QUANTILES, SUMMARY_COLUMNS, Summary, WindowResult
 
 #: At most this many lateness values are collected for the histogram chart.
@@ -33,7 +35,6 @@ def summarise(
     missing = undecided & overdue
     pending = undecided & ~overdue
     lateness = F.when(delivered, F.col("first_ms") - F.col("due_ms"))
-    quantiles = F.percentile(lateness, list(QUANTILES))
 
     def count(flag: Column) -> Column:
         return F.sum(flag.cast("long"))
@@ -44,7 +45,6 @@ def summarise(
         count(missing).alias("missing"),
         F.sum(F.when(delivered, F.col("deliveries") - 1).otherwise(0)).alias("duplicates"),
         F.sum("early").alias("early"),
-        quantiles.alias("q"),
         F.max(lateness).cast("double").alias("max"),
         count(pending).alias("pending"),
         count(cancelled).alias("cancelled"),
@@ -52,17 +52,23 @@ def summarise(
             "receipt"
         ),
     ]
-    q = [F.col("q")[i].alias(name) for i, name in enumerate(("p50", "p95", "p99"))]
-    rest = [c for c in SUMMARY_COLUMNS if c not in ("p50", "p95", "p99")]
-    if window_ms is None:
-        return per_id.agg(*aggs).select(*rest, *q)
-    windowed = per_id.groupBy(F.window("due", f"{window_ms} milliseconds").alias("w")).agg(*aggs)
-    return windowed.select(
-        F.unix_millis(F.col("w.start")).alias("window_start_ms"),
-        F.unix_millis(F.col("w.end")).alias("window_end_ms"),
-        *rest,
-        *q,
-    ).orderBy("window_start_ms")
+    names = ("p50", "p95", "p99")
+    rest = [c for c in SUMMARY_COLUMNS if c not in names]
+    keys = [] if window_ms is None else ["window_start_ms", "window_end_ms"]
+    rows = per_id.withColumn("lateness", lateness)
+    if window_ms is not None:
+        w = F.window("due", f"{window_ms} milliseconds")
+        rows = rows.withColumn("w", w).select(
+            "*",
+            F.unix_millis(F.col("w.start")).alias("window_start_ms"),
+            F.unix_millis(F.col("w.end")).alias("window_end_ms"),
+        )
+    counted = rows.groupBy(*keys).agg(*aggs)
+    quantiles = exact_percentiles(rows, "lateness", keys, QUANTILES, names)
+    if not keys:  # one row overall, with null percentiles when nothing was delivered
+        return counted.join(quantiles, how="left").select(*rest, *names)
+    summary = counted.join(quantiles, keys, "left")
+    return summary.select(*keys, *rest, *names).orderBy("window_start_ms")
 
 
 def window_results(summary: DataFrame) -> list[WindowResult]:

@@ -36,6 +36,7 @@ EXTRA_ONLY = {
         "verifier/job.py",
         "verifier/matching.py",
         "verifier/aggregates.py",
+        "verifier/quantiles.py",
         "verifier/stream.py",
         "verifier/source.py",
         "verifier/chart.py",
