@@ -9,19 +9,22 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdelay-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install constraints jvm faketime chromium kcat console-screenshots deploy-tools lint format test coverage test-spark test-unit test-integration test-e2e demo demo-secure bench clean check-leftovers
+.PHONY: help install constraints jvm faketime chromium kcat console-screenshots deploy-tools lint format test coverage test-spark test-unit test-integration test-e2e test-deploy demo demo-secure bench clean check-leftovers
 .PHONY: containers containers-down test-containers demo-compose
 .PHONY: k8s-up k8s-down test-k8s
 .PHONY: spark-up
+.PHONY: docs
 
 help:
 	@echo "make demo    start the local stack, send delayed messages, verify them with Spark"
 	@echo "make test    install everything, lint, run every test tier"
 	@echo "make coverage  make test, with the coverage of the run"
 	@echo "make test-spark  the verifier on a standalone Spark cluster (tests/spark, not in make test)"
+	@echo "make test-deploy  the deploy tier of make test: chart, Compose, rules, dashboards (tests/deploy)"
 	@echo "make install virtualenv in $(VENV), the project with dev extras, the pinned jars"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict, lint-imports"
 	@echo "make constraints  regenerate constraints.txt from $(VENV) (the tested versions)"
+	@echo "make docs   build the manual (docs/, mkdocs.yml) into .cache/site"
 
 # constraints.txt: the versions the suite last passed with (`make constraints`), so a fresh
 # install gets them, not whatever was released since; pyproject.toml keeps the lower bounds.
@@ -70,6 +73,11 @@ chromium:
 console-screenshots: install
 	KDELAY_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q -p no:cacheprovider tests/integration/test_console.py
 
+# The manual: docs/ as a site (MkDocs, the Material theme; nothing fetched). --strict: a broken
+# link or anchor fails it, as tests/unit/test_docs_site.py does. Open .cache/site/index.html.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .cache/site
+
 jvm: $(STAMP)
 	$(BIN)/kdelay jvm fetch
 
@@ -98,8 +106,9 @@ format: $(STAMP)
 # and stacks the tests start as subprocesses are not measured): the files not fully covered and
 # the total; no threshold. Not in `make test`: its tracer costs the suite's in-process Python
 # about 75% more CPU (tests/unit: 75 s -> 138 s), minutes of a 2-core CI run's 30.
-# --no-loadscope-reorder: files in collection order (tests/e2e, tests/integration, then the many
-# short files of tests/packaging and tests/unit, which fill the end evenly), not xdist's default
+# --no-loadscope-reorder: files in collection order (tests/e2e, tests/integration, which
+# tests/conftest.py puts first, then tests/deploy and the many short files of tests/packaging and
+# tests/unit, which fill the end evenly), not xdist's default
 # of the files with the most tests first, which left the slowest files of one or two tests (a
 # Spark cluster, the wheel) to run last, one worker idle beside them for minutes.
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
@@ -126,6 +135,14 @@ test-integration: install
 
 test-e2e: install
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory check-leftovers
+
+# The deploy tier (tests/deploy) as `make test` runs it: the chart rendered and validated, the
+# Compose file and Dockerfiles, the Prometheus rules, the dashboards on a live stack; the pinned
+# tools from dev/tools/install.sh. Its engine and cluster suites, tests/deploy/containers and
+# tests/deploy/k8s, are deselected here: `make test-containers`, `make test-k8s`.
+test-deploy: install
+	$(BIN)/pytest -m deploy $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers
 
 # Every JVM and service kdelay starts carries kdelay.managed=<owner pid> in its command line; one
@@ -164,12 +181,12 @@ containers: $(STAMP) jvm
 containers-down: $(STAMP)
 	$(BIN)/python -m dev.containers down
 
-# The testcontainers backend. tests/containers: the e2e failover subset, the image run as the
-# chart runs it, the images. CONTAINER_TESTS="tests/containers tests/integration tests/e2e" runs
-# the other suites on containerised Kafka and ZooKeeper too; CONTAINER_IMAGES="kafka zookeeper
-# kdelay" builds only those (all by default). The session starts (and stops) its own Docker API
-# socket unless `make containers` left one running.
-CONTAINER_TESTS ?= tests/containers
+# The testcontainers backend. tests/deploy/containers: the e2e failover subset, the image run as
+# the chart runs it, the images. CONTAINER_TESTS="tests/deploy/containers tests/integration
+# tests/e2e" runs the other suites on containerised Kafka and ZooKeeper too;
+# CONTAINER_IMAGES="kafka zookeeper kdelay" builds only those (all by default). The session
+# starts (and stops) its own Docker API socket unless `make containers` left one running.
+CONTAINER_TESTS ?= tests/deploy/containers
 CONTAINER_IMAGES ?=
 test-containers: $(STAMP) jvm
 	$(BIN)/python -m dev.containers up --no-service --only $(CONTAINER_IMAGES)
@@ -194,9 +211,9 @@ k8s-up: $(STAMP) jvm
 k8s-down: $(STAMP)
 	$(BIN)/python -m dev.k8s down
 
-# tests/k8s against that cluster (brought up first when it is not): the chart installed with
+# tests/deploy/k8s against that cluster (brought up first when it is not): the chart installed with
 # Kafka and ZooKeeper in the cluster, delayed messages through the proxy's Service, the master's
 # pod deleted mid-stream, helm upgrade and rollback, kubectl drain, helm uninstall.
 test-k8s: k8s-up
-	KDELAY_TEST_K8S=1 $(BIN)/pytest tests/k8s $(PYTEST_ARGS)
+	KDELAY_TEST_K8S=1 $(BIN)/pytest tests/deploy/k8s $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory check-leftovers

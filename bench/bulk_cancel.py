@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.store_writes import BULK_STEP
+from kdelay.delay_service.store.store import Store
+from kdelay.delay_service.store.writes import BULK_STEP
 
 BATCH = 5_000
 T0 = 1_800_000_000_000  # the bulk cancel's append time

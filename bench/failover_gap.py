@@ -46,7 +46,7 @@ from confluent_kafka import Consumer, Producer
 from dev.kafka_tools import create_topic, unique_topic
 from dev.stack import wait_until
 from dev.stack.process import python_argv
-from dev.stack.restarts import Supervisor
+from dev.stack.restarts import SupervisedProcesses
 from dev.stack.stack import LocalStack, StackOptions
 from kdelay import headers as h
 from kdelay.zk import Paths, Session, cluster_status, current_leader
@@ -131,7 +131,7 @@ class Bench:
     """The running stack, its supervisor, the reader's deliveries and a ZooKeeper viewer."""
 
     stack: LocalStack
-    supervisor: Supervisor
+    supervisor: SupervisedProcesses
     deliveries: Deliveries
     viewer: Session
     paths: Paths = field(default_factory=Paths)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         viewer.start(timeout=30)
         # Like `kdelay up`, minus the servers: the zk-stop case stops ZooKeeper on purpose.
         parts = [c for c in stack.components() if not c.essential]
-        b = Bench(stack, Supervisor(parts, log=print), deliveries, viewer)
+        b = Bench(stack, SupervisedProcesses(parts, log=print), deliveries, viewer)
         b.steady()
         if args.case in ("all", "master-kill"):
             for _ in range(args.kills):

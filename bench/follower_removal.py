@@ -8,7 +8,7 @@ as a follower removes a released message, either
 - ``tombstone_first``: the tombstones (with their outcomes, as a release writes them) through
   ``Ingest.apply``, then the checkpoint covering them all (``Store.apply_checkpoint``), which
   finds nothing left: what a follower does when it applies a checkpoint only once it has
-  settled (``delay_service/follower_checkpoints.py``);
+  settled (``delay_service/release/follower_checkpoints.py``);
 - ``checkpoint_first``: the checkpoint first (it drops every entry, decoding each and writing
   a "covered" outcome), then the tombstones (each looks its entry up, misses, and writes its
   outcome again): what a follower did when the ZooKeeper checkpoint beat the tombstones
@@ -31,9 +31,9 @@ from bench.harness.buffer_messages import PARTITIONS, batches, buffer_records
 from kdelay import memory
 from kdelay.checkpoint import Checkpoint
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 ORDERS = ("tombstone_first", "checkpoint_first")
 

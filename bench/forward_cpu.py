@@ -29,11 +29,11 @@ from rocksdict import WriteBatch
 from bench.harness import cpu_count
 from kdelay.buffer import Scheduled, Tombstone, encode
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.entry import decode_entry
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.entry import decode_entry
+from kdelay.delay_service.store.store import Store
 
 _CHUNK = 5_000
 Callback = Callable[[Any, Any], None]

@@ -30,11 +30,11 @@ from bench.harness import cpu_count
 from bench.harness.buffer_messages import messages
 from kdelay.buffer import Scheduled, Tombstone, decode
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.entry import encode_entry, entry_key
-from kdelay.delay_service.ids import id_key
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.entry import encode_entry, entry_key
+from kdelay.delay_service.store.ids import id_key
+from kdelay.delay_service.store.store import Store
 
 
 def _kdelay(store: Store, batches: list[list[Message]]) -> int:

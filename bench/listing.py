@@ -40,9 +40,9 @@ from prometheus_client import CollectorRegistry
 
 from kdelay.buffer import Scheduled
 from kdelay.delay_service import health
-from kdelay.delay_service.listing import LIST_SCAN
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.queries.listing import LIST_SCAN
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.store.store import Store
 
 RARE_EVERY = 100_000
 BATCH = 5_000

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from kdelay.buffer import Fate, Scheduled
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 machine.
 
 Run: ``.venv/bin/python -m bench.route_cpu`` (``--callgrind`` for instruction counts). No
-sockets and no Kafka: ``proxy.routing.route`` (what the proxy does with each record of a
+sockets and no Kafka: ``proxy.routing.route.route`` (what the proxy does with each record of a
 produce request, between parsing it and producing it upstream) on batches of 100 records of an
 idempotent producer, 100 B values, a key and one header of the producer's own:
 
@@ -23,8 +23,8 @@ import uuid
 from bench.harness import cpu_count
 from kdelay import headers as h
 from kdelay.headers import DelayPolicy
-from kdelay.proxy.buffer_keys import Origin
-from kdelay.proxy.routing import route
+from kdelay.proxy.routing.buffer_keys import Origin
+from kdelay.proxy.routing.route import route
 
 _BATCH = 100
 _NOW_MS = 1_800_000_000_000

@@ -34,8 +34,8 @@ from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from dev.kafka_tools import create_topic
 from dev.stack import LocalKafka, LocalZooKeeper, wait_until
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.entry import encode_entry, entry_key
-from kdelay.delay_service.ids import id_key
+from kdelay.delay_service.store.entry import encode_entry, entry_key
+from kdelay.delay_service.store.ids import id_key
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 REPEAT = "R2/PT10M"

@@ -37,7 +37,7 @@ from bench.harness.replicas import PARTITIONS, Replicas, kafka_settings
 from dev.kafka_tools import Record, consume_until, create_topic
 from dev.stack import LocalKafka, LocalZooKeeper
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.smoothing import BURST_S
+from kdelay.delay_service.release.smoothing import BURST_S
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 MODES = ("alone", "burst", "throttled")

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from kdelay.buffer import Fate, Scheduled
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 
 def main() -> None:

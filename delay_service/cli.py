@@ -1,7 +1,7 @@
 """``kdelay delay-service`` (run one replica), ``kdelay status`` (CONTRACT.md), whose
 ``--id ID`` asks the replicas about one message (docs/status.md), and ``kdelay list``, the
 pending messages in due order as the replicas list them (``GET /v1/messages?state=pending``),
-following each page's ``next`` up to ``--limit``. ``kdelay reshard`` is reshard_cli.py.
+following each page's ``next`` up to ``--limit``. ``kdelay reshard`` is reshard/cli.py.
 
 ``kdelay status``, ``kdelay list`` and ``kdelay reshard`` log in to ZooKeeper as the replicas
 do (zk_flags.py): ``--zk-auth-username``, ``--zk-auth-password-file``, ``--zk-tls`` and
@@ -87,9 +87,8 @@ def status_command(
 ) -> None:
     """Master, replicas with their lag and pending count, and the checkpoint; or, with
     --id, one message's status."""
-    from kazoo.exceptions import NoAuthError
-
     from kdelay.zk import Paths, Session
+    from kdelay.zk.errors import no_auth_error
     from kdelay.zk.layout import delay_set_status
 
     security = zk_security(**security_flags)
@@ -107,7 +106,7 @@ def status_command(
     try:
         check_access(session.client, zk_root, security)
         status = delay_set_status(session.client, paths)
-    except NoAuthError:
+    except no_auth_error():
         raise no_auth(zk_root, security) from None
     finally:
         session.stop()
@@ -223,7 +222,7 @@ def _describe(doc: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _event_line(event: dict[str, Any]) -> str:
-    """One event of a message's history (delay_service/message_status.py), on one line."""
+    """One event of a message's history (delay_service/queries/message_status.py), on one line."""
     kind = str(event.get("event"))
     line = f"{kind.replace('_', '-')} at {_when(event.get('at'))}"
     if event.get("occurrence") is not None:

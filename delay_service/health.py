@@ -39,9 +39,9 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.errors import QueryError, StoreError
-from kdelay.delay_service.ingest import Ingest
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.threads import Supervisor
+from kdelay.delay_service.ingest.ingest import Ingest
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.threads import SupervisedThreads
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -56,7 +56,7 @@ class Health:
     """A replica's liveness and readiness, from the state its threads leave behind."""
 
     def __init__(
-        self, cfg: ReplicaConfig, supervisor: Supervisor, stopping: threading.Event
+        self, cfg: ReplicaConfig, supervisor: SupervisedThreads, stopping: threading.Event
     ) -> None:
         self._cfg = cfg
         self._supervisor = supervisor

@@ -15,7 +15,7 @@ Threads and who calls what:
   down, CONNECTED -> resume / rejoin), leadership changes and checkpoints, all handed over by
   kazoo callbacks through ``_events`` + ``_wakeup`` (callbacks never block);
 - ingest thread: :meth:`Ingest.run`; forwarder thread: :meth:`Forwarder.run`; both run under
-  a :class:`Supervisor`: a failure is logged, counted and the loop run again after a backoff;
+  a :class:`SupervisedThreads`: a failure is logged, counted and the loop run again after a backoff;
   a failed forwarder first makes the replica step down (it leaves the election, and joins again
   only once the backoff is over), so a master never holds the election without forwarding;
   too many failures in a row stop the replica, and the process exits non-zero;
@@ -37,23 +37,22 @@ import threading
 import time
 from typing import Any
 
-from kazoo.recipe.watchers import DataWatch
-
 from kdelay import logs, memory
 from kdelay.backoff import Backoff
 from kdelay.checkpoint import CheckpointFormatError, CheckpointRecord
 from kdelay.delay_service import away, health, startup
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.errors import ComponentFailedError
-from kdelay.delay_service.follower_checkpoints import FollowerCheckpoints
-from kdelay.delay_service.forwarder import Forwarder
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.skew_step_down import Leave, SkewCandidacy
+from kdelay.delay_service.release.follower_checkpoints import FollowerCheckpoints
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.skew_step_down import Leave, SkewCandidacy
 from kdelay.delay_service.status import StatusPublisher, role
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.threads import RestartPolicy, Supervisor
+from kdelay.delay_service.store.store import Store
+from kdelay.delay_service.threads import SupervisedThreads
 from kdelay.errors import ConfigError
+from kdelay.supervision import RestartPolicy
 from kdelay.zk import (
     CONNECTED,
     LOST,
@@ -64,6 +63,7 @@ from kdelay.zk import (
     Registry,
     Session,
 )
+from kdelay.zk.access import watch_data
 
 log = logs.get(__name__)
 
@@ -86,7 +86,7 @@ class Replica:
         self._skew = SkewCandidacy(
             cfg.max_clock_skew_ms, cfg.skew_step_down_ms, metrics=self.metrics
         )
-        self.supervisor = Supervisor(
+        self.supervisor = SupervisedThreads(
             self.metrics,
             RestartPolicy(
                 Backoff(cfg.restart_backoff_ms / 1000, cfg.restart_backoff_max_ms / 1000),
@@ -242,7 +242,7 @@ class Replica:
                         next_status = 0.0
                     forwarder.resume()
             if state == CONNECTED and not watching:
-                DataWatch(session.client, self.paths.checkpoint, self._on_checkpoint)
+                watch_data(session.client, self.paths.checkpoint, self._on_checkpoint)
                 watching = True
             self._skew.observe(
                 time.monotonic(), self.broker_clock.skew_ms(), leading=election.is_leader

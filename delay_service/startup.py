@@ -29,15 +29,16 @@ from kdelay import acl_check, logs
 from kdelay.acls import REPLICA_GROUPS, Acl, replica_acls
 from kdelay.broker_clock import BrokerClock
 from kdelay.buffer import BUFFER_TOPIC
-from kdelay.delay_service import away, health, shard_dir
-from kdelay.delay_service.broker_clock import SkewHold
+from kdelay.delay_service import away, health
 from kdelay.delay_service.config import EXACTLY_ONCE, ReplicaConfig
-from kdelay.delay_service.exactly_once import make_forwarder
-from kdelay.delay_service.forwarder import Forwarder
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.release.broker_clock import SkewHold
+from kdelay.delay_service.release.exactly_once import make_forwarder
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.reshard import shard_dir
+from kdelay.delay_service.store.store import Store
 from kdelay.errors import ConfigError
 from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
 from kdelay.zk import Paths, Session

@@ -20,10 +20,10 @@ from kdelay.broker_clock import BrokerClock
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.clock import now_ms
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.forwarder import Forwarder
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import DUE_WINDOWS, Metrics
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.store.store import Store
 from kdelay.zk import CoordinationError, Election, Registry
 
 log = logs.get(__name__)

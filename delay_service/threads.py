@@ -1,16 +1,18 @@
 """Supervision of a replica's long-running threads: never a live process doing nothing.
 
-Each component (``ingest``, ``forwarder``) runs its loop in a thread of its own under a
-:class:`Supervisor`. When the loop raises, the supervisor logs ``supervisor.component_failed``
-with the traceback, counts ``kdelay_component_failures_total{component}``, calls the
-component's ``on_failure`` (the replica uses it to make a failed master step down), waits out
-an exponential backoff and runs the loop again. ``max_failures`` consecutive failures (a run
+Each component (``ingest``, ``forwarder``) runs its loop in a thread of its own under
+:class:`SupervisedThreads`. When the loop raises, it logs ``supervisor.component_failed`` with
+the traceback, counts ``kdelay_component_failures_total{component}``, calls the component's
+``on_failure`` (the replica uses it to make a failed master step down), waits out an
+exponential backoff and runs the loop again. ``max_failures`` consecutive failures (a run
 shorter than ``backoff.reset_after_s`` does not reset the count) call ``on_fatal`` instead: the
-replica then shuts down and the process exits non-zero, so the orchestrator restarts it.
+replica then shuts down and the process exits non-zero, so the orchestrator restarts it. The
+policy and the counting are kdelay/supervision.py's, shared with the proxy and ``kdelay up``;
+this module only runs and watches the threads.
 
 A loop that *returns* has stopped on purpose (shutdown) and is not run again.
 
-Threads: :meth:`Supervisor.start`, :meth:`stop` and :meth:`join` are called by the owner (the
+Threads: :meth:`SupervisedThreads.start`, :meth:`stop` and :meth:`join` are called by the owner (the
 replica's main thread); :meth:`backing_off` and :meth:`dead` by any thread (the health
 endpoints). ``on_failure`` and ``on_fatal`` run on the failed component's thread and must not
 block.
@@ -24,18 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kdelay import logs
-from kdelay.backoff import Backoff
 from kdelay.delay_service.metrics import Metrics
+from kdelay.supervision import RestartPolicy, Supervisor
 
 log = logs.get(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RestartPolicy:
-    """When to run a failed component again, and when to give up."""
-
-    backoff: Backoff = field(default_factory=Backoff)  # reset_after_s also resets the count
-    max_failures: int = 5  # consecutive failures before on_fatal
 
 
 @dataclass(slots=True)
@@ -44,13 +38,12 @@ class _Component:
     target: Callable[[], None]
     on_failure: Callable[[BaseException], None]
     thread: threading.Thread | None = None
-    failures: int = 0  # consecutive
     retry_at: float | None = None  # monotonic: backing off until then
     gave_up: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class Supervisor:
+class SupervisedThreads:
     """Runs components' loops in threads and restarts the ones that fail."""
 
     def __init__(
@@ -60,7 +53,7 @@ class Supervisor:
         on_fatal: Callable[[str], None],
     ) -> None:
         self._metrics = metrics
-        self._policy = policy
+        self._restarts = Supervisor(policy)
         self._on_fatal = on_fatal
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -74,6 +67,7 @@ class Supervisor:
     ) -> None:
         """Run ``target`` in a daemon thread called ``name``, supervised."""
         comp = _Component(name, target, on_failure)
+        self._restarts.recovered(name)  # a fresh start has no failures in a row
         comp.thread = threading.Thread(target=self._run, args=(comp,), name=name, daemon=True)
         with self._lock:
             self._components[name] = comp
@@ -122,35 +116,32 @@ class Supervisor:
 
     def _failed(self, comp: _Component, exc: Exception, ran_s: float) -> bool:
         """Count, report and back off; False when the component is given up."""
-        p = self._policy
-        comp.failures = p.backoff.consecutive(comp.failures, ran_s)
+        failure = self._restarts.failed(comp.name, ran_s=ran_s)
         self._metrics.component_failures.labels(comp.name).inc()
-        backoff = p.backoff.delay(comp.failures)
-        give_up = comp.failures >= p.max_failures
         log.error(
             "supervisor.component_failed",
             component=comp.name,
             error=f"{type(exc).__name__}: {exc}",
-            consecutive=comp.failures,
-            restart_in_s=None if give_up else backoff,
+            consecutive=failure.consecutive,
+            restart_in_s=None if failure.gave_up else failure.delay_s,
             exc_info=exc,
         )
         with self._lock:
-            comp.retry_at = time.monotonic() + backoff
+            comp.retry_at = time.monotonic() + failure.delay_s
         try:
             comp.on_failure(exc)
         except Exception:  # a failing hook must not stop supervision
             log.exception("supervisor.on_failure_failed", component=comp.name)
-        if give_up:
+        if failure.gave_up:
             log.critical(
-                "supervisor.component_given_up", component=comp.name, failures=comp.failures
+                "supervisor.component_given_up", component=comp.name, failures=failure.consecutive
             )
             with self._lock:
                 comp.gave_up = True
                 comp.retry_at = None
             self._on_fatal(comp.name)
             return False
-        self._stop.wait(backoff)
+        self._stop.wait(failure.delay_s)
         with self._lock:
             comp.retry_at = None
         return not self._stop.is_set()

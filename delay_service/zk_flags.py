@@ -17,7 +17,7 @@ from pydantic import SecretStr, ValidationError
 from kdelay.zk.security import ZkSecurity
 
 if TYPE_CHECKING:
-    from kazoo.client import KazooClient
+    from kdelay.zk.access import ZkClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,17 +80,13 @@ def zk_security(
         raise click.UsageError(f"ZooKeeper security: {why}") from None
 
 
-def check_access(client: KazooClient, zk_root: str, security: ZkSecurity) -> None:
+def check_access(client: ZkClient, zk_root: str, security: ZkSecurity) -> None:
     """Fail with what to give when ZooKeeper will not let this session read ``zk_root`` (a
     root not created yet is not an error here)."""
-    from kazoo.exceptions import NoAuthError, NoNodeError
+    from kdelay.zk.access import may_list
 
-    try:
-        client.get_children(zk_root)
-    except NoNodeError:
-        pass
-    except NoAuthError:
-        raise no_auth(zk_root, security) from None
+    if not may_list(client, zk_root):
+        raise no_auth(zk_root, security)
 
 
 def no_auth(zk_root: str, security: ZkSecurity) -> click.ClickException:

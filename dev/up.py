@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from dev.stack.restarts import ComponentLostError, Supervisor
+from dev.stack.restarts import ComponentLostError, SupervisedProcesses
 from dev.stack.stack import LocalStack, StackOptions
 from kdelay.stop_signals import on_stop_signals
 
@@ -89,7 +89,7 @@ def command(**options: Any) -> None:
             _echo(f"    logs in {opts.data_dir.resolve()}, state in {opts.state_file}")
             click.echo("kdelay ready", err=False)
             sys.stdout.flush()
-        supervisor = Supervisor(
+        supervisor = SupervisedProcesses(
             stack.components(), log=_echo, on_restart=lambda _c: stack.write_state()
         )
         while not stop.wait(1.0):

@@ -11,7 +11,7 @@ What is deliberately absent:
 - ``IDEMPOTENT_WRITE`` on the cluster: since Kafka 3.0 WRITE on any topic allows an idempotent
   producer (KIP-679), and every kdelay producer is idempotent.
 - ``ALTER`` on the buffer topic: it makes a principal a kdelay *administrator* at the proxy
-  (proxy/authorization.py), which no kdelay component needs.
+  (proxy/auth/authorization.py), which no kdelay component needs.
 - Client principals' ACLs for *direct* access to the internal topics: they go through the
   proxy, which writes the buffer as its own principal after checking theirs.
 
@@ -132,7 +132,8 @@ def replica_acls(buffer_topic: str = BUFFER_TOPIC, *, exactly_once: bool = True)
 
 
 def proxy_acls(buffer_topic: str = BUFFER_TOPIC, *, ensure_topics: bool = True) -> list[Acl]:
-    """The proxy's upstream principal's ACLs (proxy/upstream.py, broker clock, app start-up).
+    """The proxy's upstream principal's ACLs (proxy/upstream/producer.py, broker clock, app
+    start-up).
     A client's own SASL login is relayed to Kafka and checked as that client, not as this."""
     acls = [
         Acl("TOPIC", TARGETS, "LITERAL", "WRITE", "writes immediate records to their topics"),

@@ -27,4 +27,7 @@ class Backoff:
 
     def delay(self, consecutive: int) -> float:
         """The wait in seconds before the ``consecutive``-th restart in a row (1-based)."""
-        return float(min(self.cap_s, self.initial_s * 2.0 ** max(0, consecutive - 1)))
+        # 2.0 ** 1024 raises OverflowError: a unit never given up on gets there after 1,024
+        # failures in a row; 2 ** 1000 is far past any cap already.
+        doublings = min(max(0, consecutive - 1), 1000)
+        return float(min(self.cap_s, self.initial_s * 2.0**doublings))

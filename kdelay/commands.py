@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "delay-service": "kdelay.delay_service.cli:command",
     "status": "kdelay.delay_service.cli:status_command",
     "list": "kdelay.delay_service.cli:list_command",
-    "reshard": "kdelay.delay_service.reshard_cli:reshard_command",
+    "reshard": "kdelay.delay_service.reshard.cli:reshard_command",
     "verify": "kdelay.verifier.cli:command",
     "jvm": "kdelay.commands:jvm",
 }

@@ -1,6 +1,6 @@
 """A listing's filters as the replicas take them (``GET /v1/messages?state=pending...``,
 CONTRACT.md v3): built once for ``kdelay list`` (delay_service/cli.py) and the proxy's listing
-(proxy/http_queries.py)."""
+(proxy/http/queries.py)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ BUFFER_TOPIC_CONFIG = {
 }
 
 #: Exactly-once release: each delay set's checkpoint, committed in the transaction of the
-#: releases it covers (delay_service/exactly_once.py); keyed by the set, so compaction keeps
+#: releases it covers (delay_service/release/exactly_once.py); keyed by the set, so compaction keeps
 #: the last one.
 CHECKPOINT_TOPIC = "__kdelay_checkpoint"
 CHECKPOINT_TOPIC_CONFIG = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -23,27 +22,24 @@ import uvicorn
 from kdelay import logs
 from kdelay.broker_clock import BrokerClock
 from kdelay.errors import InfrastructureError
-from kdelay.proxy import http_login, upstream_acls
-from kdelay.proxy.auth_session import AuthSettings
-from kdelay.proxy.authorization import AclCache
-from kdelay.proxy.broker import Broker
-from kdelay.proxy.broker_link import LinkSettings
+from kdelay.proxy.auth import upstream_acls
+from kdelay.proxy.auth.owners import Owners
+from kdelay.proxy.auth.prelogin import PreloginGate
 from kdelay.proxy.budget import RequestBudget
-from kdelay.proxy.buffer_keys import AcceptanceOrder
-from kdelay.proxy.cancel_acks import CancelAcks
 from kdelay.proxy.config import ProxyConfig
-from kdelay.proxy.http import create_app
-from kdelay.proxy.http_login import HttpAuthenticator
-from kdelay.proxy.idempotence import ProducerRegistry
-from kdelay.proxy.login_backoff import LoginBackoff
-from kdelay.proxy.login_gate import LoginGate
+from kdelay.proxy.http import authenticate
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.http.login import HttpAuthenticator
+from kdelay.proxy.kafka.auth_settings import AuthSettings, listener_auth
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.idempotence import ProducerRegistry
+from kdelay.proxy.kafka.server import KafkaServer, Limits, reuse_port_socket, tls_context
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.owners import Owners
-from kdelay.proxy.prelogin import PreloginGate
-from kdelay.proxy.restarts import ComponentStoppedError, Supervisor
-from kdelay.proxy.server import KafkaServer, Limits, reuse_port_socket
-from kdelay.proxy.topics import Advertised, Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.restarts import ComponentStoppedError, SupervisedComponents
+from kdelay.proxy.routing.buffer_keys import AcceptanceOrder
+from kdelay.proxy.routing.cancel_acks import CancelAcks
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.upstream.producer import Upstream
 from kdelay.topics import ensure_internal_topics
 from kdelay.zk.replica_api import ReplicaApi
 
@@ -69,43 +65,12 @@ class Addresses:
     http: str
 
 
-def _ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
-    if cfg.tls_cert is None or cfg.tls_key is None:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
-    return ctx
-
-
-def _auth_settings(cfg: ProxyConfig, metrics: ProxyMetrics) -> AuthSettings | None:
-    """SASL on the Kafka listener, relayed to upstream Kafka (proxy/auth_session.py)."""
-    if not cfg.sasl_enabled:
-        return None
-    return AuthSettings(
-        mechanisms=cfg.sasl_mechanisms,
-        link=LinkSettings.from_upstream(
-            cfg.bootstrap_servers,
-            cfg.upstream_client_config(),
-            timeout_s=cfg.broker_link_timeout_ms / 1000,
-        ),
-        cache=AclCache(cfg.acl_cache_ms / 1000),
-        backoff=LoginBackoff(
-            cfg.auth_failure_delay_ms / 1000, cfg.auth_failure_max_delay_ms / 1000
-        ),
-        metrics=metrics,
-        timeout_s=cfg.sasl_authentication_timeout_ms / 1000,
-        max_receive_bytes=cfg.sasl_max_receive_bytes,
-        principal_claim=cfg.sasl_principal_claim,
-        logins=LoginGate(cfg.max_concurrent_logins),
-    )
-
-
 def _http_authenticator(
     cfg: ProxyConfig, metrics: ProxyMetrics, listener: AuthSettings | None
 ) -> HttpAuthenticator | None:
-    """The HTTP API's authentication (proxy/http_login.py), sharing the Kafka listener's ACL
+    """The HTTP API's authentication (proxy/http/login.py), sharing the Kafka listener's ACL
     cache, login backoff and cap on concurrent logins when it has SASL."""
-    return http_login.authenticator(
+    return authenticate.authenticator(
         cfg,
         metrics,
         cache=listener.cache if listener else None,
@@ -132,7 +97,7 @@ class Proxy:
         self.addresses: Addresses | None = None
         #: Set (on the loop) when the supervisor gave up on a component: the process must exit.
         self.gave_up: asyncio.Event | None = None
-        self.supervisor = Supervisor(
+        self.supervisor = SupervisedComponents(
             self.metrics,
             backoff_s=cfg.component_restart_backoff_s,
             max_failures=cfg.component_max_failures,
@@ -179,10 +144,10 @@ class Proxy:
         self.kafka = KafkaServer(
             self.metrics,
             Limits(cfg.max_request_bytes, cfg.max_inflight_per_connection, cfg.idle_timeout_s),
-            _ssl_context(cfg),
+            tls_context(cfg.tls_cert, cfg.tls_key),
             budget,
             reuse_port=cfg.reuse_port,
-            auth=_auth_settings(cfg, self.metrics),
+            auth=listener_auth(cfg, self.metrics),
             prelogin=PreloginGate(
                 cfg.prelogin_max_connections, cfg.prelogin_max_connections_per_address
             ),
@@ -348,7 +313,7 @@ class Proxy:
 
     async def _start_clock(self) -> tuple[AcceptanceOrder, CancelAcks]:
         """The broker clock that stamps each delayed record's and cancel's acceptance (README
-        "Cancelling a message") and holds a cancel's answer (proxy/cancel_acks.py), probing
+        "Cancelling a message") and holds a cancel's answer (proxy/routing/cancel_acks.py), probing
         ``__kdelay_clock``; waits up to ``upstream_timeout_ms`` for its first probes: until
         then a delayed record is refused, retriable (LEADER_NOT_AVAILABLE, HTTP 503)."""
         cfg = self.cfg

@@ -1,8 +1,8 @@
 """The process-wide cap on request bytes held in memory (``max_buffered_request_bytes``).
 
 ``max_request_bytes`` bounds one request; this bounds all of them together. Before the Kafka
-listener reads a frame body of N bytes it reserves N bytes here (proxy/server.py), and an HTTP
-request with a ``Content-Length`` reserves its body the same way (proxy/http_errors.py); the
+listener reads a frame body of N bytes it reserves N bytes here (proxy/kafka/server.py), and an HTTP
+request with a ``Content-Length`` reserves its body the same way (proxy/http/errors.py); the
 reservation is given back when the request has been answered (or dropped). A connection whose
 reservation does not fit *waits*, reading nothing more from its socket: the kernel's buffers and
 then the client's own writes fill up, which is backpressure on that client, not a crash and not

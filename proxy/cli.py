@@ -15,10 +15,6 @@ from kdelay.config_loader import load
 from kdelay.options import config_options
 from kdelay.proxy.config import ProxyConfig
 
-#: The start of the one line ``kdelay proxy`` prints on stdout once it serves (scripts wait for it);
-#: a supervisor of workers (proxy/workers.py) waits for it from each.
-READY = "kdelay proxy ready"
-
 
 @click.command("proxy")
 @config_options(ProxyConfig)
@@ -47,6 +43,7 @@ async def _serve(cfg: ProxyConfig) -> int:
     the orchestrator restarts the process)."""
     from kdelay.proxy.app import Proxy
     from kdelay.proxy.restarts import EXIT_GAVE_UP
+    from kdelay.proxy.workers import READY
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

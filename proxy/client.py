@@ -2,7 +2,7 @@
 
 ``kdelay cancel --http URL`` cancels through the proxy's HTTP API instead; ``--wait S``
 (confirmed cancel) and ``--prefix P`` (bulk cancel) need it: the answer, the master's decision
-(proxy/cancel_wait.py), comes back on the same request. Exit status 0 only when cancelled.
+(proxy/http/cancel_wait.py), comes back on the same request. Exit status 0 only when cancelled.
 
 Both log in to a SASL proxy listener like any Kafka client (:class:`ClientSecurity`): the
 ``--kafka-*`` flags, or ``KDELAY_KAFKA_*`` variables; the password only from
@@ -244,7 +244,7 @@ def cancel_command(  # noqa: PLR0917 - click passes each option
         raise click.BadParameter(exc.problem, param_hint="MESSAGE_ID") from None
     # The carrier topic is irrelevant to the cancel: the proxy turns the record into a
     # buffer-topic cancel. The buffer topic always exists, and it is the one internal topic the
-    # proxy lets a cancel (and nothing else) be addressed to (proxy/internal_topics.py); but
+    # proxy lets a cancel (and nothing else) be addressed to (proxy/routing/internal_topics.py); but
     # with SASL the proxy checks WRITE on the carrier, and WRITE on __kdelay_buffer would let
     # a principal write the buffer directly: --topic names one it may write anyway.
     carrier = topic or buffer.BUFFER_TOPIC
@@ -283,7 +283,7 @@ def _cancel_over_http(  # noqa: PLR0917 - the command's options
 ) -> None:
     """``DELETE /v1/messages/{id}`` or ``DELETE /v1/messages?id_prefix=..`` (with ``wait``);
     prints the answer's JSON; exits 1 unless it cancelled (module docstring of
-    proxy/cancel_wait.py), 2 on an error answer."""
+    proxy/http/cancel_wait.py), 2 on an error answer."""
     query: dict[str, str] = {}
     if wait_s is not None:
         query["wait"] = f"{wait_s:g}"

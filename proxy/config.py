@@ -11,8 +11,8 @@ from kdelay.config_loader import TopicDurability, component_config
 from kdelay.headers import DEFAULT_LEVELS_MS, DEFAULT_MAX_HORIZON_MS, DelayPolicy
 from kdelay.kafka_security import KafkaClientSecurity, merge_client_config
 from kdelay.proxy import limits as lim
+from kdelay.proxy.login_config import LoginSettings
 from kdelay.proxy.prelogin_config import PreloginSettings
-from kdelay.proxy.sasl import MECHANISMS
 from kdelay.proxy.secure_defaults import SecureDefaults
 from kdelay.zk.paths import DEFAULT_ROOT, Paths
 from kdelay.zk.security import ZkSecurity
@@ -38,6 +38,7 @@ class ProxyConfig(
     ZkSecurity,
     SecureDefaults,
     PreloginSettings,
+    LoginSettings,
 ):
     """Settings of one proxy process; see ``kdelay proxy --help``."""
 
@@ -169,45 +170,6 @@ class ProxyConfig(
         "upstream Kafka (upstream_config's security.protocol must then be SASL_*), SSL and "
         "SASL_SSL need tls_cert and tls_key [SSL with tls_cert, else PLAINTEXT]",
     )
-    sasl_mechanisms: tuple[str, ...] = Field(
-        default=MECHANISMS,
-        description="SASL mechanisms the listener offers (upstream Kafka must enable them too)",
-    )
-    sasl_authentication_timeout_ms: int = Field(
-        default=30_000, ge=100, description="close a connection not authenticated this long"
-    )
-    sasl_max_receive_bytes: int = Field(
-        default=65_536,
-        ge=1024,
-        description="largest request before authentication, reserving nothing of "
-        "max_buffered_request_bytes (Kafka's sasl.server.max.receive.size, 512 KiB there; a "
-        "login's largest, an OAUTHBEARER token, needs a few KiB)",
-    )
-    sasl_principal_claim: str = Field(
-        default="sub",
-        min_length=1,
-        description="the OAUTHBEARER token claim that names the principal (as upstream Kafka's)",
-    )
-    acl_cache_ms: int = Field(
-        default=5_000,
-        ge=0,
-        description="how long Kafka's answer to what a principal may do with a topic is reused: "
-        "a revoked ACL takes effect within this (0: ask for every request)",
-    )
-    auth_failure_delay_ms: int = Field(
-        default=100,
-        ge=0,
-        description="wait before answering a failed login, doubling with each further failure "
-        "from the same address (Kafka's connection.failed.authentication.delay.ms)",
-    )
-    auth_failure_max_delay_ms: int = Field(
-        default=5_000, ge=0, description="longest wait before answering a failed login"
-    )
-    broker_link_timeout_ms: int = Field(
-        default=10_000,
-        ge=100,
-        description="longest wait for upstream Kafka on a SASL client's own connection to it",
-    )
     workers: int = Field(
         default=1,
         ge=1,
@@ -270,14 +232,6 @@ class ProxyConfig(
         if value.upper() not in LISTENER_PROTOCOLS:
             raise ValueError(f"must be one of {', '.join(LISTENER_PROTOCOLS)}, got {value!r}")
         return value.upper()
-
-    @field_validator("sasl_mechanisms")
-    @classmethod
-    def _mechanisms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [m for m in value if m not in MECHANISMS]
-        if unknown or not value:
-            raise ValueError(f"sasl_mechanisms must be some of {', '.join(MECHANISMS)}")
-        return tuple(dict.fromkeys(value))
 
     @model_validator(mode="after")
     def _listener_security(self) -> ProxyConfig:
@@ -363,7 +317,7 @@ class ProxyConfig(
         """How delay headers are interpreted."""
         return DelayPolicy(levels_ms=self.delay_levels_ms, max_horizon_ms=self.max_horizon_ms)
 
-    # -- the HTTP API's HTTPS and authentication (proxy/http_auth.py) -----------------------
+    # -- the HTTP API's HTTPS and authentication (proxy/http/auth.py) -----------------------
 
     http_tls_cert: Path | None = Field(
         default=None, description="PEM certificate of the HTTP API: HTTPS with http_tls_key"

@@ -19,7 +19,7 @@ from typing import Final
 
 import kafka.errors as kerr
 
-from kdelay.proxy import protocol as p
+from kdelay.proxy.wire import protocol as p
 
 #: The value of every label whose input is outside its set.
 OTHER: Final = "other"
@@ -40,7 +40,8 @@ _MAX_VERSIONS: Final = {key: int(spec.request.max_version) for key, spec in p.AP
 RESULTS: Final = frozenset(
     {"ok", kerr.UnknownError.message, *(cls.message for cls in kerr.kafka_errors.values())}
 )
-#: Why a SASL login failed on the Kafka listener (proxy/auth_session.py, proxy/connection.py).
+#: Why a SASL login failed on the Kafka listener (proxy/kafka/auth_session.py,
+#: proxy/kafka/connection.py).
 SASL_REASONS: Final = frozenset(
     {
         "invalid_credentials",
@@ -54,7 +55,7 @@ SASL_REASONS: Final = frozenset(
         "principal_unknown",
     }
 )
-#: Why an HTTP API login failed (proxy/http_login.py): the listener's reasons prefixed ``http_``
+#: Why an HTTP API login failed (proxy/http/login.py): the listener's reasons prefixed ``http_``
 #: and the HTTP API's own.
 HTTP_REASONS: Final = frozenset(
     {f"http_{r}" for r in SASL_REASONS}

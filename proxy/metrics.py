@@ -156,7 +156,7 @@ class ProxyMetrics:
             "Broker-clock probes that failed",
             registry=r,
         )
-        # Reasons and mechanisms: docs/metrics.md (set by proxy/auth_session.py).
+        # Reasons and mechanisms: docs/metrics.md (set by proxy/kafka/auth_session.py).
         self.auth_failures = Counter(
             "kdelay_proxy_auth_failures_total",
             "Failed SASL logins on the Kafka listener, by mechanism and reason",

@@ -1,5 +1,5 @@
-"""The proxy's settings that bound what a peer without credentials costs (proxy/prelogin.py,
-proxy/login_gate.py, the HTTP body deadline of proxy/http_body.py, whose ``X-Forwarded-For``
+"""The proxy's settings that bound what a peer without credentials costs (proxy/auth/prelogin.py,
+proxy/auth/login_gate.py, the HTTP body deadline of proxy/http/body.py, whose ``X-Forwarded-For``
 is believed); a mixin of ``proxy.config.ProxyConfig``."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """SASL mechanisms as the proxy sees them while relaying a client's exchange to Kafka.
 
 The proxy never judges credentials: Kafka does, on a connection of the proxy's own
-(proxy/auth_session.py relays every token both ways). What the proxy needs from the exchange is
-(1) the principal Kafka authenticated, read from the client's first token, and (2) when the
+(proxy/kafka/auth_session.py relays every token both ways). What the proxy needs from the exchange
+is (1) the principal Kafka authenticated, read from the client's first token, and (2) when the
 exchange is complete, because a SaslAuthenticate response without an error does not say whether
 more rounds follow:
 

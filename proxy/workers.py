@@ -4,14 +4,15 @@ A proxy process serves everything on one asyncio loop, so it uses one core at mo
 ``--workers N`` (N > 1) ``kdelay proxy`` becomes a small supervisor: it starts N worker
 processes, each a whole proxy (Kafka listener, HTTP API, upstream producer, proxy/app.py) whose
 listening sockets set ``SO_REUSEPORT``, so the kernel spreads new connections over them. It
-restarts a worker that exits (with the one back-off of kdelay/backoff.py) and stops them all on
-SIGINT or SIGTERM. Kafka and ZooKeeper stay the only shared state: no protocol between workers.
+restarts a worker that exits (under the one restart policy, kdelay/supervision.py) and stops
+them all on SIGINT or SIGTERM. Kafka and ZooKeeper stay the only shared state: no protocol
+between workers.
 
 What the workers share, and what they do not:
 
 - *a connection* is served by one worker for its whole life; a producer's batches on it are
   written by that worker's upstream producer, in order.
-- *idempotence* (proxy/idempotence.py) is per worker: a producer whose connection breaks may
+- *idempotence* (proxy/kafka/idempotence.py) is per worker: a producer whose connection breaks may
   reconnect to another worker, which adopts its producer id at the sequence it presents. A retry
   sent after that reconnect, of a batch written before it, is then written again, as across a
   restart of a single proxy. Without a reconnect nothing changes.
@@ -50,14 +51,17 @@ from kdelay import logs
 from kdelay.backoff import Backoff
 from kdelay.children import die_with_parent
 from kdelay.errors import InfrastructureError
-from kdelay.proxy.cli import READY
 from kdelay.proxy.config import ProxyConfig
+from kdelay.proxy.kafka.server import reuse_port_socket
 from kdelay.proxy.restarts import MAX_BACKOFF_S
-from kdelay.proxy.server import reuse_port_socket
 from kdelay.stop_signals import on_stop_signals
+from kdelay.supervision import RestartPolicy, Supervisor
 
 log = logs.get(__name__)
 
+#: The start of the one line ``kdelay proxy`` prints on stdout once it serves (proxy/cli.py):
+#: scripts wait for it, and so does the supervisor here, from each worker.
+READY = "kdelay proxy ready"
 #: How long a worker may take to print READY.
 START_TIMEOUT_S = 120.0
 #: How long a stopping worker may take to deliver what it holds before it is killed.
@@ -88,7 +92,6 @@ class _Worker:
     index: int
     proc: subprocess.Popen[str] | None = None
     started: float = 0.0
-    failures: int = 0  # exits in a row, for the back-off
     restart_at: float | None = None
     ready_line: str = ""
 
@@ -101,6 +104,7 @@ class Workers:
         self.backoff = backoff or Backoff(
             initial_s=max(cfg.component_restart_backoff_s, 0.1), cap_s=MAX_BACKOFF_S
         )
+        self._restarts = Supervisor(RestartPolicy(self.backoff, max_failures=None))
         self._reserved = [reserve("listen", *cfg.listen_address)]
         try:
             self._reserved.append(reserve("http_listen", *cfg.http_address))
@@ -218,8 +222,7 @@ class Workers:
             if proc is not None and (code := proc.poll()) is not None:
                 multiprocess.mark_process_dead(proc.pid, str(self._metrics_dir))  # type: ignore[no-untyped-call]
                 up_s = now - worker.started
-                worker.failures = self.backoff.consecutive(worker.failures, up_s)
-                wait_s = self.backoff.delay(worker.failures)
+                wait_s = self._restarts.failed(f"worker-{worker.index}", ran_s=up_s).delay_s
                 worker.proc, worker.restart_at = None, now + wait_s
                 log.warning(
                     "proxy.worker_exited",

@@ -1,7 +1,8 @@
 """Session fixtures: real Kafka (single and 3-broker) and ZooKeeper, per tests/support/infra.py.
 
 Tier markers are applied by directory: tests/unit -> unit, tests/integration -> integration,
-tests/e2e -> e2e. When a test fails, the servers' log tails are printed with its report.
+tests/e2e -> e2e, tests/deploy -> deploy. When a test fails, the servers' log tails are printed
+with its report.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import pytest
 from tests.support import infra
 from tests.support.deploy_tools import Tools, ensure_tools
 
-_TIERS = ("unit", "integration", "e2e")
+_TIERS = ("unit", "integration", "e2e", "deploy")
+#: Run first, in this order: the long tiers. xdist's loadfile (the Makefile's `make test`) hands
+#: out files in collection order, so the short files fill the end; tests/deploy, short files
+#: (helm, promtool) that sort before tests/e2e by name, runs after tests/integration, as it did
+#: inside it, when the deployment tools' builds that CI starts beside the install are done.
+_FIRST = ("e2e", "integration")
+
+
+def _run_order(item: pytest.Item) -> int:
+    parts = Path(str(item.fspath)).parts
+    return next((i for i, tier in enumerate(_FIRST) if tier in parts), len(_FIRST))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -24,6 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in _TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=_run_order)  # stable: each tier keeps its own order
 
 
 def _collect_dropped_clients() -> None:

@@ -148,7 +148,7 @@ def cancelled_positions(msgs: DataFrame, cancels: DataFrame) -> DataFrame:
 
 def bulk_cancelled_positions(msgs: DataFrame, bulk: DataFrame) -> DataFrame:
     """The positions (id, bpart, boff) of the messages of ``msgs`` a bulk cancel cancels, by
-    delay_service/bulk_cancels.py's rule (owners aside): an id starting with its prefix, for
+    delay_service/store/bulk_cancels.py's rule (owners aside): an id starting with its prefix, for
     its topic when it names one, accepted no later than its append time plus SENT_WITH_MS
     (appended no later than it when the acceptance time is unknown), and appended at most
     WINDOW_MS after it. Bulk cancels are few: broadcast."""

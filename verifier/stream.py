@@ -179,7 +179,7 @@ class CancelRegistry:
 def bulk_cancels(
     bulk: BulkAt, msg_id: str, topic: str | None, appended: int | None, accepted: int | None
 ) -> bool:
-    """Whether bulk cancel ``bulk`` cancels a message (delay_service/bulk_cancels.py's rule,
+    """Whether bulk cancel ``bulk`` cancels a message (delay_service/store/bulk_cancels.py's rule,
     owners aside; :func:`verifier.matching.bulk_cancelled_positions` in the batch job): an id with
     its prefix, on its topic when it names one, accepted no later than its append time plus
     SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and appended

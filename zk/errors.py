@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from kdelay.errors import KdelayError
 
 
@@ -19,3 +21,10 @@ def zk_errors() -> tuple[type[Exception], ...]:
     from kazoo.handlers.threading import KazooTimeoutError
 
     return (KazooException, KazooTimeoutError)
+
+
+def no_auth_error() -> type[Exception]:
+    """The exception a kazoo call raises when ZooKeeper refuses this session's credentials."""
+    from kazoo.exceptions import NoAuthError
+
+    return cast("type[Exception]", NoAuthError)

@@ -3,7 +3,7 @@
 Shard ``i`` of ``N`` is a replica set of its own under :meth:`Paths.shard` (one shard: the set's
 root itself). The first replica to start writes the layout; every replica checks its own
 ``--shards`` against it and refuses to start on a mismatch, so two layouts never forward the
-same partitions. Only ``kdelay reshard`` (``delay_service/reshard.py``) changes it, while no
+same partitions. Only ``kdelay reshard`` (``delay_service/reshard/reshard.py``) changes it, while no
 replica runs.
 
 What a shard owns is not zk's business (``kdelay/shards.py`` says it); this module only keeps

@@ -1,5 +1,5 @@
 """One ``GET /v1/messages?state=pending...`` page from each shard's replica, merged into the
-delay set's page (``zk/replica_api.py``; the replicas' pages: ``delay_service/listing.py``).
+delay set's page (``zk/replica_api.py``; the replicas' pages: ``delay_service/queries/listing.py``).
 
 A replica's cursor is base64url of a store key (due time first, big-endian), so cursors of
 different shards compare as the keys do: bytewise, in the order every store lists. A shard's

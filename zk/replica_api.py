@@ -7,7 +7,7 @@ component's internals: the proxy uses it without knowing delay_service.
 
 Discovery: every replica publishes a status znode (``zk/registry.py``) with its ``role`` and
 its ``metrics`` URL, ``http://<advertised host>:<port>/metrics``; that HTTP port answers the
-queries (``delay_service/health.py``, ``delay_service/queries.py``). Replicas are asked in
+queries (``delay_service/health.py``, ``delay_service/queries/queries.py``). Replicas are asked in
 this order: the master (it releases, so its store is the reference), then followers by
 ingest lag, then the rest (catching up). The first to answer 200, 400 or 404 gives the
 answer, which states its own freshness (which replica, its role, its lag). One that refuses

@@ -1,6 +1,6 @@
 """One ``GET /v1/pending`` answer from each shard's replica, merged into the delay set's.
 
-Buckets are aligned to multiples of the bucket width (``delay_service/queries.py``), so the
+Buckets are aligned to multiples of the bucket width (``delay_service/queries/queries.py``), so the
 shards' buckets add up start by start; counts, per-topic counts, ``overdue`` and ``pending``
 add up; ``truncated`` holds if any shard's scan was cut, and ``scanned_until`` is then the
 earliest place a shard stopped. The freshness is per shard in ``shards``; the top level keeps

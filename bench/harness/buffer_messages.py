@@ -12,7 +12,7 @@ from __future__ import annotations
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from kdelay.buffer import Fate, Scheduled, Tombstone, encode
-from kdelay.delay_service.ingest import _BATCH
+from kdelay.delay_service.ingest.ingest import _BATCH
 
 #: Buffer partitions the records are spread over (``i % PARTITIONS``).
 PARTITIONS = 4

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kdelay import memory
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 MODES = ("setup", "kdelay", "baseline")
 

@@ -10,8 +10,8 @@ master's round with nothing else in it:
 - exactly-once: take everything due (at most ``scan_batch``'s default a round), then
   ``begin_transaction``, produce each record to the target, wait for the acknowledgements,
   produce one checkpoint record, ``commit_transaction``, as kdelay's round does
-  (``delay_service/exactly_once.py``), whose extra work is the store, the ingest beside it and
-  the outcome of each release;
+  (``delay_service/release/exactly_once.py``), whose extra work is the store, the ingest beside it
+  and the outcome of each release;
 - at-least-once: produce what is due with an idempotent producer and wait for the
   acknowledgements before the next round, as kdelay's round does: a target with records in
   flight is held, so that a retried record is never overtaken (DESIGN.md, "order is kept");

@@ -4,8 +4,9 @@
 once the node is Ready; it outlives that command and stops only on SIGTERM (``make k8s-down``).
 It starts the components in order (:mod:`dev.k8s.components`), each once the one before it
 is healthy, and restarts one that exits after a back-off of 1, 2, 4 … 30 s, like a kubelet's
-CrashLoopBackOff. A component that exits three times before it ever became healthy fails the
-start: everything is stopped and the status file names it with the end of its log.
+CrashLoopBackOff (the one restart policy, kdelay/supervision.py). A component that exits three
+times before it ever became healthy fails the start: everything is stopped and the status file
+names it with the end of its log.
 
 Children are :class:`dev.stack.process.ManagedProcess` (``kdelay.managed=<supervisor pid>``,
 killed with the supervisor). The status (``.kdelay/k8s/status.json``) is rewritten atomically
@@ -26,6 +27,8 @@ from types import FrameType
 from dev.k8s.components import Component, components
 from dev.k8s.settings import Layout, layout
 from dev.stack.process import ManagedProcess
+from kdelay.backoff import Backoff
+from kdelay.supervision import RestartPolicy, Supervisor
 
 _stop = False
 _BACKOFF_MAX = 30.0
@@ -43,7 +46,6 @@ class _Running:
     proc: ManagedProcess
     healthy: bool = False
     restarts: int = 0
-    crashes: int = 0
     backoff_until: float | None = None
     started: float = field(default_factory=time.monotonic)
 
@@ -159,16 +161,16 @@ def _start(
 def _watch(lay: Layout, running: list[_Running]) -> None:
     """Restart what exits, with a back-off, until SIGTERM."""
     _write_status(lay, "running", running, None)
+    # Never gives up; a component that stayed up a minute starts its back-off over.
+    restarts = Supervisor(RestartPolicy(Backoff(cap_s=_BACKOFF_MAX), max_failures=None))
     while not _stop:
         now = time.monotonic()
         for r in running:
             if r.proc.alive():
-                if now - r.started > 60:
-                    r.crashes = 0  # stayed up a minute: the back-off starts over
+                restarts.running(r.component.name, now - r.started)
                 continue
             if r.backoff_until is None:
-                r.crashes += 1
-                r.backoff_until = now + min(_BACKOFF_MAX, 2.0 ** (r.crashes - 1))
+                r.backoff_until = now + restarts.failed(r.component.name).delay_s
                 r.healthy = False
             elif now >= r.backoff_until:
                 r.restarts += 1

@@ -5,13 +5,16 @@ directory) after a back-off of 1 s, 2 s, 4 s ... capped at 30 s; the back-off st
 the component stayed up for a minute (Kubernetes' CrashLoopBackOff). Replicas and the proxy are
 restarted for as long as ``kdelay up`` runs. An *essential* component (the local Kafka or
 ZooKeeper, without which nothing else can work) is given up on after ``max_essential_restarts``
-restarts in a row that did not stay up: :meth:`Supervisor.tick` raises
-:class:`ComponentLostError` naming it, and ``kdelay up`` stops everything.
+restarts in a row that did not stay up: :meth:`SupervisedProcesses.tick` raises
+:class:`ComponentLostError` naming it, and ``kdelay up`` stops everything. The policy and the
+counting are kdelay/supervision.py's, shared with the proxy and a replica's threads; this module
+only watches the processes and launches them again.
 
 Restarting never blocks: a restart only launches the process again; whether it works shows in
 whether it stays up. So a SIGTERM to ``kdelay up`` is answered within a tick.
 
-Concurrency: one thread (``kdelay up``'s main thread) calls :meth:`Supervisor.tick`; time comes
+Concurrency: one thread (``kdelay up``'s main thread) calls :meth:`SupervisedProcesses.tick`;
+time comes
 from the injected ``clock`` so the policy is testable without waiting.
 """
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 from kdelay.backoff import Backoff
 from kdelay.errors import InfrastructureError
+from kdelay.supervision import RestartPolicy, Supervisor
 
 
 class ComponentLostError(InfrastructureError):
@@ -50,7 +54,6 @@ class Component:
 @dataclass
 class _Track:
     started_at: float
-    consecutive: int = 0
     total: int = 0
     due: float | None = None
     last_exit: str = ""
@@ -68,7 +71,7 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-class Supervisor:
+class SupervisedProcesses:
     """Call :meth:`tick` about once a second; it restarts what exited and reports each step."""
 
     def __init__(
@@ -84,6 +87,9 @@ class Supervisor:
         self.components = components
         self.backoff = backoff or Backoff()
         self.max_essential_restarts = max_essential_restarts
+        # The exit after max_essential_restarts restarts in a row gives up; others never do.
+        self._essential = Supervisor(RestartPolicy(self.backoff, max_essential_restarts + 1))
+        self._others = Supervisor(RestartPolicy(self.backoff, max_failures=None))
         self._log = log
         self._on_restart = on_restart
         self._clock = clock
@@ -109,19 +115,20 @@ class Supervisor:
                 self._restart(component, track, now)
 
     def _check(self, component: Component, track: _Track, now: float) -> None:
+        restarts = self._essential if component.essential else self._others
         if component.alive():
-            if track.consecutive and now - track.started_at >= self.backoff.reset_after_s:
-                track.consecutive = 0
+            restarts.running(component.name, now - track.started_at)
             return
         track.last_exit = describe_exit(component.returncode())
-        if component.essential and track.consecutive >= self.max_essential_restarts:
+        failure = restarts.failed(component.name)
+        if failure.gave_up:
             raise ComponentLostError(
                 f"{component.name} could not be kept running: it exited ({track.last_exit}) "
-                f"after {track.consecutive} restarts in a row; see {component.log or 'its log'}"
+                f"after {failure.consecutive - 1} restarts in a row; "
+                f"see {component.log or 'its log'}"
             )
-        track.consecutive += 1
         track.total += 1
-        delay = self.backoff.delay(track.consecutive)
+        delay = failure.delay_s
         track.due = now + delay
         self._log(
             f"kdelay: {component.name} exited ({track.last_exit}); "

@@ -6,6 +6,8 @@
 interfaces: command lines, the proxy's ``/readyz`` and the replicas' ``/metrics``.
 :meth:`LocalStack.components` hands what it started to :mod:`dev.stack.restarts`, which
 restarts each with its own command line, so ports and the state file's addresses stay valid.
+Whether it is up (the proxy's ``/readyz``, the replicas' ``/metrics``, a master per shard) is
+:mod:`dev.stack.readiness`'s question.
 
 Before it starts anything, :meth:`LocalStack.start` takes the stack's lock
 (:mod:`dev.stack.lock`: one stack per data directory and state file) and looks for
@@ -17,13 +19,8 @@ when this stack holds the lock, so a second ``kdelay up`` that fails leaves the 
 
 from __future__ import annotations
 
-import functools
 import json
-import re
-import ssl
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,22 +28,14 @@ from pathlib import Path
 from dev.stack import leftovers
 from dev.stack.kafka import KafkaSettings, LocalKafka
 from dev.stack.lock import StackLock
-from dev.stack.process import (
-    ManagedProcess,
-    free_port,
-    log_tails,
-    python_argv,
-    wait_until,
-)
+from dev.stack.process import ManagedProcess, free_port, python_argv
+from dev.stack.readiness import HOST, Replica, masters, wait_ready
 from dev.stack.replica import ReplicaSpec
 from dev.stack.restarts import Component
 from dev.stack.secure import PROXY, REPLICA, SecureStack
 from dev.stack.zookeeper import LocalZooKeeper
 from kdelay import jars
 from kdelay.errors import InfrastructureError
-
-HOST = "127.0.0.1"
-_MASTER = re.compile(r"^kdelay_replica_is_master(?:\{[^}]*\})? 1(?:\.0)?$", re.M)
 
 
 @dataclass(frozen=True)
@@ -72,18 +61,6 @@ class StackOptions:
     #: Kafka on SASL_SSL with ACLs, ZooKeeper with ACLs, the proxy on SASL_SSL and HTTPS with
     #: authentication, each component on its own least-privilege user (dev/stack/secure.py).
     secure: bool = False
-
-
-@dataclass
-class Replica:
-    name: str
-    metrics_port: int
-    process: ManagedProcess
-    shard: int = 0
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{HOST}:{self.metrics_port}"
 
 
 @dataclass
@@ -242,32 +219,14 @@ class LocalStack:
 
     def _wait_ready(self) -> None:
         assert self.proxy is not None
-        timeout = self.options.start_timeout
-        wait_until(
-            lambda: _http_ok(f"{self.http_url}/readyz", self.ca_file),
-            timeout=timeout,
-            what="the proxy's /readyz",
-            interval=0.2,
-            proc=self.proxy,
+        wait_ready(
+            self.proxy,
+            self.http_url,
+            self.ca_file,
+            self.replicas,
+            shards=self.options.shards,
+            timeout=self.options.start_timeout,
         )
-        for replica in self.replicas:
-            wait_until(
-                functools.partial(_http_ok, f"{replica.metrics_url}/metrics"),
-                timeout=timeout,
-                what=f"{replica.name}'s /metrics",
-                interval=0.2,
-                proc=replica.process,
-            )
-        try:
-            wait_until(
-                lambda: len(self.masters()) == self.options.shards,
-                timeout=timeout,
-                what="a delay-service master" + (" per shard" if self.options.shards > 1 else ""),
-                interval=0.2,
-            )
-        except InfrastructureError as exc:
-            tails = log_tails((r.process for r in self.replicas), lines=15)
-            raise InfrastructureError(f"{exc}; the replicas' last log lines:\n{tails}") from None
 
     @property
     def ca_file(self) -> Path | None:
@@ -312,14 +271,7 @@ class LocalStack:
     def masters(self) -> dict[int, str]:
         """Per shard, the replica whose metrics say it is master (shards without one left
         out)."""
-        found: dict[int, str] = {}
-        for replica in self.replicas:
-            if replica.shard in found:
-                continue
-            body = _http_get(f"{replica.metrics_url}/metrics")
-            if body is not None and _MASTER.search(body):
-                found[replica.shard] = replica.name
-        return found
+        return masters(self.replicas)
 
     def state(self) -> dict[str, object]:
         """The state-file document of CONTRACT.md."""
@@ -396,16 +348,3 @@ def _component(name: str, proc: ManagedProcess, *, essential: bool = False) -> C
         log=str(proc.log_path),
         essential=essential,
     )
-
-
-def _http_get(url: str, ca_file: Path | None = None) -> str | None:
-    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
-            return resp.read().decode("utf-8", "replace") if resp.status == 200 else None
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def _http_ok(url: str, ca_file: Path | None = None) -> bool:
-    return _http_get(url, ca_file) is not None

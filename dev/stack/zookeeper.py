@@ -23,12 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kazoo.client import KazooClient
-from kazoo.security import make_digest_acl_credential
-
 from dev.stack.kafka_security import LocalCa, make_ca
 from dev.stack.process import ManagedProcess, free_port, java_argv, wait_until
 from kdelay import jars
+from kdelay.zk.access import digest_credential
+from kdelay.zk.access import session_ok as zk_session_ok
 
 HOST = "127.0.0.1"
 #: The digest super user's name (ZooKeeper lets it pass every ACL).
@@ -111,7 +110,7 @@ class LocalZooKeeper:
         if sec is None or sec.plaintext:
             lines += [f"clientPort={self.port}", f"clientPortAddress={HOST}"]
         if sec is not None and sec.super_password is not None:
-            digest = make_digest_acl_credential(SUPER_USER, sec.super_password)
+            digest = digest_credential(SUPER_USER, sec.super_password)
             lines.append(f"DigestAuthenticationProvider.superDigest={digest}")
         if self.ca is not None:
             lines += [
@@ -190,14 +189,5 @@ _QUIET.propagate = False
 
 def session_ok(connect: str, **kazoo: Any) -> bool:
     """Whether a ZooKeeper session opens at ``connect`` and can list ``/`` (``kazoo``: more
-    KazooClient arguments, e.g. TLS)."""
-    client = KazooClient(hosts=connect, timeout=2.0, logger=_QUIET, **kazoo)
-    try:
-        client.start(timeout=2.0)
-        client.get_children("/")
-    except Exception:  # noqa: BLE001 - any failure means "not ready yet"
-        return False
-    finally:
-        client.stop()
-        client.close()
-    return True
+    client arguments, e.g. TLS)."""
+    return zk_session_ok(connect, timeout=2.0, logger=_QUIET, **kazoo)

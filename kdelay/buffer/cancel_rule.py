@@ -16,12 +16,12 @@ from __future__ import annotations
 CANCEL_WINDOW_MS = 300_000
 #: A schedule accepted by a proxy up to this long after a cancel's append time (both by the
 #: broker's clock) counts as sent with it: the cancel wins. The proxy acknowledges a cancel only
-#: once this much has surely passed (proxy/cancel_acks.py), so what is sent after the
+#: once this much has surely passed (proxy/routing/cancel_acks.py), so what is sent after the
 #: acknowledgement is never cancelled by it.
 CANCEL_SENT_WITH_MS = 100
 #: The order field ``s`` a proxy writes: the millisecond it accepted the record, by the broker's
 #: clock rounded up (proxy/app.py, ``kdelay.broker_clock``), << this | a counter
-#: (proxy/buffer_keys.py ``AcceptanceOrder``).
+#: (proxy/routing/buffer_keys.py ``AcceptanceOrder``).
 ORDER_SHIFT = 20
 
 
@@ -50,10 +50,10 @@ def cancels(
     Why this never cancels what was sent after the cancel's acknowledgement: ``accepted`` is the
     broker clock's upper bound rounded up, and the proxy acknowledges a cancel only once the
     broker clock's lower bound is past its append time plus :data:`CANCEL_SENT_WITH_MS`
-    (proxy/cancel_acks.py), so a schedule accepted after that has ``accepted`` beyond it.
+    (proxy/routing/cancel_acks.py), so a schedule accepted after that has ``accepted`` beyond it.
 
     The replicas also close a cancel once 50,000 newer ones of its partition are open
-    (``delay_service/cancels.py``); this rule of one cancel and one schedule does not count.
+    (``delay_service/store/cancels.py``); this rule of one cancel and one schedule does not count.
     """
     if offset < cancel_offset:
         return True

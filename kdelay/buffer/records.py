@@ -112,7 +112,7 @@ class Fate:
     """What became of a message, as its tombstone tells: ``state`` is ``delivered``,
     ``dead_lettered`` or ``cancelled``; ``partition``/``offset`` where it was written;
     ``reason`` why it was dead-lettered; ``accepted_ms`` when a proxy accepted it and ``owner``
-    who scheduled it (its history, ``delay_service/outcomes.py``)."""
+    who scheduled it (its history, ``delay_service/store/outcomes.py``)."""
 
     state: str
     topic: str | None = None

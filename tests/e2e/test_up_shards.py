@@ -103,7 +103,7 @@ def test_up_with_shards_then_resharded(tmp_path_factory: pytest.TempPathFactory)
         assert "2 -> 3 shard(s)" in up.log, up.log
         bootstrap = str(up.state["kafka"])
         records = consume_until(bootstrap, [topic], lambda r: len(r) >= 2 * COUNT, timeout=90)
-        time.sleep(2.0)  # anything released twice would arrive now
+        time.sleep(2.0)  # sleep: an absence: anything released twice would arrive now
         records = consume_until(bootstrap, [topic], lambda r: len(r) >= 2 * COUNT, timeout=30)
         ids = _ids(records)
         assert sorted(ids) == sorted(soon + later), "lost or repeated across the reshard"

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from kdelay.proxy import protocol as p
 from kdelay.proxy import running_proxy
 from kdelay.proxy.app import Proxy
+from kdelay.proxy.wire import protocol as p
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.secure_kafka import SecureKafka, secured_kafka
 

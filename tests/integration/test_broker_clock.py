@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
 from dev.stack import wait_until
-from kdelay.broker_clock import BrokerClock
+from kdelay.broker_clock import BrokerClock, Probe, ProbeWindow
 from kdelay.delay_service.metrics import Metrics
 from kdelay.errors import BrokerClockError
 from kdelay.topics import CLOCK_TOPIC_CONFIG
@@ -52,6 +52,18 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class CountingWindow(ProbeWindow):
+    """The clock's probe window (its ``window`` argument), counting the probes added to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added = 0
+
+    def add(self, probe: Probe) -> bool:
+        self.added += 1
+        return super().add(probe)
+
+
 def test_clock_topic_has_log_append_time_and_the_estimate_matches_the_machine(
     kafka: KafkaInfra,
 ) -> None:
@@ -59,11 +71,16 @@ def test_clock_topic_has_log_append_time_and_the_estimate_matches_the_machine(
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     assert topic not in admin.list_topics(timeout=30).topics
     metrics = Metrics()
-    clock = BrokerClock(kafka.bootstrap_servers, topic=topic, interval_s=0.2, metrics=metrics)
+    window = CountingWindow()
+    clock = BrokerClock(
+        kafka.bootstrap_servers, topic=topic, interval_s=0.2, window=window, metrics=metrics
+    )
     clock.start()
     try:
         assert clock.wait_ready(120), f"no probe succeeded: {clock.problem}"
-        time.sleep(2)  # ten more probes: the best bound of several, on a busy machine
+        probes = window.added
+        # Ten more probes: the best bound of several, on a busy machine.
+        wait_until(lambda: window.added >= probes + 10, timeout=60, what="ten more probes")
         before = _now_ms()
         now = clock.now_ms()
         after = _now_ms()
@@ -101,11 +118,16 @@ def test_a_clock_topic_without_log_append_time_is_reported_and_never_used(
     topic = unique_topic("clock-create-time")
     create_topic(kafka.bootstrap_servers, topic, config={"message.timestamp.type": "CreateTime"})
     metrics = Metrics()
+
+    def failed_probes() -> float:
+        return metrics.registry.get_sample_value("kdelay_clock_probe_failures_total") or 0.0
+
     clock = BrokerClock(kafka.bootstrap_servers, topic=topic, interval_s=0.2, metrics=metrics)
     clock.start()
     try:
         wait_until(lambda: clock.problem is not None, timeout=60, what="the problem reported")
-        time.sleep(0.5)
+        failures = failed_probes()
+        wait_until(lambda: failed_probes() > failures, timeout=60, what="one more failed probe")
         now = clock.now_ms()
     finally:
         clock.close()

@@ -268,7 +268,7 @@ def test_a_bulk_cancel_cancels_1000_of_2000_with_one_record(stack: Stack) -> Non
     assert body["id"].startswith("bulk.")
     assert stack.state(f"{prefix}7") == "cancelled"
     delivered = consume_until(stack.bootstrap, [topic], lambda rs: len(rs) >= 1000, timeout=120)
-    time.sleep(2)  # anything more that would come
+    time.sleep(2)  # sleep: an absence: anything more that would come arrives by now
     delivered = consume_until(stack.bootstrap, [topic], lambda rs: len(rs) >= 1000, timeout=60)
     ids = sorted(dict(r.headers)[h.ID].decode() for r in delivered)  # type: ignore[union-attr]
     assert ids == sorted(f"{other}{i}" for i in range(1000))

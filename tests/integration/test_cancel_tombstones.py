@@ -4,7 +4,7 @@ message's, so compaction really removes them (the issue counted 9,997 that staye
 
 The buffer topic here stamps records with the producer's time (CreateTime), so the test can
 write a cancel that is already more than a window (5 minutes) old; the window is counted in
-the records' own timestamps only, never in a replica's clock (delay_service/cancels.py).
+the records' own timestamps only, never in a replica's clock (delay_service/store/cancels.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dev.stack import wait_until
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.cancels import WINDOW_MS
+from kdelay.delay_service.store.cancels import WINDOW_MS
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.buffer_writes import now_ms, read_for, write_buffer_records
 from tests.support.infra import KafkaInfra, ZooKeeperInfra

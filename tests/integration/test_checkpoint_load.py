@@ -31,10 +31,10 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender, make_txn_producer, set_key
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.txn_sender import TxnSender, make_txn_producer, set_key
+from kdelay.delay_service.store.store import Store
 from kdelay.topics import CHECKPOINT_TOPIC, CHECKPOINT_TOPIC_CONFIG
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest
 from tests.support.infra import KafkaInfra

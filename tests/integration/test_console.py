@@ -1,14 +1,14 @@
-"""The operator's console (/ui/, proxy/console.py) in a real headless Chromium (Debian's, driven by
-Selenium through chromedriver: tests/support/browser.py) against a real proxy and two real
-replicas (tests/support/console_stack.py): the overview names the master and shows the release
-rate and lateness of messages just delivered; the pending page lists a prefix's messages page by
-page with their counts drawn per due-time bucket; a message is looked up and replaced with a new
-due time. With authentication on (``http_auth=kafka``, Basic against a SASL Kafka), the page
-without credentials is 401, a non-administrator's overview says 403, an administrator's passes,
-also when the browser holds the credentials for the realm (a page opened as
-``http://user:password@host/ui/``, as after its prompt: the page's calls must not carry them).
-Cancel and bulk cancel: tests/integration/test_console_cancel.py. Each page's screenshot is
-saved (docs/console/ with ``make console-screenshots``).
+"""The operator's console (/ui/, proxy/http/console.py) in a real headless Chromium (Debian's,
+driven by Selenium through chromedriver: tests/support/browser.py) against a real proxy and two real
+replicas (tests/support/console_stack.py): the overview names the master and shows the release rate
+and lateness of messages just delivered; the pending page lists a prefix's messages page by page
+with their counts drawn per due-time bucket; a message is looked up and replaced with a new due
+time. With authentication on (``http_auth=kafka``, Basic against a SASL Kafka), the page without
+credentials is 401, a non-administrator's overview says 403, an administrator's passes, also when
+the browser holds the credentials for the realm (a page opened as ``http://user:password@host/ui/``,
+as after its prompt: the page's calls must not carry them). Cancel and bulk cancel:
+tests/integration/test_console_cancel.py. Each page's screenshot is saved (docs/console/ with
+``make console-screenshots``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from selenium.webdriver.support.ui import Select
 from dev.stack import wait_until
 from kdelay import buffer
 from kdelay.proxy import running_proxy
-from kdelay.proxy.http_cluster import ClusterView
+from kdelay.proxy.http.cluster import ClusterView
 from tests.support.browser import (
     attributes,
     chromium,

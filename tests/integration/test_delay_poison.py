@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from dev.stack import wait_until
 from kdelay.buffer import DEAD_LETTER_TOPIC, ROUTE_HEADER, Scheduled, encode
-from kdelay.delay_service.poison import ERROR_HEADER, SOURCE_HEADER
+from kdelay.delay_service.ingest.poison import ERROR_HEADER, SOURCE_HEADER
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import (
     HeaderList,

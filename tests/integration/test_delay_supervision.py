@@ -16,8 +16,8 @@ from pathlib import Path
 
 from dev.stack import wait_until
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.entry import entry_key
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.entry import entry_key
+from kdelay.delay_service.store.store import Store
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.replicas import ReplicaSet

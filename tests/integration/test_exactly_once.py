@@ -15,7 +15,7 @@ from pathlib import Path
 from dev.kafka_tools import consume_until
 from dev.stack import wait_until
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.txn_sender import PAUSE_BEFORE_COMMIT_ENV
+from kdelay.delay_service.release.txn_sender import PAUSE_BEFORE_COMMIT_ENV
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, unique_topic
 from tests.support.replicas import ReplicaSet
@@ -111,8 +111,13 @@ def test_frozen_master_commits_nothing_after_a_new_master_took_over(
         assert proc is not None
         proc.signal(signal.SIGSTOP)  # a long GC pause, a frozen VM
         try:
-            rs.wait_master(timeout=60, exclude=old)
-            time.sleep(2.0)  # the new master is releasing: it fenced the old one at init
+            new = rs.wait_master(timeout=60, exclude=old)
+            # The new master is releasing: it fenced the old one when its producer began.
+            wait_until(
+                lambda: (rs.metric(new, "kdelay_replica_forwarded_total") or 0) >= 1,
+                timeout=60,
+                what=f"{new} to release (kdelay_replica_forwarded_total)",
+            )
         finally:
             proc.signal(signal.SIGCONT)
         wait_until(

@@ -36,11 +36,11 @@ from kdelay.buffer import Scheduled
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.clock import SYSTEM_CLOCK
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder, make_forwarder
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder, make_forwarder
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.store import Store
 from kdelay.topics import BUFFER_TOPIC_CONFIG
 from tests.support.forwarder_rigs import FakeCheckpoints
 from tests.support.infra import KafkaInfra

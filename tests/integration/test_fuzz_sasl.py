@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kdelay.proxy import metric_labels
-from kdelay.proxy import protocol as p
+from kdelay.proxy.wire import protocol as p
 from tests.support.fuzz import (
     LOGIN_DEADLINE_MS,
     SASL_MAX_RECEIVE,

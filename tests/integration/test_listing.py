@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC
 from kdelay.delay_service.cli import list_command
 from kdelay.proxy import running_proxy
-from kdelay.proxy.http_queries import PendingPage
+from kdelay.proxy.http.queries import PendingPage
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import unique_topic
 from tests.support.proxies import loopback_config
@@ -205,7 +205,7 @@ def test_paging_while_the_master_releases_repeats_and_skips_none_still_pending(
 ) -> None:
     """100 messages fall due 30 to 40 s after they are sent, 200 much later. The first page
     lists the 50 earliest; the next waits until the last of them (the cursor's entry) was
-    released, and 3 s more, so 30 more fell due and were released before being listed."""
+    released, and 30 more after it, so they fell due and were released before being listed."""
     run = f"lr{uuid.uuid4().hex[:10]}"
     sent = send(stack, run, SOON, LATER)
     by_id = {s.id: s for s in sent}
@@ -213,14 +213,12 @@ def test_paging_while_the_master_releases_repeats_and_skips_none_still_pending(
     doc = stack.page(id_prefix=run, limit=50)
     seen = [m["id"] for m in doc["messages"]]
     assert seen == due_order(sent)[:50]  # nothing due yet
-    last = seen[-1]
-    wait_until(
-        lambda: stack.http.get(f"/v1/messages/{last}").json().get("state") == "delivered",
-        timeout=120,
-        what=f"{last} to be released",
-        interval=0.1,
-    )
-    time.sleep(3.0)
+
+    def delivered(msg_id: str) -> Callable[[], bool]:
+        return lambda: stack.http.get(f"/v1/messages/{msg_id}").json().get("state") == "delivered"
+
+    for last in (seen[-1], due_order(sent)[79]):
+        wait_until(delivered(last), timeout=120, what=f"{last} to be released", interval=0.1)
     while doc["next"] is not None:
         doc = stack.page(id_prefix=run, limit=50, cursor=doc["next"])
         seen += [m["id"] for m in doc["messages"]]

@@ -27,7 +27,7 @@ from dev.stack import wait_until
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC, Scheduled
 from kdelay.delay_service.cli import status_command
 from kdelay.proxy import running_proxy
-from kdelay.proxy.http_queries import MessageStatus, PendingTimeline
+from kdelay.proxy.http.queries import MessageStatus, PendingTimeline
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, unique_topic
 from tests.support.proxies import loopback_config

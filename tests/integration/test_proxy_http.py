@@ -27,7 +27,7 @@ from tests.support.kafka_helpers import (
 )
 from tests.support.proxies import loopback_config
 
-#: Answered by the delay-service replicas (GET; proxy/http_queries.py), 503 without zk_connect.
+#: Answered by the delay-service replicas (GET; proxy/http/queries.py), 503 without zk_connect.
 REPLICA_PATHS = {"/v1/messages/{message_id}", "/v1/pending", "/v1/messages", "/v1/cluster"}
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
@@ -82,8 +83,18 @@ def _kill_proxy_while_sending(
             )
             producer.poll(0)
             i += 1
-            time.sleep(1 / RATE)
+            time.sleep(1 / RATE)  # sleep: the sending rate, not a synchronisation
         assert producer.flush(180) == 0, "records still unacknowledged after 180 s"
+
+    def under_way() -> None:
+        """Until 2 s of the stream more were acknowledged (by this proxy): some of it due,
+        some in flight."""
+        acked = len(run.acked)
+        wait_until(
+            lambda: len(run.acked) >= acked + 2 * RATE,
+            timeout=60,
+            what=f"{2 * RATE} more acknowledgements through the proxy",
+        )
 
     proxy.start()
     try:
@@ -93,12 +104,12 @@ def _kill_proxy_while_sending(
         sender.start()
         try:
             for _ in range(KILLS):
-                time.sleep(2.0)  # a stream under way, some of it due, some in flight
+                under_way()
                 proxy.kill()
-                time.sleep(0.5)
+                time.sleep(0.5)  # sleep: the outage's length, not a synchronisation
                 proxy.restart()
                 wait_accepting(port)
-            time.sleep(2.0)
+            under_way()
         finally:
             stop.set()
             sender.join(240)

@@ -316,7 +316,7 @@ def test_a_principal_without_any_write_is_refused_at_produce_not_at_init_produce
     """bob may write no topic at all. Kafka then refuses franz-go's InitProducerId (idempotence
     is on by default; IDEMPOTENT_WRITE comes with WRITE on any topic), so every record fails
     with CLUSTER_AUTHORIZATION_FAILED; the proxy allocates producer ids itself
-    (proxy/idempotence.py) and refuses the record with TOPIC_AUTHORIZATION_FAILED. Refused
+    (proxy/kafka/idempotence.py) and refuses the record with TOPIC_AUTHORIZATION_FAILED. Refused
     either way; the code differs."""
     topic = _topic(secure, f"franz-nowrite-{kind}", "bob", "DESCRIBE")
     assert _denied(franz, secure, _addr(proxy), "bob", topic=topic, kind=kind) == (

@@ -25,9 +25,9 @@ import pytest
 import scramp
 from kafka.protocol.metadata import ApiVersionsRequest
 
-from kdelay.proxy import protocol as p
 from kdelay.proxy import running_proxy
 from kdelay.proxy.app import Proxy
+from kdelay.proxy.wire import protocol as p
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
 from tests.support.raw_client import (
     RawClient,

@@ -1,6 +1,6 @@
-"""Release smoothing on a real replica (``delay_service/smoothing.py``): 600 messages of topic A,
-limited to 200/s (``KDELAY_REPLICA_RELEASE_RATE_LIMITS``), and 50 of topic B (no limit) fall
-due within the same 300 ms, B's just after all of A's (behind A's backlog in key order).
+"""Release smoothing on a real replica (``delay_service/release/smoothing.py``): 600 messages of
+topic A, limited to 200/s (``KDELAY_REPLICA_RELEASE_RATE_LIMITS``), and 50 of topic B (no limit)
+fall due within the same 300 ms, B's just after all of A's (behind A's backlog in key order).
 
 Judged by the records' own timestamps: A's (CreateTime) are the release times the master stamps
 (a LogAppendTime append of the first records waits for the new topic's metadata, which would
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.smoothing import BURST_S
+from kdelay.delay_service.release.smoothing import BURST_S
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import Record, consume_until, create_topic, unique_topic
 from tests.support.replicas import ReplicaSet

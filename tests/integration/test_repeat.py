@@ -117,7 +117,8 @@ def test_series_delivered_exactly_as_asked_across_a_master_kill_and_stopped_by_c
 
         wait_until(cron_cancelled, timeout=60, what="the cron series' occurrence 2 cancelled")
         records = read_until(bs, topic, lambda r: all(len(of(r, s)) >= 5 for s in fives))
-        time.sleep(4)  # a sixth occurrence would be due 3 s after the fifth
+        # sleep: an absence is the thing tested: a sixth occurrence would be due 3 s after the fifth
+        time.sleep(4)
         records = read_until(bs, topic, lambda r: len(r) >= len(records))
     assert_not_early(records)
     for msg_id in fives:
@@ -205,7 +206,7 @@ def test_a_series_survives_a_restart_of_every_replica(
         else:
             rs.start_all()
         records = read_until(bs, topic, lambda r: all(len(of(r, s)) >= 4 for s in gaps))
-        time.sleep(5)  # a fifth occurrence, or a copy, would be written by now
+        time.sleep(5)  # sleep: an absence: a fifth occurrence, or a copy, would be written by now
         records = read_until(bs, topic, lambda r: len(r) >= len(records))
     assert_not_early(records)
     for msg_id, (_, expected_gaps) in gaps.items():

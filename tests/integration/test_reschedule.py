@@ -90,7 +90,7 @@ def test_a_reschedule_right_after_the_cancel_ack_is_delivered_and_one_sent_with_
             wait_accepting(port)
             client = _Client(port)
             # Long enough to be pending still when its cancel is sent (each cancel's answer is
-            # held ~0.1 s: proxy/cancel_acks.py).
+            # held ~0.1 s: proxy/routing/cancel_acks.py).
             first_delay = str(10 * DELAY_MS).encode()
             for msg_id in moved:
                 client.send(topic, b"first", [(h.DELAY_MS, first_delay), (h.ID, msg_id.encode())])

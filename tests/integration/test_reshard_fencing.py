@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from dev.stack import KDELAY
-from kdelay.delay_service.txn_sender import release_transactional_id
+from kdelay.delay_service.release.txn_sender import release_transactional_id
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import consume_until, create_topic, unique_topic
 

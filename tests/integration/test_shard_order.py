@@ -19,8 +19,8 @@ both shards, many of them due in the same millisecond:
   asserted (it depends on which master's round comes first); the count is printed.
 
 The "without ids" check fails when the pin is broken: with ``pinned_id`` and the proxy's
-routing (``proxy/routing.py`` ``_pinned``) changed, for a run, to put a message without an id in
-the murmur2 partition of its own uid (so one target partition's messages spread over both
+routing (``proxy/routing/route.py`` ``_pinned``) changed, for a run, to put a message without an id
+in the murmur2 partition of its own uid (so one target partition's messages spread over both
 shards), it failed with "target partition 0: 29 inversions of (due, production order) among 398
 messages without ids".
 """

@@ -69,7 +69,7 @@ def test_two_shards_divide_the_partitions_and_release_everything_once(
         messages = _messages(topic, 300, now + 2_000, 3_000)
         produce_buffer(bs, buffer_topic, PARTITIONS, messages)
         records = consume_until(bs, [topic], lambda r: len(r) >= len(messages), timeout=90)
-        time.sleep(1.0)  # anything released twice would arrive now
+        time.sleep(1.0)  # sleep: an absence: anything released twice would arrive now
         records = consume_until(bs, [topic], lambda r: len(r) >= len(messages), timeout=30)
         assert_delivered_once(messages, records)
 
@@ -148,7 +148,7 @@ def test_reshard_loses_and_duplicates_nothing(
                 seen = _ids(records)
             else:
                 records = consume_until(bs, [topic], lambda r: len(r) >= len(messages), timeout=120)
-                time.sleep(2.0)  # anything released twice would arrive now
+                time.sleep(2.0)  # sleep: an absence: anything released twice would arrive now
     records = consume_until(bs, [topic], lambda r: len(r) >= len(messages), timeout=30)
     assert_delivered_once(messages, records)
 
@@ -226,7 +226,8 @@ def test_doubling_the_buffer_partitions_keeps_every_id_in_its_shard(
         produce_buffer(bs, buffer_topic, grown, after)
         kept = [m for m in before if m not in cancelled] + after
         records = consume_until(bs, [topic], lambda r: len(r) >= len(kept), timeout=120)
-        time.sleep(3.0)  # a cancelled message released late, or a duplicate, would arrive now
+        # sleep: an absence: a cancelled message released late, or a duplicate, would arrive now
+        time.sleep(3.0)
         records = consume_until(bs, [topic], lambda r: len(r) >= len(kept), timeout=30)
     assert_delivered_once(kept, records)
     assert any(buffer_partition(m.id, grown) >= PARTITIONS for m in after)

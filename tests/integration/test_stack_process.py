@@ -60,6 +60,7 @@ def test_sigterm_to_the_owner_kills_its_children(tmp_path: Path) -> None:
         p = ManagedProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / "log")!r}))
         p.start()
         Path({str(pidfile)!r}).write_text(str(p.pid))
+        # sleep: the owner lives until the test kills it
         time.sleep(300)
         """
     )
@@ -86,6 +87,7 @@ def _owner_code(tmp_path: Path, pidfile: Path) -> str:
         p = ManagedProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / "log")!r}))
         p.start()
         Path({str(pidfile)!r}).write_text(str(p.pid))
+        # sleep: the owner lives until the test kills it
         time.sleep(300)
         """
     )

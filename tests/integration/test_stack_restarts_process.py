@@ -19,6 +19,7 @@ def test_a_managed_process_restarts_with_the_same_command_and_appends_its_log(
     log = tmp_path / "child.log"
     proc = ManagedProcess(
         "child",
+        # sleep: a child that lives until the test kills it
         [sys.executable, "-c", "import time; print('hello', flush=True); time.sleep(300)"],
         log,
     )

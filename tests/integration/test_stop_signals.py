@@ -75,7 +75,8 @@ def test_every_stop_signal_stops_a_loop_waiting_on_its_event(sig: signal.Signals
         try:
             for trial in range(TRIALS):
                 assert lines.next(30) == "ready\n", f"trial {trial + 1}: the child did not start"
-                time.sleep(rng.random() * 0.005)  # land the signal anywhere in the loop
+                # sleep: a random instant is the thing tested: the signal lands anywhere in the loop
+                time.sleep(rng.random() * 0.005)
                 p.send_signal(sig)
                 if lines.next(10) != "stopped\n":
                     pytest.fail(f"a process ignored {sig.name} (trial {trial + 1})")

@@ -202,7 +202,7 @@ def test_cli_verify_runs_until_sigterm_and_exits_cleanly(kafka: KafkaInfra, tmp_
         while not list(out_dir.glob("windows/batch-*.json")):
             assert proc.poll() is None, proc.communicate(timeout=10)
             assert time.monotonic() < deadline, "no window result within 240 s"
-            time.sleep(0.2)  # polling a file for a condition, with a deadline
+            time.sleep(0.2)  # sleep: the poll interval of a wait with a deadline (a file)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

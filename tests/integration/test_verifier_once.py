@@ -302,7 +302,7 @@ def test_a_cancel_appended_before_a_message_sent_with_it_cancels_it(
 def test_a_bulk_cancel_cancels_the_prefix_it_names_on_its_topic_not_later_messages(
     spark: Any, kafka: KafkaInfra
 ) -> None:
-    """A bulk cancel (route field ``px``, delay_service/bulk_cancels.py) cancels what it names
+    """A bulk cancel (route field ``px``, delay_service/store/bulk_cancels.py) cancels what it names
     that was accepted before it, in any buffer partition; the verifier counts those cancelled,
     not missing. Another prefix, another topic and a message accepted after it stay judged."""
     sc = Scenario(kafka.bootstrap_servers)

@@ -88,7 +88,7 @@ def test_after_a_zookeeper_restart_sessions_are_restored_and_no_stale_candidate_
         leaving.start()
         leaving.join(timeout=30)
         assert not leaving.is_alive(), "leave() waited for ZooKeeper"
-        time.sleep(OUTAGE_S)  # the fault's duration, not a synchronisation
+        time.sleep(OUTAGE_S)  # sleep: the fault's duration, not a synchronisation
     finally:
         local.start()
     wait_until(

@@ -26,7 +26,7 @@ from kazoo.security import make_digest_acl
 from dev.stack import KDELAY, wait_until
 from kdelay.buffer import Scheduled
 from kdelay.delay_service.cli import status_command
-from kdelay.delay_service.reshard_cli import reshard_command
+from kdelay.delay_service.reshard.cli import reshard_command
 from kdelay.proxy import running_proxy
 from kdelay.zk import CheckpointStore, Election, Paths, Registry, Session
 from kdelay.zk.errors import CoordinationError

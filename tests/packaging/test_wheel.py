@@ -113,9 +113,14 @@ def test_the_wheel_holds_the_product_and_none_of_the_harness(wheel: Path) -> Non
     poms = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kdelay/jvm").glob("*/pom.xml")}
     assert poms, "kdelay/jvm has no poms"
     assert poms | {"kdelay/jvm/settings.xml"} <= set(names)
-    # The operator's console (proxy/console.py serves /ui/ from the installed package).
-    console = {f"kdelay/proxy/console/{p.name}" for p in (ROOT / "proxy/console").iterdir()}
-    assert console >= {"kdelay/proxy/console/index.html", "kdelay/proxy/console/console.js"}
+    # The operator's console (proxy/http/console.py serves /ui/ from the installed package).
+    console = {
+        f"kdelay/proxy/http/console/{p.name}" for p in (ROOT / "proxy/http/console").iterdir()
+    }
+    assert console >= {
+        "kdelay/proxy/http/console/index.html",
+        "kdelay/proxy/http/console/console.js",
+    }
     assert console <= set(names), f"console files missing: {console - set(names)}"
     top_level = {n.split("/")[0] for n in names} - _dist_info(names)
     assert top_level == {TOP_LEVEL}, f"the wheel installs other top-level names: {top_level}"
@@ -158,7 +163,7 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel: Path, tmp_path: Pa
     console = _run(
         python,
         "-c",
-        "from kdelay.proxy.console import load_assets as a;"
+        "from kdelay.proxy.http.console import load_assets as a;"
         " assert b'/ui/console.js' in a()['index.html']",
         cwd=tmp_path,
         timeout=120,

@@ -80,7 +80,7 @@ class ClusterSession:
             self.session = job.spark_session(self.cfg)
             deadline = time.monotonic() + 60
             while _executors(self.session) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)  # executors register a few seconds after the driver
+                time.sleep(0.2)  # sleep: the poll interval: executors register after the driver
         return self.session
 
 
@@ -164,7 +164,7 @@ class Streaming:
             if any(q.lastProgress is not None for q in active):
                 return
             assert time.monotonic() < deadline, "no micro-batch within the timeout"
-            time.sleep(0.2)  # polling Spark's progress, with a deadline
+            time.sleep(0.2)  # sleep: the poll interval of a wait with a deadline (Spark's progress)
 
 
 def _stream_config(

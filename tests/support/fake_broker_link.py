@@ -1,4 +1,4 @@
-"""An in-process stand-in for a broker link (proxy/broker_link.py's ``Link``), for unit tests.
+"""An in-process stand-in for a broker link (proxy/auth/broker_link.py's ``Link``), for unit tests.
 
 It plays a SASL broker with users, ACLs and topics the test sets: SaslHandshake for the enabled
 mechanisms; SaslAuthenticate for PLAIN (``authzid NUL user NUL password``), for a toy SCRAM
@@ -23,7 +23,7 @@ from kafka.protocol.sasl import (
 )
 
 from kdelay.proxy import sasl
-from kdelay.proxy.broker_link import LinkError, LinkSettings
+from kdelay.proxy.auth.broker_link import LinkError, LinkSettings
 
 WRITE, DESCRIBE = 4, 8
 _Topic = MetadataResponse.MetadataResponseTopic

@@ -28,10 +28,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay.proxy.availability import UpstreamAvailability
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Outgoing
-from kdelay.proxy.topics import TopicInfo
+from kdelay.proxy.routing.route import Outgoing
+from kdelay.proxy.routing.topics import TopicInfo
+from kdelay.proxy.upstream.availability import UpstreamAvailability
 
 #: A delivery report callback, as confluent_kafka.Producer.produce takes it.
 Callback = Callable[[KafkaError | None, Message], None]
@@ -338,11 +338,11 @@ class FakeConsumer:
 
 
 class FakeUpstream:
-    """The proxy's upstream (``proxy.upstream.Upstream``) as the broker, the topic cache and
-    the HTTP API use it: every batch taken at once (``written``; its first record at offset 0)
-    unless ``fail`` is set, then that is raised. Topics: ``topics`` (name -> partitions; any
-    other is unknown), or every name with ``partitions`` partitions when None; ``listed`` are
-    the names ``all_topics`` gives. Each lookup is recorded (``looked_up``)."""
+    """The proxy's upstream (``proxy.upstream.producer.Upstream``) as the broker, the topic cache
+    and the HTTP API use it: every batch taken at once (``written``; its first record at offset 0)
+    unless ``fail`` is set, then that is raised. Topics: ``topics`` (name -> partitions; any other
+    is unknown), or every name with ``partitions`` partitions when None; ``listed`` are the names
+    ``all_topics`` gives. Each lookup is recorded (``looked_up``)."""
 
     cluster_id: str | None = "fake"
     bootstrap = "fake:9092"

@@ -16,7 +16,7 @@ from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
-from kdelay.proxy import protocol as p
+from kdelay.proxy.wire import protocol as p
 
 Header = tuple[str, bytes]
 

@@ -16,13 +16,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from kdelay.delay_service import health
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.store.store import Store
 from kdelay.headers import DelayPolicy
-from kdelay.proxy.http import create_app
+from kdelay.proxy.http.app import create_app
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.topics import Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.routing.topics import Topics
+from kdelay.proxy.upstream.producer import Upstream
 from kdelay.zk.replica_api import Replica, ReplicaApi
 
 

@@ -1,5 +1,6 @@
-"""Suites that run only when asked for (tests/containers, tests/k8s): marked, and deselected
-from every other run, so `make test` reports them as deselected, never as skipped or passed."""
+"""Suites that run only when asked for (tests/deploy/containers, tests/deploy/k8s, tests/spark):
+marked, and deselected from every other run, so `make test` reports them as deselected, never
+as skipped or passed."""
 
 from __future__ import annotations
 

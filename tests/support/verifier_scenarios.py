@@ -1,5 +1,5 @@
 """The Spark verifier's test scenarios, shared by its tiers (integration on ``local[2]``,
-tests/spark on a standalone cluster, tests/k8s on Kubernetes) so each runs the same one.
+tests/spark on a standalone cluster, tests/deploy/k8s on Kubernetes) so each runs the same one.
 
 Two families, each with its own grace: the streaming scenario (``produce_scenario``: 20
 messages in one 10 s window, a lost, a cancelled, a duplicated, a bulk-cancelled message ...,
@@ -93,7 +93,7 @@ def produce_scenario(
         if i not in (3, 4, 6, 7):
             messages.extend([s, s] if i == 5 else [s])
     assert producer.flush(30) == 0
-    # Waiting for the wall clock itself: the broker stamps each delivery when it is written.
+    # sleep: waiting for the wall clock itself: the broker stamps each delivery when it is written.
     time.sleep(max(0.0, (base_ms + n * SPACING_MS + 50) / 1000 - time.time()))
     for s in messages:
         producer.produce(target, s.value, headers=headers_list(s.delivered_headers()))

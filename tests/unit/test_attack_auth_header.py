@@ -33,18 +33,19 @@ from structlog.testing import capture_logs
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from kdelay.proxy import protocol as p
 from kdelay.proxy import sasl
-from kdelay.proxy.auth_session import AuthSettings
-from kdelay.proxy.authorization import AclCache
-from kdelay.proxy.broker_link import Link, LinkSettings
-from kdelay.proxy.http import create_app
-from kdelay.proxy.http_login import HttpAuthenticator, HttpAuthSettings
-from kdelay.proxy.jwks import JwksFile
-from kdelay.proxy.login_backoff import LoginBackoff
-from kdelay.proxy.saslprep import InvalidNameError, saslprep
-from kdelay.proxy.topics import Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.auth.authorization import AclCache
+from kdelay.proxy.auth.broker_link import Link, LinkSettings
+from kdelay.proxy.auth.jwks import JwksFile
+from kdelay.proxy.auth.login_backoff import LoginBackoff
+from kdelay.proxy.auth.saslprep import InvalidNameError, saslprep
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.http.login import HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.kafka.auth_session import AuthSession
+from kdelay.proxy.kafka.auth_settings import AuthSettings
+from kdelay.proxy.routing.topics import Topics
+from kdelay.proxy.upstream.producer import Upstream
+from kdelay.proxy.wire import protocol as p
 from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink, _auth, _failed
 from tests.support.fakes import FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks
@@ -244,7 +245,7 @@ def test_on_the_kafka_listener_the_principal_is_the_unprepared_name_kafka_reads(
             metrics=FakeUpstream().metrics,
             link_factory=kafka.factory,
         )
-        session = settings.session(PEER)
+        session = AuthSession(settings, PEER)
         first, final = f"n,,n={odd},r=abc".encode(), b"c=biws,r=nonce,p=pw-odd"
         rounds: list[tuple[int, Any]] = [
             (p.SASL_HANDSHAKE, SaslHandshakeRequest(mechanism="SCRAM-SHA-512", version=1)),

@@ -22,18 +22,18 @@ from prometheus_client import CollectorRegistry
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
 from kdelay.proxy import metric_labels
-from kdelay.proxy import protocol as p
-from kdelay.proxy.auth_session import AuthSettings
-from kdelay.proxy.authorization import AclCache
-from kdelay.proxy.broker import Broker
-from kdelay.proxy.broker_link import LinkSettings
-from kdelay.proxy.http import create_app
-from kdelay.proxy.http_login import HttpAuthenticator, HttpAuthSettings
-from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.auth.authorization import AclCache
+from kdelay.proxy.auth.broker_link import LinkSettings
+from kdelay.proxy.auth.login_backoff import LoginBackoff
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.http.login import HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.kafka.auth_settings import AuthSettings
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.server import KafkaServer, Limits
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.server import KafkaServer, Limits
-from kdelay.proxy.topics import Advertised, Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.upstream.producer import Upstream
+from kdelay.proxy.wire import protocol as p
 from tests.support.fake_broker_link import FakeKafka
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import sasl_handshake_request

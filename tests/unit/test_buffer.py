@@ -216,7 +216,7 @@ def test_pathological_routes_are_format_errors(route: bytes) -> None:
 def test_a_null_header_value_stays_null_from_the_proxy_to_the_store() -> None:
     """Kafka tells a null header value from an empty one; so does the delivered record
     (null values were delivered as empty)."""
-    from kdelay.delay_service.entry import decode_entry, encode_entry
+    from kdelay.delay_service.store.entry import decode_entry, encode_entry
     from kdelay.headers import strip_control
 
     own = strip_control([("null", None), ("empty", b""), ("kdelay-delay-ms", b"5"), ("x", b"1")])

@@ -1,4 +1,4 @@
-"""Buffer keys derived from an idempotent producer (proxy/buffer_keys.py): a retry (the same
+"""Buffer keys derived from an idempotent producer (proxy/routing/buffer_keys.py): a retry (the same
 record at the same sequence) gets the same key; a record with any other content, at the same
 (producer id, epoch, partition, sequence) after a sequence wrap or through a proxy that forgot
 the producer, gets another."""
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdelay import headers as h
-from kdelay.proxy.buffer_keys import BatchKeys, Origin, buffer_key, content
-from kdelay.proxy.routing import Incoming, route
+from kdelay.proxy.routing.buffer_keys import BatchKeys, Origin, buffer_key, content
+from kdelay.proxy.routing.route import Incoming, route
 
 NOW = 1_700_000_000_000
 POLICY = h.DelayPolicy()

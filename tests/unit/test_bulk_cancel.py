@@ -1,6 +1,6 @@
-"""Bulk cancels (delay_service/bulk_cancels.py, kdelay.buffer's ``px``): the record's codec, and
-a store applying one: by id prefix (and topic), over every buffer partition, before and after
-the messages it cancels, its owners, its count, and its window."""
+"""Bulk cancels (delay_service/store/bulk_cancels.py, kdelay.buffer's ``px``): the record's codec,
+and a store applying one: by id prefix (and topic), over every buffer partition, before and
+after the messages it cancels, its owners, its count, and its window."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from kdelay import buffer
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.bulk_cancels import WINDOW_MS, _id_of, ids_with_prefix
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.bulk_cancels import WINDOW_MS, _id_of, ids_with_prefix
+from kdelay.delay_service.store.store import Store
 from kdelay.errors import BufferFormatError
 
 T0 = 1_700_000_000_000  # the bulk cancel's append time

@@ -4,7 +4,7 @@ The race: a round hands message M to the producer (inside a transaction, or as a
 produce at-least-once); ingest reads M's cancel before the round removes M. The cancel must
 then wait for the round's outcome: the round commits (or the release is acknowledged) -> the
 cancel's answer is 409 ``already_delivered``; the round aborts (or the broker refused the
-record) -> the cancel applies, 200. The proxy's decision (``proxy.cancel_wait.decide``) is
+record) -> the cancel applies, 200. The proxy's decision (``proxy.http.cancel_wait.decide``) is
 computed from the master's status document, as the HTTP path does. The real thing:
 tests/integration/test_cancel_final.py.
 """
@@ -23,14 +23,14 @@ from confluent_kafka import KafkaError
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
-from kdelay.delay_service.forwarder import Forwarder
-from kdelay.delay_service.message_status import message_status
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.sender import Sender
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
-from kdelay.proxy.cancel_wait import decide
+from kdelay.delay_service.queries.message_status import message_status
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.sender import Sender
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.store import Store
+from kdelay.proxy.http.cancel_wait import decide
 from kdelay.zk.replica_api import ReplicaAnswer
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 

@@ -1,4 +1,4 @@
-"""proxy/cancel_wait.py: when a replica's answer decides a confirmed cancel (the master's, once
+"""proxy/http/cancel_wait.py: when a replica's answer decides a confirmed cancel (the master's, once
 it applied the cancel), what each state answers, and ``wait``'s bounds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kdelay.proxy.cancel_wait import MAX_WAIT_S, decide, parse_wait
+from kdelay.proxy.http.cancel_wait import MAX_WAIT_S, decide, parse_wait
 from kdelay.zk.replica_api import ReplicaAnswer
 
 P, OFFSET = 2, 41  # where the cancel was appended

@@ -1,4 +1,4 @@
-"""Cancels win whatever the arrival order (delay_service/cancels.py): a cancel read before its
+"""Cancels win whatever the arrival order (delay_service/store/cancels.py): a cancel read before its
 message, in one buffer partition, still cancels it; within its window and bounds only, the same
 way on every replica and across restarts; and every cancel gets its tombstone."""
 
@@ -15,16 +15,17 @@ from hypothesis import strategies as st
 
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled, Tombstone
-from kdelay.delay_service import cancels
-from kdelay.delay_service.cancels import WINDOW_MS, accepted_ms
-from kdelay.delay_service.store import Incoming, Store
-from kdelay.delay_service.tombstones import Retired
+from kdelay.delay_service.store import cancels
+from kdelay.delay_service.store.cancels import WINDOW_MS, accepted_ms
+from kdelay.delay_service.store.store import Incoming, Store
+from kdelay.delay_service.store.tombstones import Retired
 
 T0 = 1_700_000_000_000  # the cancel's append time in most tests
 
 
 def order(accepted: int, counter: int = 0) -> int:
-    """The order field a proxy gives a record it accepted at ``accepted`` (proxy/buffer_keys.py)."""
+    """The order field a proxy gives a record it accepted at ``accepted``
+    (proxy/routing/buffer_keys.py)."""
     return accepted << 20 | counter
 
 

@@ -13,12 +13,12 @@ import pytest
 from kdelay.buffer import CANCEL_WINDOW_MS as WINDOW_MS
 from kdelay.buffer import BufferRecord, Cancel, Scheduled
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
-from kdelay.delay_service.forwarder import Forwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.sender import Sender
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.sender import Sender
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.store import Store
 from tests.support.compaction import Log
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer

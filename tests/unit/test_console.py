@@ -1,5 +1,5 @@
-"""The console's files (proxy/console.py) and the overview's ``GET /v1/cluster``
-(proxy/http_cluster.py): replicas serving a /metrics the test writes, the release rate and the
+"""The console's files (proxy/http/console.py) and the overview's ``GET /v1/cluster``
+(proxy/http/cluster.py): replicas serving a /metrics the test writes, the release rate and the
 lateness quantiles over the window, a replica that does not answer, administrators only.
 The console in a browser: tests/integration/test_console.py."""
 
@@ -19,14 +19,14 @@ from fastapi import FastAPI
 
 from dev.stack import free_port
 from kdelay.headers import DelayPolicy
-from kdelay.proxy import http_cluster
-from kdelay.proxy.console import ASSETS, load_assets
-from kdelay.proxy.http import create_app
-from kdelay.proxy.http_auth import Caller, OpenCaller, current_caller
-from kdelay.proxy.http_cluster import ReleaseWindow, Scrape, install_cluster_route, quantile
+from kdelay.proxy.http import cluster as http_cluster
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.http.auth import Caller, OpenCaller, current_caller
+from kdelay.proxy.http.cluster import ReleaseWindow, Scrape, install_cluster_route, quantile
+from kdelay.proxy.http.console import ASSETS, load_assets
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.topics import Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.routing.topics import Topics
+from kdelay.proxy.upstream.producer import Upstream
 from kdelay.zk.replica_api import Replica, ReplicaApi
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,8 @@ from kdelay.backoff import Backoff
 from kdelay.delay_service import health
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.threads import RestartPolicy, Supervisor
+from kdelay.delay_service.threads import SupervisedThreads
+from kdelay.supervision import RestartPolicy
 
 FAST = RestartPolicy(Backoff(0.001, 0.002), max_failures=3)
 
@@ -45,7 +46,7 @@ def test_a_failed_loop_is_logged_counted_and_run_again() -> None:
     metrics = Metrics()
     fatal: list[str] = []
     seen: list[BaseException] = []
-    sup = Supervisor(metrics, FAST, on_fatal=fatal.append)
+    sup = SupervisedThreads(metrics, FAST, on_fatal=fatal.append)
     loop = Flaky(failures=2)
     with capture_logs() as logs:
         sup.start("ingest", loop, on_failure=seen.append)
@@ -65,7 +66,7 @@ def test_a_failed_loop_is_logged_counted_and_run_again() -> None:
 def test_too_many_failures_in_a_row_give_up_and_report_fatal() -> None:
     metrics = Metrics()
     fatal: list[str] = []
-    sup = Supervisor(metrics, FAST, on_fatal=fatal.append)
+    sup = SupervisedThreads(metrics, FAST, on_fatal=fatal.append)
     sup.start("forwarder", Flaky(failures=10))
     assert sup.join("forwarder", 30)
     assert fatal == ["forwarder"]
@@ -74,10 +75,12 @@ def test_too_many_failures_in_a_row_give_up_and_report_fatal() -> None:
 
 
 def test_a_loop_that_returns_is_not_restarted_and_stop_ends_a_backoff() -> None:
-    sup = Supervisor(Metrics(), FAST, on_fatal=lambda _n: None)
+    sup = SupervisedThreads(Metrics(), FAST, on_fatal=lambda _n: None)
     sup.start("quiet", lambda: None)
     assert sup.join("quiet", 30)
-    slow = Supervisor(Metrics(), RestartPolicy(Backoff(3600, 3600)), on_fatal=lambda _n: None)
+    slow = SupervisedThreads(
+        Metrics(), RestartPolicy(Backoff(3600, 3600)), on_fatal=lambda _n: None
+    )
     failed = threading.Event()
     slow.start("ingest", Flaky(failures=1), on_failure=lambda _e: failed.set())
     assert failed.wait(30)
@@ -109,7 +112,7 @@ class FakeIngest:
 
 def test_health_endpoints_report_catch_up_stalls_and_failures() -> None:
     metrics = Metrics()
-    sup = Supervisor(metrics, FAST, on_fatal=lambda _n: None)
+    sup = SupervisedThreads(metrics, FAST, on_fatal=lambda _n: None)
     stopping = threading.Event()
     h = health.Health(ReplicaConfig(name="r", ingest_stall_s=30), sup, stopping)
     app = health.app(metrics.registry, live=h.live, ready=h.ready)

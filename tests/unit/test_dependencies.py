@@ -51,8 +51,9 @@ INDIRECT = {
         "kafka-python verifies record-batch CRCs in pure Python without it (75% of proxy CPU)",
     ),
 }
-#: pytest plugins: distribution -> (file, what in it turns the plugin on).
+#: pytest plugins and the docs site's theme: distribution -> (file, what in it turns it on).
 PLUGINS = {
+    "mkdocs-material": ("mkdocs.yml", r"(?m)^  name: material$"),
     "pytest-cov": ("Makefile", r"--cov\b"),
     "pytest-timeout": ("pyproject.toml", r"(?m)^timeout = \d+"),
     "pytest-xdist": ("Makefile", r"--dist loadfile"),

@@ -12,12 +12,12 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
-from kdelay.delay_service import exactly_once
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release import exactly_once
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.store import Store
 from kdelay.topics import CHECKPOINT_TOPIC
 from kdelay.zk.errors import FencedError
 from tests.support.fakes import FakeClock, Sent

@@ -7,10 +7,10 @@ from typing import cast
 
 from kdelay.checkpoint import Checkpoint
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.follower_checkpoints import FollowerCheckpoints
-from kdelay.delay_service.forwarder import Forwarder
+from kdelay.delay_service.release.follower_checkpoints import FollowerCheckpoints
+from kdelay.delay_service.release.forwarder import Forwarder
 from kdelay.delay_service.replica import Replica
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock
 
 

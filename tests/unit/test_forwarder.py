@@ -13,11 +13,11 @@ from confluent_kafka import KafkaError
 
 from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, decode
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.forwarder import Forwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.sender import ERROR_HEADER, Sender
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.tombstones import Retired
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.sender import ERROR_HEADER, Sender
+from kdelay.delay_service.store.store import Store
+from kdelay.delay_service.store.tombstones import Retired
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, ids_to, msg
 
@@ -366,7 +366,7 @@ def test_a_timed_out_target_is_retried_in_key_order_after_its_backoff(store: Sto
 def test_tombstones_are_written_early_when_many_are_queued(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kdelay.delay_service.tombstones.FLUSH_AT", 3)
+    monkeypatch.setattr("kdelay.delay_service.store.tombstones.FLUSH_AT", 3)
     producer = FakeProducer()
     rig = make(store, producer, checkpoint_interval_ms=60_000)
     cps = FakeCheckpoints()

@@ -1,4 +1,4 @@
-"""proxy/http_auth.py: the caller a route acts for when the API is open or authenticates."""
+"""proxy/http/auth.py: the caller a route acts for when the API is open or authenticates."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated
 import httpx
 from fastapi import Depends, FastAPI
 
-from kdelay.proxy import http_errors
-from kdelay.proxy.http_auth import STATE_AUTHENTICATES, Caller, current_caller
+from kdelay.proxy.http import errors as http_errors
+from kdelay.proxy.http.auth import STATE_AUTHENTICATES, Caller, current_caller
 from kdelay.proxy.metrics import ProxyMetrics
 
 

@@ -1,4 +1,4 @@
-"""proxy/http_login.py: the HTTP API's Authorization header, checked by logging in to Kafka, on an
+"""proxy/http/login.py: the HTTP API's Authorization header, checked by logging in to Kafka, on an
 in-process broker link (tests/support/fake_broker_link.py, PLAIN and OAUTHBEARER) and the real
 FastAPI application: 401 with WWW-Authenticate for no, malformed or wrong credentials (the
 failed ones after the address's backoff, counted), 503 when Kafka cannot be asked, the open
@@ -19,23 +19,24 @@ from fastapi import Depends, FastAPI
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from kdelay.proxy import http_errors
-from kdelay.proxy.authorization import AclCache
-from kdelay.proxy.broker_link import Link, LinkSettings
-from kdelay.proxy.http import create_app
-from kdelay.proxy.http_auth import Caller, current_caller
-from kdelay.proxy.http_credentials import (
+from kdelay.proxy.auth.authorization import AclCache
+from kdelay.proxy.auth.broker_link import Link, LinkSettings
+from kdelay.proxy.auth.jwks import JwksFile
+from kdelay.proxy.auth.login_backoff import LoginBackoff
+from kdelay.proxy.http import errors as http_errors
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.http.auth import Caller, current_caller
+from kdelay.proxy.http.authenticate import Authenticate
+from kdelay.proxy.http.credentials import (
     Basic,
     Bearer,
     MalformedCredentialsError,
     parse_authorization,
 )
-from kdelay.proxy.http_login import Authenticate, HttpAuthenticator, HttpAuthSettings
-from kdelay.proxy.jwks import JwksFile
-from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.http.login import HttpAuthenticator, HttpAuthSettings
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.topics import Topics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.routing.topics import Topics
+from kdelay.proxy.upstream.producer import Upstream
 from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink
 from tests.support.fakes import FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks

@@ -1,7 +1,7 @@
-"""The identity of a posted message (proxy/http_messages.py): a POST with an id derives its
-buffer key from every field of its body, so the same body sent again is a retry (the same key)
-and a body that differs in any field is a new message (``repeat`` was left
-out). The fields are :class:`MessageIn`'s, so a field added later must be listed here."""
+"""The identity of a posted message (proxy/http/message_records.py): a POST with an id derives its
+buffer key from every field of its body, so the same body sent again is a retry (the same key) and a
+body that differs in any field is a new message (``repeat`` was left out). The fields are
+:class:`MessageIn`'s, so a field added later must be listed here."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kdelay import headers as h
-from kdelay.proxy.http_messages import MessageIn, _route_message
+from kdelay.proxy.http.message_records import MessageIn, route_message
 
 NOW = 1_800_000_000_000
 POLICY = h.DelayPolicy()
@@ -57,7 +57,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
 
 
 def buffer_key(body: dict[str, Any]) -> bytes | None:
-    return _route_message(MessageIn.model_validate(body), NOW, POLICY, buffer_partitions=6).key
+    return route_message(MessageIn.model_validate(body), NOW, POLICY, buffer_partitions=6).key
 
 
 def test_every_field_of_the_body_is_covered() -> None:

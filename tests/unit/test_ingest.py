@@ -23,11 +23,11 @@ from kdelay.buffer import (
 )
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.errors import StoreError
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
+from kdelay.delay_service.ingest.poison import ERROR_HEADER, SOURCE_HEADER
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.poison import ERROR_HEADER, SOURCE_HEADER
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.tombstones import Retired
+from kdelay.delay_service.store.store import Store
+from kdelay.delay_service.store.tombstones import Retired
 from tests.support.fakes import FakeConsumer
 
 

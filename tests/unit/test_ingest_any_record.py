@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from kdelay.buffer import ROUTE_HEADER, Cancel, Fate, Tombstone, encode
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.ingest import Ingest
+from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 
 def _message(offset: int, key: bytes | None, value: bytes | None, headers: Any) -> Message:

@@ -1,4 +1,4 @@
-"""proxy/jwks.py: bearer JWTs validated against a JWKS file, as Kafka's OAUTHBEARER validator
+"""proxy/auth/jwks.py: bearer JWTs validated against a JWKS file, as Kafka's OAUTHBEARER validator
 does: the signature of a key in the file, exp required, nbf, the principal claim; asymmetric
 algorithms only; the file read again when it changes."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import jwt
 import pytest
 
-from kdelay.proxy.jwks import InvalidTokenError, JwksFile, JwksFileError
+from kdelay.proxy.auth.jwks import InvalidTokenError, JwksFile, JwksFileError
 from tests.support.jwt_keys import SigningKey, write_jwks
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from kdelay import acl_check, acls
 from kdelay.acls import Acl, kafka_acls_command
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.txn_sender import TxnSender
 from kdelay.errors import InfrastructureError
 from kdelay.kafka_security import merge_client_config
 from kdelay.proxy.client import ClientSecurity, send_command

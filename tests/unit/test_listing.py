@@ -1,7 +1,8 @@
-"""The listing of pending messages (delay_service/listing.py's ``list_pending``, CONTRACT.md v3
-"Listing") over a real store in a tmp dir: due order, paging by cursor, releases between pages,
-each filter, the scan budget of a rarely matching filter, bad parameters, the replica's HTTP
-route (health.py), and the merge of shards' pages (zk/list_merge.py) against one store."""
+"""The listing of pending messages (delay_service/queries/listing.py's ``list_pending``,
+CONTRACT.md v3 "Listing") over a real store in a tmp dir: due order, paging by cursor, releases
+between pages, each filter, the scan budget of a rarely matching filter, bad parameters, the
+replica's HTTP route (health.py), and the merge of shards' pages (zk/list_merge.py) against one
+store."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from kdelay.buffer import Scheduled
 from kdelay.delay_service import health
 from kdelay.delay_service.errors import QueryError
-from kdelay.delay_service.listing import (
+from kdelay.delay_service.queries.listing import (
     LIST_MAX,
     ListFilter,
     decode_cursor,
@@ -26,9 +27,9 @@ from kdelay.delay_service.listing import (
     list_pending,
     parse_listing,
 )
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.timeline import timeline
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.queries.timeline import timeline
+from kdelay.delay_service.store.store import Store
 from kdelay.zk.list_merge import merge_pages
 from kdelay.zk.replica_api import Replica
 from tests.support.replica_answers import GivenReplicas, proxy_app, proxy_get, serving
@@ -277,7 +278,7 @@ def test_shards_pages_merge_into_the_one_store_listing(tmp_path: Path) -> None:
 
 
 def test_the_proxy_lists_two_shards_merged_and_checks_its_parameters(tmp_path: Path) -> None:
-    """``GET /v1/messages`` on the proxy (proxy/http_queries.py) over two shards' replicas
+    """``GET /v1/messages`` on the proxy (proxy/http/queries.py) over two shards' replicas
     (zk/replica_api.py's list_pending), auth off: everyone's messages, pages merged."""
     messages = mixed(120, seed=5)
     shards = [Store(tmp_path / "s0"), Store(tmp_path / "s1")]

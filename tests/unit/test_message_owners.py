@@ -15,13 +15,13 @@ import pytest
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled, may_cancel
-from kdelay.delay_service.entry import decode_entry, encode_entry, entry_owner
-from kdelay.delay_service.store import Store
-from kdelay.proxy import records as rec
-from kdelay.proxy.authorization import Access, AclCache, TopicAccess
-from kdelay.proxy.owners import Owners, others_in, own_view
-from kdelay.proxy.routing import Incoming, Outgoing, route
+from kdelay.delay_service.store.entry import decode_entry, encode_entry, entry_owner
+from kdelay.delay_service.store.store import Store
+from kdelay.proxy.auth.authorization import Access, AclCache, TopicAccess
+from kdelay.proxy.auth.owners import Owners, others_in, own_view
+from kdelay.proxy.routing.route import Incoming, Outgoing, route
 from kdelay.proxy.sasl import Principal
+from kdelay.proxy.wire import records as rec
 from kdelay.zk.replica_api import NoReplicaError, ReplicaAnswer
 
 BUFFER = "__kdelay_buffer"

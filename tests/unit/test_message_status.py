@@ -1,5 +1,5 @@
-"""One message's status document (delay_service/message_status.py): pending or what became of
-it, and the id's history, from a real store."""
+"""One message's status document (delay_service/queries/message_status.py): pending or what became
+of it, and the id's history, from a real store."""
 
 from __future__ import annotations
 
@@ -10,10 +10,20 @@ from typing import Any
 import pytest
 
 from kdelay.buffer import ORDER_SHIFT, Cancel, Fate, Scheduled
-from kdelay.delay_service.entry import Entry, entry_key
-from kdelay.delay_service.message_status import message_status, outcome_status, pending_status
-from kdelay.delay_service.outcomes import CANCELLED, DEAD_LETTERED, DELIVERED, HISTORY_MAX, Outcome
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.queries.message_status import (
+    message_status,
+    outcome_status,
+    pending_status,
+)
+from kdelay.delay_service.store.entry import Entry, entry_key
+from kdelay.delay_service.store.outcomes import (
+    CANCELLED,
+    DEAD_LETTERED,
+    DELIVERED,
+    HISTORY_MAX,
+    Outcome,
+)
+from kdelay.delay_service.store.store import Store
 
 MIN = 60_000
 NOW = 1_800_000_000_000 - 1_800_000_000_000 % MIN + 30_000

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kdelay.buffer import Fate, Scheduled
-from kdelay.delay_service import store_writes
-from kdelay.delay_service.outcomes import _FIELDS, Outcome, _body
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store import writes as store_writes
+from kdelay.delay_service.store.outcomes import _FIELDS, Outcome, _body
+from kdelay.delay_service.store.store import Store
 
 
 class Clock:

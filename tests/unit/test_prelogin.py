@@ -1,5 +1,5 @@
-"""The pre-login gate (proxy/prelogin.py) and the cap on concurrent logins
-(proxy/login_gate.py), in process."""
+"""The pre-login gate (proxy/auth/prelogin.py) and the cap on concurrent logins
+(proxy/auth/login_gate.py), in process."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from kdelay.proxy.login_gate import LoginGate, LoginsBusyError
-from kdelay.proxy.prelogin import PreloginGate, Refused, Ticket
+from kdelay.proxy.auth.login_gate import LoginGate, LoginsBusyError
+from kdelay.proxy.auth.prelogin import PreloginGate, Refused, Ticket
 
 
 def test_connections_are_capped_per_address_and_in_total() -> None:

@@ -22,16 +22,16 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from kdelay.proxy import protocol as p
-from kdelay.proxy.auth_session import AuthSettings
-from kdelay.proxy.authorization import AclCache
-from kdelay.proxy.broker import Broker
-from kdelay.proxy.broker_link import LinkSettings
-from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.auth.authorization import AclCache
+from kdelay.proxy.auth.broker_link import LinkSettings
+from kdelay.proxy.auth.login_backoff import LoginBackoff
+from kdelay.proxy.kafka.auth_settings import AuthSettings
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.server import KafkaServer, Limits
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Outgoing
-from kdelay.proxy.server import KafkaServer, Limits
-from kdelay.proxy.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.routing.route import Outgoing
+from kdelay.proxy.routing.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.wire import protocol as p
 from tests.support.fake_broker_link import WRITE, FakeKafka
 from tests.support.fakes import FakeClock
 from tests.support.raw_client import metadata_request, produce_request, record_batch

@@ -1,7 +1,7 @@
-"""Upstream availability (proxy/availability.py, proxy/upstream.py) with fake librdkafka clients:
-an outage report is confirmed by a metadata request before the proxy calls upstream down, the
-gauge and ``/readyz``'s reason follow, each transition is logged once with its duration, and
-the proxy sees upstream back by probing while nothing is produced."""
+"""Upstream availability (proxy/upstream/availability.py, proxy/upstream/producer.py) with fake
+librdkafka clients: an outage report is confirmed by a metadata request before the proxy calls
+upstream down, the gauge and ``/readyz``'s reason follow, each transition is logged once with its
+duration, and the proxy sees upstream back by probing while nothing is produced."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from kdelay.proxy.availability import UpstreamAvailability
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.upstream import Upstream
+from kdelay.proxy.upstream.availability import UpstreamAvailability
+from kdelay.proxy.upstream.producer import Upstream
 from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0
@@ -28,7 +28,7 @@ def _wait(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # sleep: the poll interval of a wait with a deadline (a probe thread)
 
 
 def _gauge(metrics: ProxyMetrics) -> str:

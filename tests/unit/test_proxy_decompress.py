@@ -1,4 +1,4 @@
-"""Bounded decompression (proxy/decompress.py) for Kafka's four codecs, alone and in a Produce.
+"""Bounded decompression (proxy/wire/decompress.py) for Kafka's four codecs, alone and in a Produce.
 
 Properties: every codec round-trips what kafka-python (the same encoders the clients' formats
 use) compresses; output past the limit is refused without ever holding much more than the limit
@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import codec
 
-from kdelay.proxy import decompress as d
-from kdelay.proxy import protocol as p
-from kdelay.proxy.broker import Broker
+from kdelay.proxy.kafka.broker import Broker
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.wire import decompress as d
+from kdelay.proxy.wire import protocol as p
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
 

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.producer import ProduceResponse
 
-from kdelay.proxy import protocol as p
-from kdelay.proxy.broker import Broker
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.server import KafkaServer, Limits
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.server import KafkaServer, Limits
-from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.wire import protocol as p
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import (
     init_producer_id_request,

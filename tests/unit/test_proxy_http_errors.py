@@ -1,4 +1,4 @@
-"""The HTTP API's one error shape and its statuses (proxy/http_errors.py), with a fake upstream:
+"""The HTTP API's one error shape and its statuses (proxy/http/errors.py), with a fake upstream:
 every failure, the framework's own included, answers JSON ``{"error": ...}`` naming the field or
 setting; and a repeated POST with an id writes the same buffer key (README "HTTP API")."""
 
@@ -15,9 +15,9 @@ from fastapi import FastAPI
 
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
-from kdelay.proxy.http import create_app
-from kdelay.proxy.topics import Topics
-from kdelay.proxy.upstream import Upstream, UpstreamError
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.routing.topics import Topics
+from kdelay.proxy.upstream.producer import Upstream, UpstreamError
 from tests.support.fakes import FakeUpstream
 
 TOPIC = "orders"

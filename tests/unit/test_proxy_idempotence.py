@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import kafka.errors as kerr
 import pytest
 
-from kdelay.proxy.idempotence import PartitionResult, ProducerRegistry, Verdict
+from kdelay.proxy.kafka.idempotence import PartitionResult, ProducerRegistry, Verdict
 from kdelay.proxy.metrics import ProxyMetrics
 
 
@@ -135,8 +135,9 @@ def test_an_idle_producer_is_forgotten_after_the_ttl(loop: asyncio.AbstractEvent
     reg.check(busy, 0, "t", 0, base_seq=1, last_seq=1, loop=loop)
     assert idle not in reg
     assert busy in reg
-    assert metrics.producer_evictions.labels("ttl")._value.get() == 1
-    assert metrics.producer_states._value.get() == 1
+    value = metrics.registry.get_sample_value
+    assert value("kdelay_proxy_producer_evictions_total", {"reason": "ttl"}) == 1
+    assert value("kdelay_proxy_producer_states") == 1
 
 
 def test_a_producer_returning_after_eviction_is_adopted(loop: asyncio.AbstractEventLoop) -> None:

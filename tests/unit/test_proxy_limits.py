@@ -12,14 +12,14 @@ import pytest
 from fastapi import FastAPI
 
 from kdelay import headers as h
-from kdelay.proxy import protocol as p
-from kdelay.proxy.broker import Broker
 from kdelay.proxy.config import ProxyConfig
-from kdelay.proxy.http import create_app
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.kafka.broker import Broker
 from kdelay.proxy.limits import RecordLimits
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Incoming, Kind, RejectedRecordError, route
-from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.routing.route import Incoming, Kind, RejectedRecordError, route
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.wire import protocol as p
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request, record_batch
 

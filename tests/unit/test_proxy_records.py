@@ -1,4 +1,4 @@
-"""Record-batch parsing (proxy/records.py): aiokafka's compiled parser behind kafka-python's
+"""Record-batch parsing (proxy/wire/records.py): aiokafka's compiled parser behind kafka-python's
 framing, through the broker with a fake upstream.
 
 Pinned: the compiled classes are the ones in use (a silent fallback to pure Python would cost
@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from kdelay.headers import in_namespace
-from kdelay.proxy import protocol as p
-from kdelay.proxy import records
-from kdelay.proxy.broker import Broker
+from kdelay.proxy.kafka.broker import Broker
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Kind, Outgoing
-from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.routing.route import Kind, Outgoing
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.wire import protocol as p
+from kdelay.proxy.wire import records
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import produce_request
 

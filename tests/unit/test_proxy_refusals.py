@@ -1,7 +1,7 @@
 """Safe by default, on the Kafka listener's broker and the HTTP API with in-process fakes:
 internal topics refused (TOPIC_AUTHORIZATION_FAILED / 403), look-alike headers and epoch seconds
 rejected with the failing record's index (KIP-467), and consumers and transactional producers
-answered with an authorization error naming where to go (proxy/refusals.py).
+answered with an authorization error naming where to go (proxy/kafka/refusals.py).
 
 Every response is encoded to the wire and decoded again, so what is asserted is what a client
 reads.
@@ -22,13 +22,13 @@ from structlog.testing import capture_logs
 
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.proxy import protocol as p
-from kdelay.proxy.broker import Broker
-from kdelay.proxy.http import create_app
+from kdelay.proxy.http.app import create_app
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.refusals import ConsumerRefusals
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.refusals import ConsumerRefusals
-from kdelay.proxy.routing import Kind
-from kdelay.proxy.topics import Advertised, Topics
+from kdelay.proxy.routing.route import Kind
+from kdelay.proxy.routing.topics import Advertised, Topics
+from kdelay.proxy.wire import protocol as p
 from tests.support.fakes import FakeUpstream
 from tests.support.raw_client import (
     init_producer_id_request,

@@ -12,13 +12,13 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from kdelay.proxy.broker import Broker
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.server import KafkaServer
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.restarts import MAX_BACKOFF_S, Supervisor
-from kdelay.proxy.routing import Outgoing
-from kdelay.proxy.server import KafkaServer
-from kdelay.proxy.topics import Advertised, TopicInfo, Topics
-from kdelay.proxy.upstream import POLL_COMPONENT, Upstream
+from kdelay.proxy.restarts import MAX_BACKOFF_S, SupervisedComponents
+from kdelay.proxy.routing.route import Outgoing
+from kdelay.proxy.routing.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.upstream.producer import POLL_COMPONENT, Upstream
 
 DEADLINE_S = 10.0
 
@@ -31,7 +31,7 @@ def _failures(metrics: ProxyMetrics, component: str) -> float:
 def test_a_failure_is_logged_counted_and_backed_off() -> None:
     metrics = ProxyMetrics()
     gave_up: list[str] = []
-    sup = Supervisor(metrics, backoff_s=1.0, max_failures=8, on_give_up=gave_up.append)
+    sup = SupervisedComponents(metrics, backoff_s=1.0, max_failures=8, on_give_up=gave_up.append)
 
     def crash() -> None:
         raise RuntimeError("boom")
@@ -58,7 +58,9 @@ def test_a_failure_is_logged_counted_and_backed_off() -> None:
 
 def test_the_supervisor_gives_up_after_consecutive_failures() -> None:
     gave_up: list[str] = []
-    sup = Supervisor(ProxyMetrics(), backoff_s=0.1, max_failures=3, on_give_up=gave_up.append)
+    sup = SupervisedComponents(
+        ProxyMetrics(), backoff_s=0.1, max_failures=3, on_give_up=gave_up.append
+    )
     assert sup.failed("upstream_poll", RuntimeError("1")) is not None
     assert sup.failed("upstream_poll", RuntimeError("2")) is not None
     with capture_logs() as logs:
@@ -74,7 +76,7 @@ def test_the_supervisor_gives_up_after_consecutive_failures() -> None:
 
 def test_keep_running_restarts_a_failed_task_until_it_runs() -> None:
     metrics = ProxyMetrics()
-    sup = Supervisor(metrics, backoff_s=0.001, max_failures=10)
+    sup = SupervisedComponents(metrics, backoff_s=0.001, max_failures=10)
     runs: list[int] = []
     seen_down: list[str | None] = []
 
@@ -110,7 +112,7 @@ def test_keep_running_restarts_a_failed_task_until_it_runs() -> None:
 
 
 def test_keep_running_stops_at_once_during_a_backoff() -> None:
-    sup = Supervisor(ProxyMetrics(), backoff_s=MAX_BACKOFF_S, max_failures=10)
+    sup = SupervisedComponents(ProxyMetrics(), backoff_s=MAX_BACKOFF_S, max_failures=10)
 
     async def main() -> None:
         stopped = asyncio.Event()
@@ -168,7 +170,7 @@ class FakeLookup:
 
 def test_the_upstream_poll_thread_survives_a_callback_error() -> None:
     metrics = ProxyMetrics()
-    sup = Supervisor(metrics, backoff_s=0.001)
+    sup = SupervisedComponents(metrics, backoff_s=0.001)
     made: list[RaisingProducer] = []
 
     def factory(conf: dict[str, Any]) -> RaisingProducer:

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
-from kdelay.proxy import internal_topics
-from kdelay.proxy.buffer_keys import Origin, buffer_key, content
-from kdelay.proxy.internal_topics import RefusedTopicError
-from kdelay.proxy.routing import (
+from kdelay.proxy.routing import internal_topics
+from kdelay.proxy.routing.buffer_keys import Origin, buffer_key, content
+from kdelay.proxy.routing.internal_topics import RefusedTopicError
+from kdelay.proxy.routing.route import (
     BufferUnavailableError,
     Incoming,
     Kind,
@@ -254,7 +254,7 @@ def test_a_look_alike_with_a_long_name_is_caught_on_the_limits_scan_too() -> Non
         route("t", 0, [Incoming(None, b"v", [(long_name, b"1")])], NOW, POLICY)
 
 
-# -- internal topics (proxy/internal_topics.py) -------------------------------------------------
+# -- internal topics (proxy/routing/internal_topics.py) --------------------------------------------
 
 INTERNAL = ["__kdelay_dead_letter", "__kdelay_checkpoint", "__kdelay_x", "__consumer_offsets",
             "__transaction_state"]  # fmt: skip

@@ -1,6 +1,7 @@
 """The pieces of SASL at the proxy that need no connection: reading the principal from each
 mechanism's first token and knowing when an exchange is complete (proxy/sasl.py), the failed-login
-backoff per address (proxy/login_backoff.py) and the ACL cache (proxy/authorization.py)."""
+backoff per address (proxy/auth/login_backoff.py) and the ACL cache
+(proxy/auth/authorization.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdelay.proxy import sasl
-from kdelay.proxy.authorization import Access, AclCache
-from kdelay.proxy.login_backoff import LoginBackoff
+from kdelay.proxy.auth.authorization import Access, AclCache
+from kdelay.proxy.auth.login_backoff import LoginBackoff
 from kdelay.proxy.sasl import Principal
 from tests.support.fakes import FakeClock
 

@@ -16,14 +16,14 @@ import kafka.errors as kerr
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
-from kdelay.proxy import protocol as p
-from kdelay.proxy.broker import Broker
 from kdelay.proxy.budget import RequestBudget
+from kdelay.proxy.kafka.broker import Broker
+from kdelay.proxy.kafka.server import KafkaServer, Limits
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Outgoing
-from kdelay.proxy.server import KafkaServer, Limits
-from kdelay.proxy.topics import Advertised, TopicInfo, Topics
-from kdelay.proxy.upstream import UpstreamError
+from kdelay.proxy.routing.route import Outgoing
+from kdelay.proxy.routing.topics import Advertised, TopicInfo, Topics
+from kdelay.proxy.upstream.producer import UpstreamError
+from kdelay.proxy.wire import protocol as p
 from tests.support.raw_client import metadata_request, produce_request, record_batch
 
 DEADLINE_S = 10.0

@@ -1,4 +1,4 @@
-"""proxy/upstream.py with a fake librdkafka producer: acknowledgements, fatal errors and
+"""proxy/upstream/producer.py with a fake librdkafka producer: acknowledgements, fatal errors and
 replacement of the producer, and closing.
 
 The fake behaves like confluent_kafka.Producer where it matters: callbacks (delivery reports,
@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kdelay.proxy.metrics import ProxyMetrics
-from kdelay.proxy.routing import Kind, Outgoing
-from kdelay.proxy.upstream import Upstream, UpstreamError
+from kdelay.proxy.routing.route import Kind, Outgoing
+from kdelay.proxy.upstream.producer import Upstream, UpstreamError
 from tests.support.fakes import FakeProducer
 
 DEADLINE_S = 10.0

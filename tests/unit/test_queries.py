@@ -1,7 +1,7 @@
-"""A replica's answers about messages (delay_service/queries.py) over a real store in a tmp dir:
-the pending timeline's buckets, topics, horizon, chunking and truncation; a message's status
+"""A replica's answers about messages (delay_service/queries/queries.py) over a real store in a tmp
+dir: the pending timeline's buckets, topics, horizon, chunking and truncation; a message's status
 document; the replica's HTTP port serving them (health.py); and the client that asks replicas
-in order (zk/replica_api.py) behind the proxy's endpoints (proxy/http_queries.py), without
+in order (zk/replica_api.py) behind the proxy's endpoints (proxy/http/queries.py), without
 ZooKeeper: the replica list is given."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pytest
 from dev.stack import free_port
 from kdelay.buffer import Scheduled
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.entry import entry_key
 from kdelay.delay_service.errors import QueryError
-from kdelay.delay_service.queries import Answers
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.timeline import MAX_BUCKETS, parse_window, timeline
+from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.queries.timeline import MAX_BUCKETS, parse_window, timeline
+from kdelay.delay_service.store.entry import entry_key
+from kdelay.delay_service.store.store import Store
 from kdelay.zk.replica_api import NoReplicaError, Replica, ordered
 from tests.support.replica_answers import (
     GivenReplicas,

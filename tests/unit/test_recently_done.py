@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdelay.delay_service.ids import RecentlyDone, id_key
+from kdelay.delay_service.store.ids import RecentlyDone, id_key
 
 
 def test_a_key_is_remembered_for_at_least_half_the_ttl_and_at_most_the_ttl() -> None:

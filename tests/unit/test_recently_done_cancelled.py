@@ -1,6 +1,6 @@
 """A retry of a cancelled or replaced message is a duplicate, not a new message: the store
 remembers the records a cancel, a bulk cancel or a replace removed as it remembers delivered
-ones (``delay_service.ids.RecentlyDone``), for the same window.
+ones (``delay_service.store.ids.RecentlyDone``), for the same window.
 
 A retry is the same record again (same id, same buffer key: an idempotent producer's retry
 through a restarted proxy). Its order field carries no acceptance time here, so the open
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 T = 1_000_000
 

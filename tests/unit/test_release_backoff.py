@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.entry import Entry, entry_key
-from kdelay.delay_service.release_backoff import ReleaseBackoff, Verdict
-from kdelay.delay_service.round import claim_ms, plan_round
+from kdelay.delay_service.release.backoff import ReleaseBackoff, Verdict
+from kdelay.delay_service.release.round import claim_ms, plan_round
+from kdelay.delay_service.store.entry import Entry, entry_key
 
 
 @dataclass

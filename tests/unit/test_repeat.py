@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kdelay import buffer
 from kdelay import headers as h
-from kdelay.delay_service.entry import decode_entry, encode_entry
+from kdelay.delay_service.store.entry import decode_entry, encode_entry
 from kdelay.errors import InvalidHeaderError
 from kdelay.repeat import MIN_GAP_MS, parse_repeat
 

@@ -1,5 +1,5 @@
 """Replace by id (``kdelay-replace: true``): the header, its buffer record, and
-what a replica's store does with it (delay_service/store_writes.py): the replace cancels what
+what a replica's store does with it (delay_service/store/writes.py): the replace cancels what
 its id has pending (by the cancel rule), whatever else is in flight, and is pending itself."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from kdelay import buffer
 from kdelay import headers as h
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 from kdelay.errors import InvalidHeaderError
 from kdelay.headers import Delay, DelayPolicy
 

@@ -2,9 +2,9 @@
 
 The replace is a cancel of its id at its own position and a new message, the first occurrence
 of a series; its later occurrences are written to the buffer topic by the master as it
-releases each one (delay_service/series.py), with occurrence 1's order field. They belong to
+releases each one (delay_service/release/series.py), with occurrence 1's order field. They belong to
 the replacement, so the replace's own cancel part must not cancel them, while any cancel or
-replace appended after it still stops them (delay_service/cancels.py, store_writes.py).
+replace appended after it still stops them (delay_service/store/cancels.py, store/writes.py).
 Each occurrence here goes the real way: the due entry, its next occurrence as the sender
 builds it, decoded from its buffer record as ingest decodes it."""
 
@@ -18,8 +18,8 @@ import pytest
 
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled
-from kdelay.delay_service.series import next_occurrence
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.release.series import next_occurrence
+from kdelay.delay_service.store.store import Store
 
 T0 = 1_700_000_000_000
 DUE = T0 + 1_000

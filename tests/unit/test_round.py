@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from kdelay.buffer import Scheduled
-from kdelay.delay_service.entry import Entry, entry_key
-from kdelay.delay_service.round import DueScan, claim_ms, next_wake_ms, plan_scan
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.release.round import claim_ms, next_wake_ms, plan_scan
+from kdelay.delay_service.store.due_scan import DueScan
+from kdelay.delay_service.store.entry import Entry, entry_key
+from kdelay.delay_service.store.store import Store
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""proxy/sasl_client.py: the proxy logging in to Kafka as a SASL client, against a broker link
+"""proxy/auth/sasl_client.py: the proxy logging in to Kafka as a SASL client, against a broker link
 that runs the server side of each mechanism (SCRAM with scramp's server, so the client's proof
 and the server's signature are really computed and checked)."""
 
@@ -17,7 +17,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from kdelay.proxy.sasl_client import LoginRefusedError, login
+from kdelay.proxy.auth.sasl_client import LoginRefusedError, login
 
 FAILED = kerr.SaslAuthenticationFailedError.errno
 MESSAGE = "Authentication failed during authentication due to invalid credentials"

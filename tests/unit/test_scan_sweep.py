@@ -13,13 +13,13 @@ from confluent_kafka import KafkaError
 
 from kdelay.buffer import Scheduled
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
-from kdelay.delay_service.forwarder import Forwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.round import RoundResult
-from kdelay.delay_service.sender import Sender
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.round import RoundResult
+from kdelay.delay_service.release.sender import Sender
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, ids_to, msg
 

@@ -11,11 +11,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay.buffer import DEAD_LETTER_TOPIC, Scheduled, decode
-from kdelay.delay_service.entry import Entry, entry_key
-from kdelay.delay_service.in_flight import Completion
-from kdelay.delay_service.producer import is_permanent
-from kdelay.delay_service.sender import ERROR_HEADER, TARGET_HEADER, Sender
-from kdelay.delay_service.tombstones import Retired
+from kdelay.delay_service.release.in_flight import Completion
+from kdelay.delay_service.release.producer import is_permanent
+from kdelay.delay_service.release.sender import ERROR_HEADER, TARGET_HEADER, Sender
+from kdelay.delay_service.store.entry import Entry, entry_key
+from kdelay.delay_service.store.tombstones import Retired
 
 Callback = Callable[[KafkaError | None, Message], None]
 Headers = list[tuple[str, str | bytes | None]]

@@ -1,6 +1,6 @@
-"""Shards (kdelay/shards.py, zk/layout.py, delay_service/reshard.py, shard_dir.py): which shard
-owns a partition, each shard's znodes, the layout document, the checkpoint a reshard derives for
-each new shard, and a data directory moved to another shard."""
+"""Shards (kdelay/shards.py, zk/layout.py, delay_service/reshard/reshard.py, shard_dir.py): which
+shard owns a partition, each shard's znodes, the layout document, the checkpoint a reshard derives
+for each new shard, and a data directory moved to another shard."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kdelay.checkpoint import Checkpoint, CheckpointRecord
-from kdelay.delay_service import shard_dir
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.reshard import derive
+from kdelay.delay_service.reshard import shard_dir
+from kdelay.delay_service.reshard.reshard import derive
 from kdelay.shards import owned, owns, shard_of
 from kdelay.zk import CoordinationError, Paths
 from kdelay.zk.layout import Layout

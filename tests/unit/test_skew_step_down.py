@@ -1,6 +1,6 @@
-"""The skew rules of a replica's candidacy (delay_service/skew_step_down.py), on a fake clock:
-when a skewed master steps down, when a skewed replica stands aside or stands again, and, with
-a small in-process election, that a shard keeps exactly one master whoever is skewed."""
+"""The skew rules of a replica's candidacy (delay_service/release/skew_step_down.py), on a fake
+clock: when a skewed master steps down, when a skewed replica stands aside or stands again, and,
+with a small in-process election, that a shard keeps exactly one master whoever is skewed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.skew_step_down import RECOVER_S, Leave, SkewCandidacy
+from kdelay.delay_service.release.skew_step_down import RECOVER_S, Leave, SkewCandidacy
 from tests.support.fakes import FakeClock
 
 LIMIT_MS = 10_000

@@ -1,5 +1,5 @@
-"""Release smoothing (``delay_service/smoothing.py``): the token bucket, the round's quota, and
-rounds of both forwarders against fakes: a burst of one rate-limited topic leaves at its rate,
+"""Release smoothing (``delay_service/release/smoothing.py``): the token bucket, the round's quota,
+and rounds of both forwarders against fakes: a burst of one rate-limited topic leaves at its rate,
 in order per partition, while another topic's messages due at the same time leave at once."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from kdelay.buffer import Scheduled
-from kdelay.delay_service import store_scans
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.entry import Entry, decode_entry
-from kdelay.delay_service.exactly_once import ExactlyOnceForwarder
-from kdelay.delay_service.forwarder import Forwarder
 from kdelay.delay_service.metrics import Metrics
-from kdelay.delay_service.sender import Sender
-from kdelay.delay_service.smoothing import BURST_S, Smoothing, TokenBucket
-from kdelay.delay_service.store import Store
-from kdelay.delay_service.txn_sender import TxnSender
+from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
+from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.sender import Sender
+from kdelay.delay_service.release.smoothing import BURST_S, Smoothing, TokenBucket
+from kdelay.delay_service.release.txn_sender import TxnSender
+from kdelay.delay_service.store import scans as store_scans
+from kdelay.delay_service.store.entry import Entry, decode_entry
+from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, msg
 
@@ -134,18 +134,28 @@ def config(**settings: object) -> ReplicaConfig:
     )
 
 
-def at_least_once(store: Store, producer: FakeProducer, clock: FakeClock) -> Forwarder:
+def at_least_once(
+    store: Store, producer: FakeProducer, clock: FakeClock, metrics: Metrics | None = None
+) -> Forwarder:
     cfg = config()
     producer.clock = clock
     sender = Sender(
         lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=30_000, clock=clock
     )
     return Forwarder(
-        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+        cfg,
+        store,
+        FakeIngest(),
+        metrics or Metrics(),
+        sender=sender,
+        on_fenced=lambda _w: None,
+        clock=clock,
     )
 
 
-def exactly_once(store: Store, producer: FakeTxnProducer, clock: FakeClock) -> Forwarder:
+def exactly_once(
+    store: Store, producer: FakeTxnProducer, clock: FakeClock, metrics: Metrics | None = None
+) -> Forwarder:
     cfg = config(delivery="exactly-once", txn_ack_wait_ms=10)
     producer.clock = clock
     sender = TxnSender(
@@ -156,7 +166,13 @@ def exactly_once(store: Store, producer: FakeTxnProducer, clock: FakeClock) -> F
         clock=clock,
     )
     fwd = ExactlyOnceForwarder(
-        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+        cfg,
+        store,
+        FakeIngest(),
+        metrics or Metrics(),
+        sender=sender,
+        on_fenced=lambda _w: None,
+        clock=clock,
     )
     sender.start()
     return fwd
@@ -182,13 +198,14 @@ def test_a_burst_leaves_at_its_topic_rate_in_order_and_holds_no_other_topic(
     store: Store, mode: str
 ) -> None:
     clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    metrics = Metrics()
     producer: FakeProducer
     if mode == "exactly-once":
         producer = FakeTxnProducer()
-        fwd = exactly_once(store, producer, clock)
+        fwd = exactly_once(store, producer, clock, metrics)
     else:
         producer = FakeProducer()
-        fwd = at_least_once(store, producer, clock)
+        fwd = at_least_once(store, producer, clock, metrics)
     cps = FakeCheckpoints()
     gen = fwd.activate(cps)
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
@@ -219,7 +236,6 @@ def test_a_burst_leaves_at_its_topic_rate_in_order_and_holds_no_other_topic(
     for partition, got in by_partition.items():
         assert got == [f"m{i}" for i in range(A_COUNT) if i % 2 == partition]
     assert store.pending == 0
-    metrics = fwd._metrics
     throttled = metrics.registry.get_sample_value(
         "kdelay_replica_release_throttled_total", {"topic": "a"}
     )

@@ -10,7 +10,7 @@ import pytest
 from dev.stack.restarts import (
     Component,
     ComponentLostError,
-    Supervisor,
+    SupervisedProcesses,
     describe_exit,
 )
 from kdelay.backoff import Backoff
@@ -60,10 +60,10 @@ class FakeChild:
 
 def _supervisor(
     clock: Clock, *children: tuple[FakeChild, bool], lines: list[str], restarted: list[str]
-) -> Supervisor:
+) -> SupervisedProcesses:
     for child, _ in children:
         child.clock = clock
-    return Supervisor(
+    return SupervisedProcesses(
         [child.component(essential=essential) for child, essential in children],
         log=lines.append,
         on_restart=lambda c: restarted.append(c.name),

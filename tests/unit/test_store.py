@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from kdelay.buffer import Cancel, Fate, Scheduled, Tombstone
 from kdelay.checkpoint import Checkpoint
-from kdelay.delay_service.cancels import WINDOW_MS
-from kdelay.delay_service.entry import (
+from kdelay.delay_service.errors import StoreError, UnstorableError
+from kdelay.delay_service.store.cancels import WINDOW_MS
+from kdelay.delay_service.store.entry import (
     _encode_parts,
     check_storable,
     decode_entry,
@@ -23,8 +24,7 @@ from kdelay.delay_service.entry import (
     entry_key,
     split_key,
 )
-from kdelay.delay_service.errors import StoreError, UnstorableError
-from kdelay.delay_service.store import Store
+from kdelay.delay_service.store.store import Store
 
 
 def sched(msg_id: str, at: int, topic: str = "t", partition: int = 0) -> Scheduled:
@@ -582,7 +582,7 @@ def test_the_masters_own_tombstone_is_skipped_a_foreign_one_applied(
 def test_the_memory_of_own_releases_is_bounded(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kdelay.delay_service.store_writes.RELEASED_MEMORY", 2)
+    monkeypatch.setattr("kdelay.delay_service.store.writes.RELEASED_MEMORY", 2)
     store.apply([(0, i, sched(f"m{i}", i + 1)) for i in range(4)], {0: 4})
     due = store.due(10, 10)
     store.remove(due, {e.key: _delivered(e.message.deliver_at_ms) for e in due})

@@ -1,9 +1,16 @@
-"""The test kit's own rule: no test module imports another test module.
+"""The test kit's own rules: no test module imports another test module; no sleep without
+its reason.
 
 A helper one test module takes from another ties the tiers together (tests/spark could not be
 collected without tests/integration's module, and its fixtures and constants came along) and
 hides what is shared; shared helpers live in tests/support, named by what they hold. Every test
 module of every tier is parsed (ast, never imported) and each offending import named.
+
+A test waits on a condition with a deadline (``dev.stack.wait_until``), never a guessed number
+of seconds. A sleep stays only where time passing is what is tested (an absence window, a
+fault's duration, a sending rate, the wall clock itself) or as the poll interval of a wait with
+a deadline, and says so in a ``# sleep:`` comment on its line or the line before; every line of
+every file under tests/ is read, the code that tests run in child processes included.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 PKG = "tests"
-TIERS = ("unit", "integration", "e2e", "containers", "k8s", "spark", "packaging")
+TIERS = ("unit", "integration", "e2e", "deploy", "spark", "packaging")
 #: ``tests.<tier>.test_x`` (or deeper): a test module, by its dotted name.
 TEST_MODULE = re.compile(r"^tests(\.\w+)*\.test_\w*$")
 
@@ -87,3 +94,56 @@ def test_the_check_sees_every_form_of_such_an_import() -> None:
     assert [int(h.split(":")[1]) for h in hits] == [1, 2, 3, 4, 5, 6, 8], hits
     assert hits[2] == "tests/unit/probe.py:3: imports tests.unit.test_queries"
     assert hits[3] == "tests/unit/probe.py:4: imports .test_listing"
+
+
+#: A sleep call: ``time`` 's, or one imported by name; not an ``asyncio`` one, not a definition.
+SLEEP = re.compile(r"(?<![\w.])(?<!def )(?:time\.)?sleep\(")
+#: What the comment giving a sleep's reason starts with.
+REASON = "# sleep:"
+
+
+def unexplained_sleeps(source: str, where: str) -> list[str]:
+    """Each sleep in ``source`` without a ``# sleep:`` comment on its line or the line before."""
+    lines = source.splitlines()
+    return [
+        f"{where}:{n}: {line.strip()}"
+        for n, line in enumerate(lines, start=1)
+        if SLEEP.search(line) and REASON not in line and (n == 1 or REASON not in lines[n - 2])
+    ]
+
+
+def test_every_sleep_in_the_tests_says_why_it_is_not_a_wait() -> None:
+    sources = sorted(TESTS.rglob("*.py"))
+    assert len(sources) > 150, "the test sources were not found"
+    unexplained = [
+        hit
+        for path in sources
+        for hit in unexplained_sleeps(
+            path.read_text(encoding="utf-8"), str(path.relative_to(TESTS.parent))
+        )
+    ]
+    assert unexplained == [], (
+        "a sleep without its reason: wait on the condition instead (dev.stack.wait_until), or, "
+        f"where time passing is what is tested, say so in a '{REASON} ...' comment on its line "
+        "or the line before:\n" + "\n".join(unexplained)
+    )
+
+
+def test_the_sleep_check_sees_each_form_and_accepts_a_reason() -> None:
+    nap = "sle" + "ep"  # apart, so the check does not find these lines here
+    source = (
+        f"time.{nap}(2)\n"
+        f"from time import {nap}\n"
+        f"{nap}(0.5)\n"
+        f"x = 1; time.{nap}(1)  # waiting for the master\n"
+        f"time.{nap}(3)  {REASON} an absence window\n"
+        f"{REASON} the fault's duration\n"
+        f"time.{nap}(4)\n"
+        f"await asyncio.{nap}(1)\n"
+        f"clock.{nap}(5)\n"
+        f"def {nap}(self, s: float) -> None: ...\n"
+        f'code = "import time; time.{nap}(300)"\n'
+    )
+    hits = unexplained_sleeps(source, "tests/unit/probe.py")
+    assert [int(h.split(":")[1]) for h in hits] == [1, 3, 4, 11], hits
+    assert hits[0] == f"tests/unit/probe.py:1: time.{nap}(2)"

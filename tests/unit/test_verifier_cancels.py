@@ -43,7 +43,7 @@ def test_a_cancel_also_applies_to_a_schedule_sent_with_it_but_appended_after_it(
 
 def test_a_bulk_cancel_applies_to_its_prefix_on_its_topic_sent_before_it() -> None:
     """The streaming job's bulk cancels (the batch job's bulk_cancelled_positions, and
-    delay_service/bulk_cancels.py's rule, owners aside)."""
+    delay_service/store/bulk_cancels.py's rule, owners aside)."""
     registry = CancelRegistry()
     registry.add([], [("cust-42-", "orders", T), ("all-", None, T)])
     schedules = [

@@ -18,7 +18,7 @@ from pydantic import SecretStr, ValidationError
 from kdelay.config_loader import load
 from kdelay.delay_service.cli import status_command
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.reshard_cli import reshard_command
+from kdelay.delay_service.reshard.cli import reshard_command
 from kdelay.delay_service.zk_flags import zk_security
 from kdelay.errors import ConfigError
 from kdelay.proxy.config import ProxyConfig
