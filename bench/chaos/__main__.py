@@ -5,7 +5,8 @@
 
 Starts ZooKeeper, Kafka (1 or 3 brokers), the proxy and three replicas as real processes
 (bench/harness/faults.py's Cluster), with the buffer topic's cleaner made eager
-(``segment.ms=10000``, ``min.cleanable.dirty.ratio=0.01``) so compaction races the run. For
+(``segment.ms=10000``, ``min.cleanable.dirty.ratio=0.01``, ``delete.retention.ms=60000``;
+:data:`EAGER_COMPACTION`) so compaction races the run. For
 ``--minutes``, producer threads run the seeded plan's operations (bench/chaos/plan.py) through
 the proxy's Kafka listener and HTTP API while the nemesis injects a fault every
 ``--fault-every`` seconds. Then it drains (until every promised message arrived, or the last
@@ -44,9 +45,21 @@ from bench.harness.faults import Cluster
 from bench.harness.replicas import PARTITIONS
 from dev.kafka_tools import create_topic
 from kdelay.buffer import BUFFER_TOPIC, DEAD_LETTER_TOPIC
+from kdelay.topics import MIN_COMPACTION_LAG_MS
 
-#: Makes the buffer topic's cleaner run within seconds of a segment rolling.
-EAGER_COMPACTION = {"segment.ms": "10000", "min.cleanable.dirty.ratio": "0.01"}
+#: The buffer topic's cleaner made eager: a segment rolls every 10 s, is cleaned as soon as
+#: anything in it is dirty, and its tombstones go a minute after that (Kafka: 24 h), so
+#: compaction races the run. ``min.compaction.lag.ms`` stays what kdelay sets (the cancel
+#: window and a minute, 6 min): shorter, a cancel could be cleaned away within its window, a
+#: misconfiguration, not a fault. So the cleaner removes records once they are 6 min old: a
+#: run shorter than that rolls segments but cleans nothing. A replica away longer than the
+#: retention less a tenth (54 s) rebuilds its store (delay_service/away.py).
+EAGER_COMPACTION = {
+    "segment.ms": "10000",
+    "min.cleanable.dirty.ratio": "0.01",
+    "delete.retention.ms": "60000",
+    "min.compaction.lag.ms": str(MIN_COMPACTION_LAG_MS),
+}
 TARGETS = ("chaos-a", "chaos-b")
 SHOWN = 40  # violations printed with their history
 
@@ -68,7 +81,8 @@ def proxy_with_queries(cluster: Cluster) -> None:
     assert cluster.proxy is not None
     assert cluster.zk is not None
     cluster.proxy.stop()
-    cluster.proxy.argv += ["--zk-connect", cluster.zk.connect_string, "--zk-root", cluster.rs.root]
+    cluster.proxy_args += ["--zk-connect", cluster.zk.connect_string, "--zk-root", cluster.rs.root]
+    cluster.proxy_clock(None)
     cluster.proxy.start()
     cluster.wait_proxy()
 
@@ -186,7 +200,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
     rules = checker.Rules(grace_ms=args.grace_ms, early_tolerance_ms=args.early_tolerance_ms)
-    verdict = checker.judge(runner.history, deliveries, end_ms, rules)
+    spans = [f.shards_ms for f in injected if f.shards_ms is not None]
+    verdict = checker.judge(runner.history, deliveries, end_ms, rules, several_shards=spans)
     report(runner.history, deliveries, verdict)
     return {
         "seed": args.seed,
@@ -203,6 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ended": f.ended,
                 "target": f.target,
                 "error": f.error,
+                "span_ms": f.span_ms,
+                **({"shards_ms": f.shards_ms} if f.shards_ms is not None else {}),
             }
             for f in injected
         ],
@@ -221,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ops": runner.history.to_json(),
             "deliveries": [d.__dict__ for d in deliveries],
             "end_ms": end_ms,
+            "several_shards": spans,
         },
     }
 

@@ -27,7 +27,10 @@ written from CONTRACT.md and the README's words, not from ``kdelay.buffer.cancel
 - **order_inversion**: in one target partition, a message appended after another although its
   latest possible due time is more than ``order_tolerance`` before the other's earliest, and it
   was acknowledged ``order_tolerance`` before the other was released (so both were pending):
-  "per partition in (due time, arrival) order" (one shard: the run uses one).
+  "per partition in (due time, arrival) order", which one master keeps for its shard. Shards
+  release independently and the client cannot tell an id's shard, so a pair is judged only when
+  both were appended while the layout had one shard: not within ``several_shards`` (the spans,
+  epoch ms, during which more than one shard released), each widened by ``order_tolerance``.
 - **phantom**: a delivery of a token the run never wrote; **dead_lettered**: a write of the
   run in the dead-letter topic (nothing the run sends is invalid).
 """
@@ -35,7 +38,7 @@ written from CONTRACT.md and the README's words, not from ``kdelay.buffer.cancel
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bench.chaos.history import SUPERSEDES, WRITES, Delivery, History, Op
@@ -87,9 +90,15 @@ class Verdict:
 
 
 def judge(
-    history: History, deliveries: Iterable[Delivery], end_ms: int, rules: Rules = Rules()
+    history: History,
+    deliveries: Iterable[Delivery],
+    end_ms: int,
+    rules: Rules = Rules(),
+    *,
+    several_shards: Sequence[tuple[int, int]] = (),
 ) -> Verdict:
-    """Count every violation of the run whose deliveries were read up to ``end_ms``."""
+    """Count every violation of the run whose deliveries were read up to ``end_ms``;
+    ``several_shards``: when more than one shard released (the module docstring)."""
     verdict = Verdict()
     writes = history.writes()
     by_token: dict[str, list[Delivery]] = defaultdict(list)
@@ -106,7 +115,7 @@ def judge(
                 delivered = by_token.get(op.token, [])
                 _judge_write(verdict, op, ops[i + 1 :], delivered, end_ms=end_ms, rules=rules)
     if rules.check_order:
-        _judge_order(verdict, writes, by_token, rules)
+        _judge_order(verdict, writes, by_token, rules, several_shards)
     return verdict
 
 
@@ -197,15 +206,22 @@ def _after(d: Delivery, done_ms: int | None) -> bool:
 
 
 def _judge_order(
-    verdict: Verdict, writes: dict[str, Op], by_token: dict[str, list[Delivery]], rules: Rules
+    verdict: Verdict,
+    writes: dict[str, Op],
+    by_token: dict[str, list[Delivery]],
+    rules: Rules,
+    several_shards: Sequence[tuple[int, int]],
 ) -> None:
-    """Single, acknowledged, delayed writes only, by their first delivery."""
+    """Single, acknowledged, delayed writes only, by their first delivery, appended while one
+    shard released."""
+    tol = rules.order_tolerance_ms
     per_partition: dict[tuple[str, int], list[tuple[Delivery, Op]]] = defaultdict(list)
     for token, ds in by_token.items():
-        op = writes[token]
+        op, first = writes[token], ds[0]
+        if any(lo - tol <= first.ts_ms <= hi + tol for lo, hi in several_shards):
+            continue
         if op.acked and op.repeat_count == 1 and op.kind != "immediate" and op.done_ms:
-            per_partition[(ds[0].topic, ds[0].partition)].append((ds[0], op))
-    tol = rules.order_tolerance_ms
+            per_partition[(first.topic, first.partition)].append((first, op))
     for rows in per_partition.values():
         rows.sort(key=lambda row: row[0].offset)
         for j, (late, late_op) in enumerate(rows):

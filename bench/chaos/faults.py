@@ -2,9 +2,10 @@
 
 Each fault is injected at its planned second (or as soon as the previous one was undone) and
 undone before the next: a killed process is restarted, a stopped one continued, ZooKeeper and a
-broker started again. The victims of a kind are chosen when it runs (the master is whoever
-leads then); the seed fixes kind, time and duration. A fault that cannot find its victim (no
-master elected within a minute) is recorded with the error and skipped.
+broker started again, a clock set right again by a restart, a reshard (one shard to two)
+resharded back. The victims of a kind are chosen when it runs (the master is whoever leads
+then); the seed fixes kind, time, duration and a clock's offset. A fault that cannot find its
+victim (no master elected within a minute) is recorded with the error and skipped.
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ import time
 from dataclasses import dataclass
 
 from bench.chaos.plan import Fault
-from bench.harness.faults import Cluster
+from bench.harness import restarts
+from bench.harness.clock_skew import Skew
+from bench.harness.faults import Cluster, now_ms
+from dev.stack import ManagedProcess
 from kdelay import logs
 
 log = logs.get(__name__)
 FIND_MASTER_S = 60.0
+#: A reshard goes from one shard to this many and back (4 buffer partitions: 2 shards of 2).
+RESHARD_TO = 2
 
 
 @dataclass
@@ -35,6 +41,11 @@ class Injected:
     ended: float | None = None
     target: str = ""
     error: str = ""
+    #: When it was injected and undone (epoch ms, the brokers' clock: same machine).
+    span_ms: tuple[int, int] | None = None
+    #: A reshard: from before its replicas started in several shards to after they stopped
+    #: (epoch ms): releases meanwhile came from several masters, in no common order.
+    shards_ms: tuple[int, int] | None = None
 
 
 def _master(c: Cluster) -> str:
@@ -68,7 +79,58 @@ def heal(c: Cluster) -> list[str]:
     return crashed
 
 
-def inject(c: Cluster, fault: Fault, rng: random.Random) -> str:
+def _stop(proc: ManagedProcess, seconds: float) -> None:
+    proc.signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        proc.signal(signal.SIGCONT)
+
+
+def _clock(c: Cluster, fault: Fault, rng: random.Random) -> str:
+    """A replica (master or follower) or the proxy restarted with its clock off, then right."""
+    skew = Skew(fault.offset_ms / 1000)
+    victim = rng.choice(("master", "follower", "proxy"))
+    if victim == "proxy":
+        try:
+            restarts.restart_proxy(c, skew)
+            time.sleep(fault.duration_s)
+        finally:
+            restarts.restart_proxy(c, None)
+    else:
+        victim = _master(c) if victim == "master" else _follower(c, rng)
+        try:
+            restarts.restart_replica(c, victim, skew)
+            time.sleep(fault.duration_s)
+        finally:
+            restarts.restart_replica(c, victim, None)
+    return f"{victim} {fault.offset_ms:+d} ms"
+
+
+def _broker_clock(c: Cluster, fault: Fault, rng: random.Random) -> str:
+    """A broker restarted with its clock off, then right."""
+    assert c.kafka is not None
+    index = rng.randrange(len(c.kafka.nodes))
+    try:
+        restarts.restart_broker(c.kafka, index, fault.offset_ms / 1000)
+        time.sleep(fault.duration_s)
+    finally:
+        restarts.restart_broker(c.kafka, index, None)
+    return f"broker {c.kafka.nodes[index].node_id} {fault.offset_ms:+d} ms"
+
+
+def _reshard(c: Cluster, fault: Fault, record: Injected) -> str:
+    start = now_ms()
+    try:
+        restarts.reshard(c, RESHARD_TO)
+        time.sleep(fault.duration_s)
+    finally:
+        restarts.reshard(c, 1)
+        record.shards_ms = (start, now_ms())
+    return f"replicas: 1 -> {RESHARD_TO} -> 1 shards"
+
+
+def inject(c: Cluster, fault: Fault, rng: random.Random, record: Injected) -> str:
     """Inject ``fault`` and undo it; returns the victim's name."""
     kind, d = fault.kind, fault.duration_s
     if kind == "master-kill":
@@ -80,14 +142,17 @@ def inject(c: Cluster, fault: Fault, rng: random.Random) -> str:
     elif kind == "store-wipe":
         victim = rng.choice(sorted(c.rs.names))
         _kill_restart(c, victim, 1.0, wipe=True)
-    elif kind == "master-stop":
-        victim = _master(c)
-        proc = c.rs.procs[victim]
-        proc.signal(signal.SIGSTOP)
-        try:
-            time.sleep(d)
-        finally:
-            proc.signal(signal.SIGCONT)
+    elif kind in ("master-stop", "follower-stop"):
+        victim = _master(c) if kind == "master-stop" else _follower(c, rng)
+        _stop(c.rs.procs[victim], d)
+    elif kind == "proxy-stop":
+        assert c.proxy is not None
+        victim = "proxy"
+        _stop(c.proxy, d)
+    elif kind == "clock-offset":
+        victim = _clock(c, fault, rng)
+    elif kind == "reshard":
+        victim = _reshard(c, fault, record)
     elif kind == "proxy-kill":
         assert c.proxy is not None
         victim = "proxy"
@@ -108,6 +173,8 @@ def inject(c: Cluster, fault: Fault, rng: random.Random) -> str:
         c.kafka.kill_node(index)
         time.sleep(d)
         c.kafka.start_node(index)
+    elif kind == "broker-clock-offset":
+        victim = _broker_clock(c, fault, rng)
     else:
         raise ValueError(f"fault kind {kind!r} is not one of bench.chaos.plan.FAULT_KINDS")
     return victim
@@ -134,11 +201,13 @@ def nemesis(
         record = Injected(fault.kind, fault.at_s, fault.duration_s)
         out.append(record)
         record.started = round(time.monotonic() - t0, 1)
+        start_ms = now_ms()
         try:
-            record.target = inject(c, fault, rng)
+            record.target = inject(c, fault, rng, record)
         except Exception as err:  # noqa: BLE001 - recorded; the run goes on
             record.error = f"{type(err).__name__}: {err}"[:300]
         record.ended = round(time.monotonic() - t0, 1)
+        record.span_ms = (start_ms, now_ms())
         log.info("chaos.fault", kind=fault.kind, target=record.target, error=record.error)
         print(
             f"[chaos] fault {fault.kind} on {record.target or '?'} at {record.started} s, "

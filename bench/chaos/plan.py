@@ -12,16 +12,27 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-#: The fault kinds the nemesis knows (bench/chaos/faults.py); broker-kill needs 3 brokers.
+#: The fault kinds the nemesis knows (bench/chaos/faults.py).
 FAULT_KINDS = (
     "master-kill",
     "follower-kill",
     "master-stop",
+    "follower-stop",
     "proxy-kill",
+    "proxy-stop",
     "zk-restart",
     "store-wipe",
+    "clock-offset",
+    "reshard",
     "broker-kill",
+    "broker-clock-offset",
 )
+#: The kinds that need a 3-broker Kafka (one broker down or restarted at a time).
+BROKER_KINDS = frozenset({"broker-kill", "broker-clock-offset"})
+#: A process's clock offset: a few hundred ms either way, well inside what kdelay tolerates
+#: (``--max-clock-skew-ms``, 10 s); a broker's up to 300 ms either way.
+CLOCK_OFFSET_MS = (100, 500)
+BROKER_OFFSET_MS = (50, 300)
 #: Delay levels 1..3 of the default table: 1 s, 5 s, 10 s.
 LEVEL_MS = {1: 1_000, 2: 5_000, 3: 10_000}
 
@@ -54,6 +65,8 @@ class Fault:
     kind: str
     at_s: float
     duration_s: float
+    #: A clock kind's offset (either sign); 0 for the others.
+    offset_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,7 +172,7 @@ def make_plan(
     while (t := t + rng.expovariate(rate)) < seconds:
         n = len(scenarios)
         scenarios.append(_scenario(rng, t, n % workers, n, seed))
-    kinds = [k for k in FAULT_KINDS if k != "broker-kill" or brokers >= 3]
+    kinds = [k for k in FAULT_KINDS if k not in BROKER_KINDS or brokers >= 3]
     faults: list[Fault] = []
     deck: list[str] = []
     for k in range(1, int(seconds // fault_every) + 1):
@@ -168,5 +181,14 @@ def make_plan(
             break
         if not deck:
             deck = rng.sample(kinds, len(kinds))
-        faults.append(Fault(deck.pop(), round(at, 1), round(rng.uniform(2.0, 10.0), 1)))
+        kind = deck.pop()
+        duration = round(rng.uniform(2.0, 10.0), 1)
+        faults.append(Fault(kind, round(at, 1), duration, _offset_ms(rng, kind)))
     return Plan(tuple(scenarios), tuple(faults))
+
+
+def _offset_ms(rng: random.Random, kind: str) -> int:
+    if kind not in ("clock-offset", "broker-clock-offset"):
+        return 0
+    lo, hi = CLOCK_OFFSET_MS if kind == "clock-offset" else BROKER_OFFSET_MS
+    return rng.choice((-1, 1)) * rng.randrange(lo, hi + 1)

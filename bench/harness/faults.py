@@ -67,22 +67,33 @@ class BenchReplicas(Replicas):
         self.buffer = BUFFER_TOPIC
         self.replication = replication
         self.skew = skew
+        #: Clocks set per replica after the start (bench/harness/restarts.py), over ``skew``.
+        self.skews: dict[str, Skew | None] = {}
+        #: The shard count the replicas start with; replica ``r<i>`` is shard ``(i - 1) % N``.
+        self.layout = 1
+
+    def shard_of(self, name: str) -> int:
+        return self.names.index(name) % self.layout
 
     def start(self, name: str) -> ManagedProcess:
+        shards: tuple[str, ...] = ()
+        if self.layout > 1:
+            shards = ("--shards", str(self.layout), "--shard", str(self.shard_of(name)))
         spec = ReplicaSpec(
             name,
             self.bootstrap,
             self.zk,
             self.base / name,
-            zk_root=self.root,
+            zk_root=self.set_root,
             zk_session_timeout=SESSION_S,
             buffer_topic=self.buffer,
             buffer_partitions=PARTITIONS,
             status_interval_ms=200,
             log_level="INFO",
-            extra_args=("--buffer-replication", str(self.replication)),
+            extra_args=("--buffer-replication", str(self.replication), *shards),
         )
-        argv, env = _argv(spec.args(), self.skew if name == SKEWED else None)
+        skew = self.skews.get(name, self.skew if name == SKEWED else None)
+        argv, env = _argv(spec.args(), skew)
         proc = ManagedProcess(f"bench {name}", argv, self.base / f"{name}.log", env=env)
         proc.start()
         self.procs[name] = proc
@@ -103,6 +114,8 @@ class Cluster:
     replicas: BenchReplicas | None = None
     http_port: int = 0
     proxy_port: int = 0
+    #: ``kdelay proxy``'s arguments (:meth:`proxy_clock` runs them under another clock).
+    proxy_args: list[str] = field(default_factory=list)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
@@ -132,16 +145,14 @@ class Cluster:
             self.bootstrap, partitions=PARTITIONS, replication=rf, min_insync=min(2, rf)
         )
         self.proxy_port, self.http_port = free_port(), free_port()
-        argv, env = _argv(
-            [
-                "proxy",
-                *("--listen", self.proxy_address, "--http-listen", f"{HOST}:{self.http_port}"),
-                *("--bootstrap-servers", self.bootstrap, "--buffer-partitions", str(PARTITIONS)),
-                *("--buffer-replication", str(rf)),
-            ],
-            self.proxy_skew,
-        )
-        self.proxy = ManagedProcess("bench proxy", argv, self.base / "proxy.log", env=env)
+        self.proxy_args = [
+            "proxy",
+            *("--listen", self.proxy_address, "--http-listen", f"{HOST}:{self.http_port}"),
+            *("--bootstrap-servers", self.bootstrap, "--buffer-partitions", str(PARTITIONS)),
+            *("--buffer-replication", str(rf)),
+        ]
+        self.proxy = ManagedProcess("bench proxy", [], self.base / "proxy.log")
+        self.proxy_clock(self.proxy_skew)
         self._stack.callback(self.proxy.stop)
         self.proxy.start()
         self.replicas = BenchReplicas(
@@ -164,8 +175,13 @@ class Cluster:
             interval=0.2,
         )
 
+    def proxy_clock(self, skew: Skew | None) -> None:
+        """The proxy's next (re)start runs :attr:`proxy_args` with ``skew``'s clock."""
+        assert self.proxy is not None
+        self.proxy.argv, self.proxy.env = _argv(self.proxy_args, skew)
+
     def _continue_all(self) -> None:
-        for proc in self.rs.procs.values():
+        for proc in [*self.rs.procs.values(), *([self.proxy] if self.proxy else [])]:
             proc.signal(signal.SIGCONT)
 
     def stop(self) -> None:

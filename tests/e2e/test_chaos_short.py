@@ -3,7 +3,7 @@
 by bench/chaos/checker.py. It must find no violation, and the faults must have happened: at
 least four, of at least three kinds, each undone without error.
 
-Seed 5 deals master-stop, proxy-kill, store-wipe and master-kill (bench/chaos/plan.py); the
+Seed 5 deals follower-kill, zk-restart, proxy-stop and follower-stop (bench/chaos/plan.py); the
 operations' interleaving with the processes differs from run to run, which is the point.
 """
 
