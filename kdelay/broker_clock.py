@@ -97,7 +97,13 @@ class ProbeWindow:
     def latest(self) -> Probe | None:
         return self._probes[-1] if self._probes else None
 
-    def _lower(self, p: Probe, mono: float) -> float:
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """The probes in the window, in the order they were added."""
+        return tuple(self._probes)
+
+    def lower_of(self, p: Probe, mono: float) -> float:
+        """The lower bound on broker time at ``mono`` that probe ``p`` alone gives."""
         return p.broker_ms + max(0.0, mono - p.acked_mono) * 1000 * (1 - self._drift)
 
     def _upper(self, p: Probe, mono: float) -> float:
@@ -108,7 +114,7 @@ class ProbeWindow:
         consistent = True
         if self._probes:
             at = probe.acked_mono
-            low = max(self._lower(p, at) for p in self._probes)
+            low = max(self.lower_of(p, at) for p in self._probes)
             high = min(self._upper(p, at) for p in self._probes)
             consistent = low <= self._upper(probe, at) and probe.broker_ms <= high
             if not consistent:
@@ -118,15 +124,15 @@ class ProbeWindow:
         while len(self._probes) > 1 and self._probes[0].acked_mono < horizon:
             self._probes.popleft()
         self._last_acked = last = max(p.acked_mono for p in self._probes)
-        self._highest_lower = max(self._probes, key=lambda p: self._lower(p, last))
+        self._highest_lower = max(self._probes, key=lambda p: self.lower_of(p, last))
         return consistent
 
     def lower_ms(self, mono: float) -> float | None:
         """Broker time at ``mono`` is at least this: the conservative estimate."""
         best = self._highest_lower
         if best is not None and mono >= self._last_acked:
-            return self._lower(best, mono)
-        return max((self._lower(p, mono) for p in self._probes), default=None)
+            return self.lower_of(best, mono)
+        return max((self.lower_of(p, mono) for p in self._probes), default=None)
 
     def upper_ms(self, mono: float) -> float | None:
         """Broker time at ``mono`` is at most this."""

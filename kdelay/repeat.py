@@ -123,8 +123,8 @@ class Repeat:
         """The first cron match strictly after ``after_ms`` (cron has minute resolution)."""
         return self._cron_match(after_ms, reverse=False)
 
-    def _cron_at_or_before(self, at_ms: int) -> int | None:
-        """The last cron match at or before ``at_ms``."""
+    def cron_at_or_before(self, at_ms: int) -> int | None:
+        """The last cron match at or before ``at_ms`` (a cron rule only)."""
         return self._cron_match(at_ms + 1, reverse=True)
 
     def _cron_match(self, from_ms: int, *, reverse: bool) -> int | None:
@@ -153,7 +153,7 @@ class Repeat:
                 widest, at = nxt - m, m
             if nxt - m > max_gap_ms:
                 break
-            m = max(nxt, self._cron_at_or_before(min(m + max_gap_ms, until_ms)) or nxt)
+            m = max(nxt, self.cron_at_or_before(min(m + max_gap_ms, until_ms)) or nxt)
         return widest, at
 
 

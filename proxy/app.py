@@ -91,7 +91,8 @@ class Proxy:
         self.clock: BrokerClock | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_config: uvicorn.Config | None = None
-        self._http_auth: HttpAuthenticator | None = None
+        #: The HTTP API's logins to Kafka (``http_auth = "kafka"``), else None.
+        self.http_auth: HttpAuthenticator | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stop_requested: asyncio.Event | None = None
         self.addresses: Addresses | None = None
@@ -188,7 +189,7 @@ class Proxy:
                 timeout_s=cfg.replica_timeout_ms / 1000,
                 security=cfg,
             )
-        self._http_auth = _http_authenticator(cfg, self.metrics, self.kafka.auth)
+        self.http_auth = _http_authenticator(cfg, self.metrics, self.kafka.auth)
         app = create_app(
             topics,
             self.upstream,
@@ -203,7 +204,7 @@ class Proxy:
             pending_timeout_s=cfg.pending_timeout_ms / 1000,
             order=order,
             cancel_acks=cancel_acks,
-            auth=self._http_auth,
+            auth=self.http_auth,
             body_timeout_s=cfg.http_body_timeout_ms / 1000,
         )
         # HTTPS when http_tls_cert and http_tls_key are set (uvicorn loads them at each start).
@@ -343,8 +344,8 @@ class Proxy:
                 await task
         if self.kafka is not None:
             await self.kafka.close()
-        if self._http_auth is not None:  # the HTTP callers' own connections to Kafka
-            await self._http_auth.close()
+        if self.http_auth is not None:  # the HTTP callers' own connections to Kafka
+            await self.http_auth.close()
         if self.upstream is not None:
             await asyncio.to_thread(self.upstream.close)
         if self.replicas is not None:

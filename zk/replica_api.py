@@ -34,6 +34,7 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +114,9 @@ class ReplicaApi:
 
     ``timeout_s``: how long one question may take in all, connecting included (a timeline
     asks with its own, longer, timeout); ``connect_timeout_s``: how long one connection may
-    take; ``security``: ZooKeeper credentials and TLS. Call :meth:`close` when done.
+    take; ``security``: ZooKeeper credentials and TLS; ``client_factory``: makes the ZooKeeper
+    client from KazooClient's arguments (tests pass one that starts nothing). Call
+    :meth:`close` when done.
     """
 
     def __init__(
@@ -125,8 +128,10 @@ class ReplicaApi:
         connect_timeout_s: float = 1.0,
         cache_s: float = 1.0,
         security: ZkSecurity | None = None,
+        client_factory: Callable[..., KazooClient] = KazooClient,
     ) -> None:
         self.zk_connect = zk_connect
+        self._client_factory = client_factory
         self._kazoo = security.kazoo_kwargs() if security is not None else {}
         self.paths = Paths(zk_root)
         self.timeout_s = timeout_s
@@ -325,7 +330,7 @@ class ReplicaApi:
     def _session(self) -> KazooClient:
         """The ZooKeeper client, started on first use (kazoo reconnects it by itself)."""
         if self._client is None:
-            client = KazooClient(
+            client = self._client_factory(
                 hosts=self.zk_connect,
                 timeout=_ZK_SESSION_S,
                 connection_retry=dict(RECONNECT),

@@ -45,7 +45,7 @@ logger.state.level = warn
 """
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """A random cluster id that does not start with '-' (Kafka's own ``Uuid.randomUuid`` avoids
     it, for other tools' sake); :func:`format_argv` copes with one that does anyway."""
     while True:
@@ -213,7 +213,9 @@ class LocalKafka:
         props.update(self.settings.extra)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
-    def _prepare(self, node: KafkaNode) -> Path:
+    def prepare(self, node: KafkaNode) -> Path:
+        """Write ``node``'s settings and format its storage if it is new (the cluster id
+        shared by every node); starts no broker. Returns its ``server.properties``."""
         node.data_dir.mkdir(parents=True, exist_ok=True)
         config = node.data_dir / "server.properties"
         config.touch(mode=0o600)  # it may hold the JAAS passwords of PLAIN users
@@ -224,7 +226,7 @@ class LocalKafka:
         if not (node.data_dir / "logs" / "meta.properties").exists():
             if not self._cluster_id_file.exists():
                 self._cluster_id_file.parent.mkdir(parents=True, exist_ok=True)
-                self._cluster_id_file.write_text(_cluster_id())
+                self._cluster_id_file.write_text(new_cluster_id())
             fmt = ManagedProcess(
                 f"kafka-format-{node.node_id}",
                 java_argv(
@@ -246,7 +248,7 @@ class LocalKafka:
 
     def start_node(self, index: int) -> None:
         node = self.nodes[index]
-        config = self._prepare(node)
+        config = self.prepare(node)
         argv = java_argv(
             jars.classpath("kafka"),
             "kafka.Kafka",

@@ -88,6 +88,11 @@ class PreloginGate:
         """Connections from ``address`` holding a place now."""
         return self._by_address.get(address, 0)
 
+    def addresses(self) -> int:
+        """Addresses with connections holding a place now: an address whose connections all
+        left is not remembered."""
+        return len(self._by_address)
+
     def _leave(self, address: str) -> None:
         self.open -= 1
         left = self._by_address[address] - 1

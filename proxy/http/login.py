@@ -42,9 +42,9 @@ import hmac
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, NoReturn
+from typing import Final, NoReturn, Protocol
 
 from kdelay import logs
 from kdelay.buffer import BUFFER_TOPIC
@@ -75,10 +75,21 @@ MAX_LOGINS: Final = 1_000
 NO_MECHANISM: Final = metric_labels.NO_MECHANISM
 
 
+class Timer(Protocol):
+    """A scheduled call that can be called off (``asyncio.TimerHandle``)."""
+
+    def cancel(self) -> None: ...
+
+
+def call_later(delay_s: float, callback: Callable[[], None]) -> Timer:
+    """``callback`` after ``delay_s`` on the running loop: how a kept login expires."""
+    return asyncio.get_running_loop().call_later(delay_s, callback)
+
+
 @dataclass
 class _Login:
     caller: KafkaCaller
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ class HttpAuthSettings:
     salt: bytes = field(default_factory=lambda: os.urandom(32))
     #: The cap on logins in progress, shared with the Kafka listener (proxy/auth/login_gate.py).
     logins: LoginGate | None = None
+    #: Schedules a kept login's expiry (tests pass timers they fire themselves).
+    timer: Callable[[float, Callable[[], None]], Timer] = call_later
 
 
 class HttpAuthenticator:
@@ -119,7 +132,13 @@ class HttpAuthenticator:
         self.challenge = ", ".join(challenges)
 
     def __len__(self) -> int:
+        """How many logins are kept."""
         return len(self._logins)
+
+    def logins(self) -> Mapping[bytes, KafkaCaller]:
+        """The kept logins' callers (a copy), by the HMAC of their credentials: never the
+        credentials themselves."""
+        return {key: entry.caller for key, entry in self._logins.items()}
 
     async def caller(self, authorization: str | None, address: str) -> Caller:
         """The caller of a request from ``address``; raises UnauthenticatedError (401) or
@@ -292,7 +311,7 @@ class HttpAuthenticator:
         if old is not None:
             self._drop(old)
         self._logins[key] = entry
-        entry.timer = asyncio.get_running_loop().call_later(ttl_s, self._forget, key, entry)
+        entry.timer = self.settings.timer(ttl_s, lambda: self._forget(key, entry))
         while len(self._logins) > MAX_LOGINS:
             _, oldest = self._logins.popitem(last=False)
             self._drop(oldest)

@@ -122,6 +122,11 @@ class KafkaServer:
         await self._server.start_serving()
 
     @property
+    def listener(self) -> asyncio.Server | None:
+        """The bound listening server (None before :meth:`bind`)."""
+        return self._server
+
+    @property
     def serving(self) -> bool:
         """Whether connections are being accepted."""
         return self._server is not None and self._server.is_serving()

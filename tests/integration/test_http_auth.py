@@ -294,9 +294,9 @@ def test_an_embedded_proxy_serves_https_and_closes_its_callers_connections_when_
                 headers={"authorization": _basic("alice", secure.password("alice"))},
             )
         assert resp.status_code == 202, resp.text
-        auth = px._http_auth
+        auth = px.http_auth
         assert auth is not None
         assert len(auth) == 1  # alice's login, kept for acl_cache_ms
-        [login] = auth._logins.values()
-    assert login.caller.closed
-    assert not login.caller.link.open
+        [login] = auth.logins().values()
+    assert login.closed
+    assert not login.link.open

@@ -94,6 +94,6 @@ def test_storage_formats_with_a_cluster_id_beginning_with_a_dash(tmp_path: Path)
     (tmp_path / "kafka").mkdir()
     (tmp_path / "kafka" / "cluster-id").write_text("-AAAAAAAAAAAAAAAAAAAAA\n")
     node = launcher.nodes[0]
-    launcher._prepare(node)  # formats the storage; starts no broker
+    launcher.prepare(node)  # formats the storage; starts no broker
     meta = (node.data_dir / "logs" / "meta.properties").read_text().splitlines()
     assert "cluster.id=-AAAAAAAAAAAAAAAAAAAAA" in meta

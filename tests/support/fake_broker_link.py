@@ -84,7 +84,7 @@ class FakeLink:
         if isinstance(request, SaslHandshakeRequest):
             return self._handshake(request)
         if isinstance(request, SaslAuthenticateRequest):
-            return self._authenticate(request)
+            return self.authenticate(request)
         if isinstance(request, MetadataRequest):
             return self._metadata(request)
         raise AssertionError(f"unexpected request {request!r}")
@@ -98,7 +98,9 @@ class FakeLink:
             error_code=code, mechanisms=list(self.kafka.mechanisms), version=req.API_VERSION
         )
 
-    def _authenticate(self, req: Any) -> Any:
+    def authenticate(self, req: Any) -> Any:
+        """The answer to a SaslAuthenticateRequest (a subclass may answer a mechanism its own
+        way)."""
         token = bytes(req.auth_bytes)
         mech = self.mechanism
         try:

@@ -23,10 +23,8 @@ in their command line too, so ``make check-leftovers`` sees one that outlives th
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from dev.stack import KafkaSettings, LocalKafka, LocalZooKeeper, free_port, wait_until
+from dev.stack.kafka import new_cluster_id
 from dev.stack.process import MARKER
 from dev.stack.zookeeper import session_ok
 from kdelay.errors import InfrastructureError
@@ -333,13 +332,6 @@ class ContainerNode:
         return f"127.0.0.1:{self.port}"
 
 
-def _cluster_id() -> str:
-    while True:  # as dev.stack.kafka: an id starting with '-' confuses the storage tool
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not cid.startswith("-"):
-            return cid
-
-
 def kafka_environment(
     node_id: int, alias: str, port: int, *, voters: str, nodes: int, cluster_id: str
 ) -> dict[str, str]:
@@ -438,7 +430,7 @@ def _testcontainers_kafka(nodes: int) -> Iterator[KafkaInfra]:
         image = session.image("kafka")
         aliases = ["kafka"] if nodes == 1 else [f"kafka-{i + 1}" for i in range(nodes)]
         voters = ",".join(f"{i + 1}@{a}:9093" for i, a in enumerate(aliases))
-        cluster_id = _cluster_id()
+        cluster_id = new_cluster_id()
         started: list[ContainerNode] = []
         for i, alias in enumerate(aliases):
             port = free_port()

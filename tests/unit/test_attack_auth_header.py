@@ -68,10 +68,10 @@ class ScramLink(FakeLink):
         super().__init__(kafka)
         self._server: Any = None
 
-    def _authenticate(self, req: Any) -> Any:
+    def authenticate(self, req: Any) -> Any:
         mech = self.mechanism
         if mech not in sasl.SCRAM:
-            return super()._authenticate(req)
+            return super().authenticate(req)
         token = bytes(req.auth_bytes).decode()
         if self._server is None:
             name = sasl.claim(mech, token.encode()).principal.name

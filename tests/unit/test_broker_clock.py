@@ -114,7 +114,7 @@ def test_the_lower_bound_is_the_best_of_every_probe_at_any_moment(seed: int) -> 
         rtt = rng.uniform(0, 0.2)
         w.add(Probe(mono, mono + rtt, int(broker + mono * 1000 + rng.uniform(0, rtt * 1000)), 0))
         for ask in (mono - rng.uniform(0, 2), mono + rtt, mono + rtt + rng.uniform(0, 5)):
-            scan = max(w._lower(p, ask) for p in w._probes)
+            scan = max(w.lower_of(p, ask) for p in w.probes)
             assert w.lower_ms(ask) == scan
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -33,12 +33,12 @@ from kdelay.proxy.http.credentials import (
     MalformedCredentialsError,
     parse_authorization,
 )
-from kdelay.proxy.http.login import HttpAuthenticator, HttpAuthSettings
+from kdelay.proxy.http.login import HttpAuthenticator, HttpAuthSettings, Timer
 from kdelay.proxy.metrics import ProxyMetrics
 from kdelay.proxy.routing.topics import Topics
 from kdelay.proxy.upstream.producer import Upstream
 from tests.support.fake_broker_link import WRITE, FakeKafka, FakeLink
-from tests.support.fakes import FakeUpstream
+from tests.support.fakes import FakeClock, FakeUpstream
 from tests.support.jwt_keys import SigningKey, write_jwks
 
 PEER = "127.0.0.1"  # httpx's ASGI transport's client address
@@ -99,15 +99,18 @@ class Harness:
         self.upstream = FakeUpstream(topics={"orders": 2, buffer.BUFFER_TOPIC: 2})
         self.metrics = self.upstream.metrics
         self.backoff = LoginBackoff(0.0, 0.0)
+        self.acl_clock = FakeClock()
+        self.timers = Timers()
         self.settings = HttpAuthSettings(
             mechanism="PLAIN",
             link=LinkSettings((("127.0.0.1", 1),)),
-            cache=AclCache(ttl_s),
+            cache=AclCache(ttl_s, clock=self.acl_clock.monotonic),
             backoff=self.backoff,
             metrics=self.metrics,
             login_ttl_s=ttl_s,
             jwks=JwksFile(write_jwks(tmp / "jwks.json", self.key)) if jwks else None,
             link_factory=self._slow_link if slow else self.kafka.factory,
+            timer=self.timers.call_later,
         )
         self.auth = HttpAuthenticator(self.settings)
         self.app = create_app(
@@ -146,6 +149,34 @@ class Harness:
         self.loop.run_until_complete(self.client.aclose())
         self.loop.run_until_complete(self.auth.close())
         self.loop.close()
+
+
+class Timers:
+    """The logins' expiry timers, fired by the test (:meth:`expire`), never by the loop."""
+
+    def __init__(self) -> None:
+        self.pending: list[_Timer] = []
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        timer = _Timer(callback)
+        self.pending.append(timer)
+        return timer
+
+    def expire(self) -> None:
+        """Every login's time runs out now."""
+        due, self.pending = self.pending, []
+        for timer in due:
+            if not timer.cancelled:
+                timer.callback()
+
+
+class _Timer:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class SlowLink(FakeLink):
@@ -206,7 +237,7 @@ def test_a_right_password_is_accepted_and_its_login_reused_without_the_password(
     assert api.post(_basic("alice", "pw-a")).status_code == 202
     assert len(api.kafka.links) == 1  # one login, reused
     assert len(api.auth) == 1
-    assert all(b"pw-a" not in key for key in api.auth._logins)
+    assert all(b"pw-a" not in key for key in api.auth.logins())
     _unauthorized(api.post(_basic("alice", "pw-b")), "Authentication failed")  # not the cache
     assert len(api.upstream.written) == 2
     logins = api.metrics.registry.get_sample_value(
@@ -271,7 +302,7 @@ def test_what_a_caller_may_do_is_asked_of_kafka_and_a_lost_link_is_503(api: Harn
     assert alice.json() == {"principal": "User:alice", "writable": True, "admin": False}
     carol = api.request("GET", "/who", _basic("carol", "pw-c"))
     assert carol.json() == {"principal": "User:carol", "writable": False, "admin": False}
-    api.settings.cache._entries.clear()
+    api.acl_clock.advance(api.settings.cache.ttl_s)  # the cached answers expire
     api.kafka.links[0].fail_next = True
     lost = api.request("GET", "/who", _basic("alice", "pw-a"))
     assert lost.status_code == 503
@@ -332,8 +363,7 @@ def test_a_login_that_expires_while_a_request_uses_it_closes_after_that_request(
 
     async def request_outliving_its_login() -> tuple[bool, bool, bool]:
         caller = await api.auth.caller(_basic("alice", "pw-a"), PEER)
-        [(key, entry)] = api.auth._logins.items()
-        api.auth._forget(key, entry)  # what its timer does when the login's time runs out
+        api.timers.expire()  # the login's time runs out
         retired_but_open = len(api.auth) == 0 and api.kafka.links[0].open
         writable = await caller.writable("orders")
         await api.auth.done(caller)

@@ -14,7 +14,7 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     # 0xF8 encodes to '-' first in URL-safe base64; the format tool would read it as a flag.
     ids = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" + bytes(15))])
     monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
-    cid = kafka._cluster_id()
+    cid = kafka.new_cluster_id()
     assert cid == "AQAAAAAAAAAAAAAAAAAAAA"
 
 

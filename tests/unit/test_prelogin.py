@@ -35,7 +35,7 @@ def test_an_address_that_left_leaves_nothing_behind() -> None:
         assert isinstance(ticket, Ticket)
         ticket.release()
     assert gate.open == 0
-    assert gate._by_address == {}
+    assert gate.addresses() == 0
 
 
 @pytest.mark.parametrize(

@@ -182,7 +182,8 @@ def test_the_least_recently_used_producer_goes_over_the_cap(
     reg.check(99, 0, "u", 1, base_seq=10, last_seq=10, loop=loop)  # an adopted id counts too
     assert pids[2] not in reg
     assert len(reg) == 3
-    assert metrics.producer_evictions.labels("cap")._value.get() == 2
+    evicted = {"reason": "cap"}
+    assert metrics.registry.get_sample_value("kdelay_proxy_producer_evictions_total", evicted) == 2
 
 
 def test_a_batch_in_flight_when_its_producer_is_evicted_still_completes(

@@ -150,8 +150,9 @@ def test_the_broker_answers_invalid_record_and_writes_nothing(
         (1, part.error_message)
     ]
     assert upstream.written == []
-    assert metrics.records_rejected.labels(setting)._value.get() == 2
-    assert metrics.records.labels("rejected")._value.get() == 2
+    rejected = metrics.registry.get_sample_value
+    assert rejected("kdelay_proxy_records_rejected_total", {"reason": setting}) == 2
+    assert rejected("kdelay_proxy_records_total", {"kind": "rejected"}) == 2
 
 
 def test_the_broker_passes_a_batch_within_the_limits() -> None:
@@ -202,7 +203,8 @@ def test_http_rejects_a_message_over_a_limit(
     assert resp.status_code == status, resp.text
     assert setting in resp.json()["error"]
     assert upstream.written == []
-    assert metrics.records_rejected.labels(setting)._value.get() == 1
+    labels = {"reason": setting}
+    assert metrics.registry.get_sample_value("kdelay_proxy_records_rejected_total", labels) == 1
 
 
 def test_http_accepts_a_message_at_the_limits_and_keeps_400_for_a_long_id() -> None:

@@ -24,8 +24,8 @@ DEADLINE_S = 10.0
 
 
 def _failures(metrics: ProxyMetrics, component: str) -> float:
-    value: float = metrics.component_failures.labels(component)._value.get()
-    return value
+    labels = {"component": component}
+    return metrics.registry.get_sample_value("kdelay_component_failures_total", labels) or 0.0
 
 
 def test_a_failure_is_logged_counted_and_backed_off() -> None:
@@ -239,7 +239,7 @@ def test_the_kafka_listener_accepts_again_after_it_was_closed() -> None:
         upstream = _Upstream()
         await server.serve(Broker(upstream, Topics(upstream), metrics, Advertised(1, host, port)))
         assert server.serving
-        inner = server._server
+        inner = server.listener
         assert inner is not None
         inner.close()  # what no code of the proxy does but stop(): the listener is gone
         await inner.wait_closed()

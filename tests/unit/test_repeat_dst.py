@@ -206,8 +206,8 @@ def test_every_walk_is_what_the_policy_defines(
     assert got == oracle(expr, zone, policy, begin, begin + DAY + 6 * HOUR)
     # the backward search (the horizon check's jumps) finds the same occurrences
     for prev, this in pairwise(got):
-        assert rule._cron_at_or_before(this) == this
-        assert rule._cron_at_or_before(this - 1) == prev
+        assert rule.cron_at_or_before(this) == this
+        assert rule.cron_at_or_before(this - 1) == prev
 
 
 # ---- the default: what cron did, so every earlier spelling keeps its meaning ---------------
@@ -331,12 +331,12 @@ def test_a_sparse_schedule_on_the_transition_day_is_found_from_afar(policy: str)
     if policy.endswith("twice"):
         assert rule.after(1, first) == second
         assert rule.after(1, second) == next_year
-        assert rule._cron_at_or_before(second - 1) == first
-        assert rule._cron_at_or_before(next_year - 1) == second
+        assert rule.cron_at_or_before(second - 1) == first
+        assert rule.cron_at_or_before(next_year - 1) == second
     else:
         assert rule.after(1, first) == next_year
-        assert rule._cron_at_or_before(next_year - 1) == first
-    assert rule._cron_at_or_before(first - 1) == week_before
+        assert rule.cron_at_or_before(next_year - 1) == first
+    assert rule.cron_at_or_before(first - 1) == week_before
     assert rule.first(local("Europe/Berlin", date(2027, 11, 1), 0, 0)) == next_year
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import click
 import pytest
 from click.testing import CliRunner
+from kazoo.client import KazooClient
 from kazoo.protocol.serialization import Auth
 from kazoo.security import Permissions, make_digest_acl
 from pydantic import SecretStr, ValidationError
@@ -22,7 +24,7 @@ from kdelay.delay_service.reshard.cli import reshard_command
 from kdelay.delay_service.zk_flags import zk_security
 from kdelay.errors import ConfigError
 from kdelay.proxy.config import ProxyConfig
-from kdelay.zk import Session, replica_api
+from kdelay.zk import Session
 from kdelay.zk.replica_api import ReplicaApi
 from kdelay.zk.security import ZkSecurity
 
@@ -169,7 +171,7 @@ class _RecordingKazoo:
         raise OSError("not started in a unit test")
 
 
-def test_every_kazoo_client_gets_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_kazoo_client_gets_the_settings() -> None:
     sec = ZkSecurity(zk_auth_username="kdelay", zk_auth_password=SecretStr(PASSWORD))
     session = Session("127.0.0.1:1", 2.0, security=sec)
     assert set(session.client.auth_data) == {("digest", f"kdelay:{PASSWORD}")}
@@ -177,11 +179,11 @@ def test_every_kazoo_client_gets_the_settings(monkeypatch: pytest.MonkeyPatch) -
     plain = Session("127.0.0.1:1", 2.0)
     assert (plain.client.default_acl, plain.client.use_ssl) == (None, False)
 
-    monkeypatch.setattr(replica_api, "KazooClient", _RecordingKazoo)
     _RecordingKazoo.made.clear()
-    api = ReplicaApi("127.0.0.1:1", security=sec)
+    factory = cast("Callable[..., KazooClient]", _RecordingKazoo)
+    api = ReplicaApi("127.0.0.1:1", security=sec, client_factory=factory)
     with pytest.raises(OSError, match="not started"):
-        api._session()
+        api.shards()  # connects first
     [made] = _RecordingKazoo.made
     assert made["auth_data"] == [("digest", f"kdelay:{PASSWORD}")]
     assert made["default_acl"] == sec.zk_acl()
