@@ -153,7 +153,7 @@ class Broker:
         if req.api_key == p.API_VERSIONS:
             return resolved(Reply(p.api_versions_response(req.api_version, sasl=self.sasl)))
         if req.api_key == p.INIT_PRODUCER_ID:
-            return resolved(self._init_producer_id(req))
+            return resolved(self._init_producer_id(req, access))
         if req.api_key in CONSUMER_APIS:
             response, code = self.consumers.answer(req)
             return resolved(Reply(response, p.error_name(code)))
@@ -161,13 +161,14 @@ class Broker:
 
     # -- init producer id -----------------------------------------------------------------
 
-    def _init_producer_id(self, req: p.Request) -> Reply:
+    def _init_producer_id(self, req: p.Request, access: TopicAccess | None = None) -> Reply:
         body = req.body
         if body.transactional_id is not None:
             return Reply(refuse_transactional(req), p.error_name(TRANSACTIONAL_DENIED))
         pid_in = body.producer_id if req.api_version >= 3 else NO_PRODUCER_ID
         epoch_in = body.producer_epoch if req.api_version >= 3 else -1
-        pid, epoch = self.producers.init_producer(pid_in, epoch_in)
+        owner = None if access is None else str(access.principal)  # one principal per id
+        pid, epoch = self.producers.init_producer(pid_in, epoch_in, owner=owner)
         return Reply(
             InitProducerIdResponse(
                 throttle_time_ms=0,
@@ -299,6 +300,7 @@ class Broker:
                 base_seq=batch.base_sequence,
                 last_seq=batch.last_sequence,
                 loop=loop,
+                owner=None if access is None else str(access.principal),
             )
             if check.verdict is Verdict.REJECT:
                 assert check.error is not None

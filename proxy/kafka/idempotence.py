@@ -36,6 +36,24 @@ stop retrying after their delivery timeout (librdkafka's ``message.timeout.ms``,
 and the cap takes the producer idle the longest. An old epoch of a forgotten producer is not
 fenced either.
 
+One principal per producer id. Behind SASL a producer's state belongs to a principal: it is
+kept per (principal, producer id), so no batch of one principal ever touches another's epoch or
+sequence numbers. An id this process handed out through InitProducerId belongs to the principal
+that asked for it: another principal's batch with it is answered ``UNKNOWN_PRODUCER_ID`` and
+changes nothing, and its InitProducerId with that id and epoch gets a fresh id (a Kafka broker
+too answers a non-transactional InitProducerId with a new id), never the owner's next epoch. So
+no principal can fence another's producer or take the sequence number its next batch carries.
+``UNKNOWN_PRODUCER_ID`` because that is what the id is to that principal (this process has no
+producer of its with that id) and it is the code of a producer id a broker does not know;
+``INVALID_PRODUCER_ID_MAPPING`` and ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED`` name a
+transactional id, which these producers have none of. An id this process did not hand out (a
+restart, another worker or replica, an eviction) is adopted per principal: each principal that
+presents it gets a producer of its own, and none is refused, because an idempotent librdkafka
+producer answered ``UNKNOWN_PRODUCER_ID`` bumps its epoch locally and presents the same id
+again, so refusing the second principal could refuse the owner forever. Ids are random
+(``secrets``, 46 bits), so one cannot be guessed from another. Without SASL there is no
+principal (None) and nothing changes.
+
 Only the asyncio loop thread calls into this module.
 """
 
@@ -74,15 +92,6 @@ class PartitionResult:
 
 
 @dataclass(slots=True)
-class _Entry:
-    base_seq: int
-    last_seq: int
-    result: asyncio.Future[PartitionResult]
-    #: Failed retriably: the client's retry of this exact range is accepted anew.
-    retry_ok: bool = False
-
-
-@dataclass(slots=True)
 class _PartitionState:
     epoch: int
     last_seq: int  # -1: nothing yet in this epoch
@@ -90,10 +99,27 @@ class _PartitionState:
 
 
 @dataclass(slots=True)
+class _Entry:
+    base_seq: int
+    last_seq: int
+    result: asyncio.Future[PartitionResult]
+    #: The producer's partition state the batch was recorded in.
+    state: _PartitionState
+    #: Failed retriably: the client's retry of this exact range is accepted anew.
+    retry_ok: bool = False
+
+
+@dataclass(slots=True)
 class _Producer:
     epoch: int
     last_used: float
+    #: Handed out by this process's InitProducerId (not adopted): its owner is known for sure.
+    allocated: bool = False
     partitions: dict[tuple[str, int], _PartitionState] = field(default_factory=dict)
+
+
+#: A producer's key: its principal (None without SASL) and its id.
+_Key = tuple[str | None, int]
 
 
 class Verdict(Enum):
@@ -119,8 +145,9 @@ def _next(seq: int) -> int:
 
 
 class ProducerRegistry:
-    """Producer ids this proxy handed out or adopted, and the sequence state per producer and
-    partition, least recently used first (see "Bounded memory" in the module docstring)."""
+    """Producer ids this proxy handed out or adopted, and the sequence state per principal,
+    producer and partition, least recently used first (see "Bounded memory" and "One principal
+    per producer id" in the module docstring)."""
 
     def __init__(
         self,
@@ -131,35 +158,42 @@ class ProducerRegistry:
         clock: Callable[[], float] = time.monotonic,
         metrics: ProxyMetrics | None = None,
     ) -> None:
-        # Random start: ids from different proxy replicas should not collide.
-        self._next_id = first_id if first_id is not None else secrets.randbelow(2**46) + 1
+        #: Sequential from ``first_id`` (tests); else None: each id random, so ids from
+        #: different proxy replicas do not collide and no id can be guessed from another.
+        self._next_id = first_id
         self.ttl_s = ttl_s
         self.max_producers = max_producers
         self._clock = clock
         self._metrics = metrics
-        self._producers: OrderedDict[int, _Producer] = OrderedDict()
+        self._producers: OrderedDict[_Key, _Producer] = OrderedDict()
+        #: The principal of each id this process handed out and still knows.
+        self._allocated: dict[int, str | None] = {}
 
     def __len__(self) -> int:
         """How many producers are known."""
         return len(self._producers)
 
     def __contains__(self, producer_id: object) -> bool:
-        return producer_id in self._producers
+        """Whether ``producer_id`` is known, of any principal."""
+        return any(pid == producer_id for _, pid in self._producers)
 
-    def _use(self, producer_id: int, new_epoch: int | None = None) -> tuple[_Producer, bool]:
-        """The state of ``producer_id``, now the most recently used, and whether it was created
-        (unknown, or ``new_epoch`` given: a new id). What is due is forgotten first."""
+    def _use(self, key: _Key, new_epoch: int | None = None) -> tuple[_Producer, bool]:
+        """The state of ``key``, now the most recently used, and whether it was created
+        (unknown, or ``new_epoch`` given: an id handed out now). What is due is forgotten
+        first."""
         now = self._clock()
         self._evict(now)
-        state = self._producers.get(producer_id)
+        state = self._producers.get(key)
         created = state is None or new_epoch is not None
         if created:
-            state = _Producer(new_epoch or 0, now)
-            self._producers[producer_id] = state
+            state = _Producer(new_epoch or 0, now, allocated=new_epoch is not None)
+            self._producers[key] = state
+            if new_epoch is not None:
+                self._allocated[key[1]] = key[0]
         else:
             assert state is not None
             state.last_used = now
-            self._producers.move_to_end(producer_id)
+            self._producers.move_to_end(key)
         self._evict(now)
         return state, created
 
@@ -168,31 +202,59 @@ class ProducerRegistry:
         producers = self._producers
         expired_before = now - self.ttl_s
         while producers:
-            pid, oldest = next(iter(producers.items()))
+            key, oldest = next(iter(producers.items()))
             if oldest.last_used <= expired_before:
                 reason = "ttl"
             elif len(producers) > self.max_producers:
                 reason = "cap"
             else:
                 break
-            del producers[pid]
+            del producers[key]
+            if oldest.allocated:
+                self._allocated.pop(key[1], None)
             if self._metrics is not None:
                 self._metrics.producer_evictions.labels(reason).inc()
         if self._metrics is not None:
             self._metrics.producer_states.set(len(producers))
 
-    def init_producer(self, producer_id: int = NO_PRODUCER_ID, epoch: int = -1) -> tuple[int, int]:
-        """InitProducerId: a new id, or the next epoch of a known one (KIP-360 epoch bump)."""
+    def init_producer(
+        self, producer_id: int = NO_PRODUCER_ID, epoch: int = -1, *, owner: str | None = None
+    ) -> tuple[int, int]:
+        """InitProducerId of ``owner`` (its principal; None without SASL): a new id, or the next
+        epoch of a known one of its own (KIP-360 epoch bump)."""
         if producer_id != NO_PRODUCER_ID:
             self._evict(self._clock())
-            known = self._producers.get(producer_id)
+            known = self._producers.get((owner, producer_id))
             if known is not None and known.epoch == epoch and epoch < 32766:
-                self._use(producer_id)[0].epoch = epoch + 1
+                self._use((owner, producer_id))[0].epoch = epoch + 1
                 return producer_id, epoch + 1
-        pid = self._next_id
-        self._next_id += 1
-        self._use(pid, 0)
+        pid = self._new_id()
+        self._use((owner, pid), 0)
         return pid, 0
+
+    def _new_id(self) -> int:
+        if self._next_id is not None:
+            self._next_id += 1
+            return self._next_id - 1
+        while True:
+            pid = secrets.randbelow(2**46) + 1
+            if pid not in self:
+                return pid
+
+    def _foreign(self, producer_id: int, owner: str | None) -> Check | None:
+        """The refusal of a batch with an id this process handed out to another principal."""
+        if self._allocated.get(producer_id, owner) == owner:
+            return None
+        self._evict(self._clock())  # one handed out, then forgotten, is any principal's
+        if self._allocated.get(producer_id, owner) == owner:
+            return None
+        return Check(
+            Verdict.REJECT,
+            error=PartitionResult(
+                kerr.UnknownProducerIdError.errno,
+                error_message=f"this proxy knows no producer {producer_id} of {owner}",
+            ),
+        )
 
     def check(
         self,
@@ -204,9 +266,16 @@ class ProducerRegistry:
         base_seq: int,
         last_seq: int,
         loop: asyncio.AbstractEventLoop,
+        owner: str | None = None,
     ) -> Check:
-        """Decide on a batch before it is written; an accepted one is recorded as in flight."""
-        producer, created = self._use(producer_id)
+        """Decide on a batch of ``owner`` (its principal; None without SASL) before it is
+        written; an accepted one is recorded as in flight. An id handed out to another
+        principal is refused; one adopted by another is a producer of its own (the module
+        docstring)."""
+        refused = self._foreign(producer_id, owner)
+        if refused is not None:
+            return refused
+        producer, created = self._use((owner, producer_id))
         current = None if created else producer.epoch
         if current is not None and epoch < current:
             return Check(
@@ -248,7 +317,7 @@ class ProducerRegistry:
                     ),
                 ),
             )
-        entry = _Entry(base_seq, last_seq, loop.create_future())
+        entry = _Entry(base_seq, last_seq, loop.create_future(), state)
         state.recent.append(entry)
         state.last_seq = last_seq
         return Check(Verdict.ACCEPT, entry=entry)
@@ -256,7 +325,8 @@ class ProducerRegistry:
     def complete(
         self, producer_id: int, topic: str, partition: int, entry: _Entry, result: PartitionResult
     ) -> None:
-        """Record the outcome of an accepted batch.
+        """Record the outcome of an accepted batch (``producer_id``, ``topic`` and ``partition``
+        name it; ``entry`` knows its state).
 
         A retriable failure un-writes the batch's sequence range when it is still the newest;
         otherwise (later batches in flight, see the module docstring) the range stays open for
@@ -266,9 +336,8 @@ class ProducerRegistry:
             entry.result.set_result(result)
         if result.error_code == 0 or not kerr.for_code(result.error_code).retriable:
             return
-        producer = self._producers.get(producer_id)
-        state = producer.partitions.get((topic, partition)) if producer is not None else None
-        if state is None or not state.recent:
+        state = entry.state
+        if not state.recent:
             return
         if state.recent[-1] is not entry:
             entry.retry_ok = True
