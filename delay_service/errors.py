@@ -29,7 +29,7 @@ class QueryError(KdelayError):
         self.field = field
 
     def body(self) -> dict[str, Any]:
-        """The one error shape of kdelay's HTTP APIs (proxy/http_errors.py)."""
+        """The one error shape of kdelay's HTTP APIs (proxy/http/errors.py)."""
         out: dict[str, Any] = {"error": str(self)}
         if self.field is not None:
             out["field"] = self.field

@@ -11,7 +11,7 @@ import pkgutil
 
 from kdelay.errors import KdelayError
 
-PACKAGES = ["kdelay", "proxy", "delay_service", "zk", "verifier"]
+PACKAGES = ["kdelay"]  # and its components, below it
 
 
 def _modules() -> list[str]:
