@@ -3,12 +3,16 @@
 Storage is formatted on first start (``kafka.tools.StorageTool``); readiness is an admin
 request that sees every broker, never a sleep. Used by ``kdelay up`` and the test fixtures.
 ``KafkaSettings.security`` adds a SASL listener, users and the StandardAuthorizer
-(dev/stack/kafka_security.py).
+(dev/stack/kafka_security.py). ``KafkaSettings.clock_offsets`` runs a node under libfaketime
+(its wall and monotonic clocks shifted alike: with the monotonic clock true, libfaketime 0.9.10
+ends the JVM's timed waits at once and every waiting broker thread spins; a constant offset on
+the monotonic clock changes no interval the JVM measures).
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +100,20 @@ class KafkaSettings:
     quick_jit: bool = True
     #: A SASL listener with users and ACLs (dev/stack/kafka_security.py); None: PLAINTEXT only.
     security: KafkaSecurity | None = None
+    #: Seconds each node's clock runs off, by node id (libfaketime; nodes not named run true):
+    #: brokers that disagree on the time, as LogAppendTime shows it.
+    clock_offsets: dict[int, float] = field(default_factory=dict)
+
+
+def faketime_env(offset_s: float) -> dict[str, str]:
+    """The environment that runs a process (and nothing it does not start) with its wall and
+    monotonic clocks ``offset_s`` seconds off: Debian's libfaketime preloaded."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        raise InfrastructureError("libfaketime is missing: apt-get install faketime")
+    env = {k: v for k, v in os.environ.items() if k != "FAKETIME_DONT_FAKE_MONOTONIC"}
+    preload = " ".join(filter(None, [str(found[0]), env.get("LD_PRELOAD", "")]))
+    return {**env, "LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+g}"}
 
 
 class LocalKafka:
@@ -260,7 +278,10 @@ class LocalKafka:
         argv.insert(1, f"-Dkafka.logs.dir={node.data_dir}")
         if self.settings.security is not None:
             argv[1:1] = self.settings.security.jvm_options()
-        node.process = ManagedProcess(f"kafka-{node.node_id}", argv, node.data_dir / "kafka.log")
+        offset = self.settings.clock_offsets.get(node.node_id)
+        env = faketime_env(offset) if offset else None
+        log = node.data_dir / "kafka.log"
+        node.process = ManagedProcess(f"kafka-{node.node_id}", argv, log, env=env)
         node.process.start()
 
     def stop_node(self, index: int) -> None:
