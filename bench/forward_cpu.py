@@ -143,7 +143,7 @@ def _kdelay(store: Store) -> int:
         cfg, store, _Ingested(), Metrics(), sender=sender, on_fenced=lambda _why: None
     )
     checkpoints = _Checkpoints()
-    generation = fwd.activate(checkpoints)
+    generation = fwd.control.activate(checkpoints)
     sender.start()
     released = 0
     while (done := fwd.forward_once(checkpoints, generation).delivered) > 0:
@@ -154,7 +154,7 @@ def _kdelay(store: Store) -> int:
 def _baseline(store: Store) -> int:
     producer = NullProducer()
     reports: list[object] = []
-    db = store._db
+    db = store.state.db
     it = db.iter()
     it.seek_to_first()
     batch = WriteBatch(raw_mode=True)

@@ -54,7 +54,7 @@ def _left(batches: list[list[Message]]) -> int:
 
 
 def _baseline(store: Store, batches: list[list[Message]]) -> int:
-    db, ids, ids_cf = store._db, store._ids, store._ids_cf
+    db, ids, ids_cf = store.state.db, store.state.ids, store.state.ids_cf
     handled = 0
     for batch in batches:
         wb = WriteBatch(raw_mode=True)

@@ -11,11 +11,20 @@ delay-service`` subprocess, its own ZooKeeper root and buffer topic) and fresh t
 - ``throttled``: the same, A limited to ``--limit`` messages a second (``release_rate_limits``
   in a ``--config`` file), B unlimited.
 
+A backlog: with ``--measure-s S``, A's achieved rate in ``throttled`` is measured over S
+seconds starting a second after its first release, without waiting for the whole burst to
+drain (a burst of 1M at 200/s drains in 83 minutes); give a burst many times
+``--scan-skip-limit`` (in ``--replica-args``), so the master's pass over it takes many rounds,
+and a ``--lead-ms`` long enough for the replica to ingest it before it falls due. E.g.
+``--modes alone,throttled --burst 200000 --limit 200 --measure-s 60 --b-seconds 90
+--lead-ms 90000 --replica-args "--scan-skip-limit 10000"``.
+
 Every record is in the buffer before the first falls due. Lateness is record timestamp -
 ``kdelay-deliver-at``: by the broker's clock for B (``message.timestamp.type=LogAppendTime``),
 by the release time the master stamps for A (CreateTime: the first records' append waits for
 the new topic's metadata, which would shorten A's spread). A's spread is its last release
-minus its first; its achieved rate is (count - burst) / spread; the replica's
+minus its first; its achieved rate is (count - burst) / spread (with ``--measure-s``: the count
+in the window over its length), and ``rate_vs_limit`` that over the limit; the replica's
 ``kdelay_replica_release_throttled_total`` counts the releases the limit held back. The ratio
 compares B's p99 in each mode with ``alone``: smoothing should bring it back to about 1, a burst
 without it pushes B behind A's backlog. Figures depend on the machine.
@@ -57,6 +66,32 @@ def released(bs: str, topic: str, n: int, timeout: float) -> list[Record]:
     for r in records:
         first.setdefault(r.header("kdelay-id"), r)
     return list(first.values())
+
+
+def released_over(bs: str, topic: str, span_ms: int, timeout: float) -> list[Record]:
+    """``topic``'s records, read_committed, until one was released ``span_ms`` after the first."""
+    bounds = [math.inf, -math.inf]  # the first and the last release time read so far
+    seen = 0
+
+    def spanned(records: list[Record]) -> bool:
+        nonlocal seen
+        for r in records[seen:]:
+            bounds[0] = min(bounds[0], r.timestamp_ms)
+            bounds[1] = max(bounds[1], r.timestamp_ms)
+        seen = len(records)
+        return bounds[1] - bounds[0] >= span_ms
+
+    config: dict[str, str | int | bool] = {"isolation.level": "read_committed"}
+    return consume_until(bs, [topic], spanned, timeout=timeout, config=config)
+
+
+def window_rate(records: list[Record], skip_s: float, measure_s: float) -> tuple[float, int]:
+    """Releases per second in [first + ``skip_s``, first + ``skip_s`` + ``measure_s``), and
+    how many fell in it (duplicates from an aborted round's retry excepted)."""
+    first = min(r.timestamp_ms for r in records)
+    lo, hi = first + skip_s * 1000, first + (skip_s + measure_s) * 1000
+    ids = {r.header("kdelay-id") for r in records if lo <= r.timestamp_ms < hi}
+    return len(ids) / measure_s, len(ids)
 
 
 def lateness(records: list[Record]) -> list[float]:
@@ -103,17 +138,31 @@ def run_mode(
         a = (Scheduled(f"a-{i}", topic_a, i % PARTITIONS, None, b"a", burst_at) for i in range(n_a))
         produce_buffer(bs, rs.buffer, [*a, *b])
         late = max(0, int(time.time() * 1000) - start)
-        lat_b = lateness(released(bs, topic_b, n_b, args.b_seconds + drain_s + 120))
+        b_wait = args.lead_ms / 1000 + args.b_seconds + (args.measure_s or drain_s) + 120
+        lat_b = lateness(released(bs, topic_b, n_b, b_wait))
         out: dict[str, object] = {"mode": mode, "b": figures(lat_b), "produced_late_ms": late}
-        if n_a:
+        if n_a and mode == "throttled" and args.measure_s:
+            span_ms = int((1 + args.measure_s) * 1000)
+            got_a = released_over(bs, topic_a, span_ms, args.measure_s + 600)
+            rate, in_window = window_rate(got_a, 1.0, args.measure_s)
+            out["a"] = {
+                "backlog": n_a,
+                "measured_s": args.measure_s,
+                "released_in_window": in_window,
+                "rate_per_s": rate,
+                "rate_vs_limit": round(rate / args.limit, 3),
+            }
+        elif n_a:
             got_a = released(bs, topic_a, n_a, drain_s + 180)
             stamps = [r.timestamp_ms for r in got_a]
             spread_s = (max(stamps) - min(stamps)) / 1000
             after_burst = len(stamps) - args.limit * BURST_S
+            rate = after_burst / spread_s if spread_s else float("nan")
             out["a"] = {
                 **figures(lateness(got_a)),
                 "spread_s": spread_s,
-                "rate_per_s": after_burst / spread_s if spread_s else float("nan"),
+                "rate_per_s": rate,
+                "rate_vs_limit": round(rate / args.limit, 3) if mode == "throttled" else None,
             }
             out["throttled_total"] = rs.metric_sum("r1", "kdelay_replica_release_throttled_total")
         aborted = 'kdelay_replica_transactions_total{outcome="aborted"}'
@@ -132,6 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--b-seconds", type=float, default=20.0, help="B's window")
     ap.add_argument("--lead-ms", type=int, default=8_000, help="first due time after start")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
+    ap.add_argument(
+        "--measure-s",
+        type=float,
+        default=0.0,
+        help="throttled: A's rate over this many seconds, not its whole drain (0: whole drain)",
+    )
     ap.add_argument(
         "--replica-args", default="", help="more flags for each replica (--scan-skip-limit N)"
     )

@@ -183,6 +183,19 @@ class ReplicaConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecuri
         description="exactly-once: longest a round waits for its records' acknowledgements "
         "before it aborts and holds the targets that did not answer",
     )
+    # -- revocation: the owner's WRITE before a release (release/owner_acls.py) ------------
+    acl_cache_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="how long Kafka's ACLs of a target topic are reused to decide whether a "
+        "message's owner may still WRITE it before its release: a revoked owner's messages "
+        "stop within this (0: asked every round)",
+    )
+    super_users: str = Field(
+        default="",
+        description="the brokers' super.users (User:admin;User:kdelay), which Kafka's admin "
+        "API does not show: their messages are released without asking their ACLs [none]",
+    )
 
     @property
     def published_host(self) -> str:

@@ -310,6 +310,24 @@ class Metrics:
             "target topics whose release rate limit held due messages back in the last round",
             registry=r,
         )
+        # -- revocation: owners' WRITE asked of Kafka before a release (owner_acls.py) ------------
+        self.owner_refused = Counter(
+            "kdelay_replica_owner_refused",
+            "releases refused because the message's owner may no longer WRITE its target by "
+            "Kafka's ACLs (sent to the dead-letter topic instead)",
+            registry=r,
+        )
+        self.owner_acl_failures = Counter(
+            "kdelay_replica_owner_acl_failures",
+            "questions to Kafka about a target topic's ACLs (DescribeAcls) that failed or did "
+            "not answer: its owned messages stay pending",
+            registry=r,
+        )
+        self.owner_unchecked = Gauge(
+            "kdelay_replica_owner_unchecked_messages",
+            "due messages the last round held because their owner's ACLs could not be asked",
+            registry=r,
+        )
         for reason in ("undecodable", "unstorable"):
             self.invalid_records.labels(reason)
         for component in ("ingest", "forwarder"):

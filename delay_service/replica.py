@@ -11,9 +11,10 @@ Threads and who calls what:
 - main thread: :meth:`Replica.run` (start-up, then the *control loop*), :meth:`request_stop`
   from signal handlers;
 - control loop (main thread): the only caller of the election, the registry and the
-  forwarder's control API; it reacts to ZooKeeper states (SUSPENDED -> pause, LOST -> step
-  down, CONNECTED -> resume / rejoin), leadership changes and checkpoints, all handed over by
-  kazoo callbacks through ``_events`` + ``_wakeup`` (callbacks never block);
+  forwarder's ``control`` (forwarder_control.py); it reacts to ZooKeeper states (SUSPENDED ->
+  pause, LOST -> step down, CONNECTED -> resume / rejoin), leadership changes and
+  checkpoints, all handed over by kazoo callbacks through ``_events`` + ``_wakeup``
+  (callbacks never block);
 - ingest thread: :meth:`Ingest.run`; forwarder thread: :meth:`Forwarder.run`; both run under
   a :class:`SupervisedThreads`: a failure is logged, counted and the loop run again after a backoff;
   a failed forwarder first makes the replica step down (it leaves the election, and joins again
@@ -47,6 +48,7 @@ from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.release.follower_checkpoints import FollowerCheckpoints
 from kdelay.delay_service.release.forwarder import Forwarder
+from kdelay.delay_service.release.forwarder_control import ForwarderControl
 from kdelay.delay_service.release.skew_step_down import Leave, SkewCandidacy
 from kdelay.delay_service.status import StatusPublisher, role
 from kdelay.delay_service.store.store import Store
@@ -156,8 +158,8 @@ class Replica:
         answers.attach(
             role=lambda: role(forwarder, ingest), lag=ingest.lag, clock=self.broker_clock.now_ms
         )
-        ingest.on_new = forwarder.notify_new
-        ingest.on_cancelled = forwarder.add_tombstones
+        ingest.on_new = forwarder.control.notify_new
+        ingest.on_cancelled = forwarder.control.add_tombstones
         ingest.on_synced = away.SyncStamp(cfg.data_dir).synced
         ingest.leading = forwarder.active.is_set
         election = Election(session.client, self.paths, cfg.name, self._on_leader)
@@ -175,7 +177,7 @@ class Replica:
         finally:
             log.info("replica.stopping")
             self.supervisor.stop()
-            forwarder.shutdown()
+            forwarder.control.shutdown()
             self.supervisor.join("forwarder", timeout=60)
             self.broker_clock.close()
             election.leave()
@@ -198,7 +200,7 @@ class Replica:
         self, ingest: Ingest, forwarder: Forwarder, ingest_stop: threading.Event
     ) -> None:
         def forwarder_failed(_exc: BaseException) -> None:
-            forwarder.deactivate("forwarder failed")  # at once; the control loop steps down
+            forwarder.control.deactivate("forwarder failed")  # at once; the control loop steps down
             self._on_component_failed("forwarder")
 
         self.supervisor.start("ingest", lambda: ingest.run(ingest_stop))
@@ -231,16 +233,16 @@ class Replica:
                 self.metrics.set_zk_state(state)
                 log.info("replica.zookeeper_state", state=state, previous=previous)
                 if state == SUSPENDED:
-                    forwarder.pause()
+                    forwarder.control.pause()
                 elif state == LOST:
-                    forwarder.deactivate("zookeeper session lost")
+                    forwarder.control.deactivate("zookeeper session lost")
                     election.forget()
                     self._joined = False
                 elif state == CONNECTED:
                     if previous == LOST:
                         startup.write_session_file(cfg, session)
                         next_status = 0.0
-                    forwarder.resume()
+                    forwarder.control.resume()
             if state == CONNECTED and not watching:
                 watch_data(session.client, self.paths.checkpoint, self._on_checkpoint)
                 watching = True
@@ -248,7 +250,7 @@ class Replica:
                 time.monotonic(), self.broker_clock.skew_ms(), leading=election.is_leader
             )
             if state == CONNECTED and self._joined:
-                self._leave_if_skewed(forwarder, election)
+                self._leave_if_skewed(forwarder.control, election)
             if (
                 state == CONNECTED
                 and not self._joined
@@ -265,9 +267,9 @@ class Replica:
                     )
                 except CoordinationError as exc:
                     log.warning("replica.election_join_failed", error=str(exc))
-            self._drain_events(session, forwarder, election)
-            self._apply_settled(store, forwarder)
-            self._reconcile(session, forwarder, election)
+            self._drain_events(forwarder.control, election)
+            apply_settled(self._follower_checkpoints, store, forwarder.control)
+            self._reconcile(session, forwarder.control, election)
             if time.monotonic() >= next_trim:
                 next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
                 memory.trim()
@@ -275,7 +277,7 @@ class Replica:
                 next_status = time.monotonic() + cfg.status_interval_ms / 1000
                 status.publish(registry, store, ingest, forwarder, election, self._last_cp)
 
-    def _leave_if_skewed(self, forwarder: Forwarder, election: Election) -> None:
+    def _leave_if_skewed(self, forwarder: ForwarderControl, election: Election) -> None:
         """Leave the election when this replica's clock says so (skew_step_down.py): a master
         stops forwarding first, then gives the election to the next candidate."""
         leave = self._skew.leave(
@@ -288,7 +290,7 @@ class Replica:
         election.leave()
         self._joined = False
 
-    def _reconcile(self, session: Session, forwarder: Forwarder, election: Election) -> None:
+    def _reconcile(self, session: Session, forwarder: ForwarderControl, election: Election) -> None:
         """Level-triggered: the forwarder runs exactly while we lead on a live session."""
         leader = election.is_leader and session.state == CONNECTED
         if leader and not forwarder.engaged:
@@ -297,7 +299,7 @@ class Replica:
         elif not election.is_leader and forwarder.engaged:
             forwarder.deactivate("lost leadership")
 
-    def _drain_events(self, session: Session, forwarder: Forwarder, election: Election) -> None:
+    def _drain_events(self, forwarder: ForwarderControl, election: Election) -> None:
         while True:
             try:
                 kind, payload = self._events.get_nowait()
@@ -329,19 +331,20 @@ class Replica:
                 self._last_cp = cp
                 self._follower_checkpoints.seen(version, cp.checkpoint)
 
-    def _apply_settled(self, store: Store, forwarder: Forwarder) -> None:
-        """A follower applies each checkpoint once it has settled (follower_checkpoints.py
-        says why). From the moment this thread activates the forwarder (``engaged``), the
-        forwarder applies the newest checkpoint itself, and an older one applied after it would
-        make the store store again, and release again, what the newer one covers: none is
-        applied here."""
-        if forwarder.engaged:
-            self._follower_checkpoints.clear()
-            return
-        for version, checkpoint in self._follower_checkpoints.settled():
-            dropped = store.apply_checkpoint(checkpoint)
-            if dropped:
-                log.debug("replica.covered_entries_dropped", count=dropped, version=version)
+
+def apply_settled(settling: FollowerCheckpoints, store: Store, forwarder: ForwarderControl) -> None:
+    """A follower applies each checkpoint once it has settled (follower_checkpoints.py says
+    why). From the moment the control thread activates the forwarder (``engaged``), the
+    forwarder applies the newest checkpoint itself, and an older one applied after it would
+    make the store store again, and release again, what the newer one covers: none is applied
+    here, and what had not settled is forgotten."""
+    if forwarder.engaged:
+        settling.clear()
+        return
+    for version, checkpoint in settling.settled():
+        dropped = store.apply_checkpoint(checkpoint)
+        if dropped:
+            log.debug("replica.covered_entries_dropped", count=dropped, version=version)
 
 
 def _rivals(election: Election) -> int | None:

@@ -12,6 +12,7 @@ resource, and the ``kafka-acls.sh`` command that grants it. How each kind is ask
   validates (``validate_only``), which Kafka authorizes like a real one and then discards;
 - a group: DescribeGroups with ``include_authorized_operations``, for the group id the component
   will use (a prefixed ACL is asked through one concrete name, ``probes``);
+- the cluster: DescribeCluster with ``include_authorized_operations``;
 - what cannot be asked is returned as *unchecked* and logged: WRITE on target topics (unknown at
   start: the proxy and replicas meet them per message), and transactional ids (Kafka's only
   question that touches one, InitProducerId, would fence the running master).
@@ -140,6 +141,24 @@ def _group_ops(admin: AdminClient, group: str, timeout: float) -> set[str] | Non
         time.sleep(0.2)
 
 
+def _cluster_ops(admin: AdminClient, timeout: float) -> set[str] | None:
+    """The operations allowed on the cluster (DescribeCluster, KIP-700: Kafka 2.8); None when
+    Kafka is too old to be asked."""
+    future = admin.describe_cluster(include_authorized_operations=True, request_timeout=timeout)
+    try:
+        ops = _op_names(future.result(timeout=timeout).authorized_operations)
+    except KafkaException as exc:
+        code = _code(exc)
+        if code == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+            return set()
+        if code in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
+            return None
+        raise InfrastructureError(f"cannot describe the cluster: {exc}") from None
+    # Kafka answers 0 operations without DESCRIBE on the cluster, which confluent-kafka turns
+    # into None: asked for them, no answer means none.
+    return set() if ops is None else ops
+
+
 def missing_acls(
     admin: AdminClient,
     acls: list[Acl],
@@ -170,6 +189,9 @@ def missing_acls(
         elif acl.resource == "GROUP":
             group = probes.get(acl.name, acl.name) if acl.pattern == "PREFIXED" else acl.name
             ops = _group_ops(admin, group, timeout)
+            verdict = None if ops is None else _allowed(ops, acl.operation)
+        elif acl.resource == "CLUSTER":
+            ops = _cluster_ops(admin, timeout)
             verdict = None if ops is None else _allowed(ops, acl.operation)
         else:
             verdict = None

@@ -41,6 +41,9 @@ RELEASE_TRANSACTIONAL_IDS = "kdelay-release:"
 #: The group id prefix of the verifier's Spark Kafka source (its ``groupIdPrefix``).
 VERIFIER_GROUPS = "kdelay-verifier"
 
+#: The name of Kafka's one CLUSTER resource.
+CLUSTER = "kafka-cluster"
+
 COMPONENTS = ("proxy", "replica", "verifier", "client")
 
 
@@ -110,6 +113,13 @@ def replica_acls(buffer_topic: str = BUFFER_TOPIC, *, exactly_once: bool = True)
         Acl("TOPIC", DEAD_LETTER_TOPIC, "LITERAL", "WRITE", "undeliverable records go there"),
         Acl("TOPIC", TARGETS, "LITERAL", "WRITE", "releases due messages to their topics"),
         Acl("GROUP", REPLICA_GROUPS, "PREFIXED", "READ", "its consumers' group ids (not joined)"),
+        Acl(
+            "CLUSTER",
+            CLUSTER,
+            "LITERAL",
+            "DESCRIBE",
+            "asks Kafka's ACLs whether a message's owner may still WRITE its target (DescribeAcls)",
+        ),
     ]
     if exactly_once:
         acls += [

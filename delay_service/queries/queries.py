@@ -78,11 +78,19 @@ class Freshness:
 class Answers:
     """The replica's answers, as health.py serves them: ``(HTTP status, JSON document)``."""
 
-    def __init__(self, store: Store, name: str, *, max_scan: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        *,
+        max_scan: int,
+        scans: threading.Semaphore | None = None,
+    ) -> None:
         self._store = store
         self._name = name
         self._max_scan = max_scan
-        self._scans = threading.BoundedSemaphore(MAX_SCANS)
+        # The timelines computed at once, MAX_SCANS at most (a test holds them itself).
+        self._scans = threading.BoundedSemaphore(MAX_SCANS) if scans is None else scans
         self._role: Callable[[], str] = lambda: "starting"
         self._lag: Callable[[], int | None] = lambda: None
         self._clock: Callable[[], int | None] = lambda: None

@@ -93,13 +93,15 @@ class ExactlyOnceForwarder(Forwarder):
 
     # -- a new term ------------------------------------------------------------------------
 
-    def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+    def load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+        """The newer of Kafka's and ZooKeeper's checkpoint documents (Kafka's on a tie), after
+        ingesting the shard's buffer partitions to their ends as of the fence (takeover.py)."""
         self._doomed.clear()
         kafka = load_checkpoint(self._cfg)
         ends = self._ends()  # noted after init_transactions(): no older release can commit
-        with self._cond:
-            generation = self._generation
-        catch_up(self._ingest, ends, self._stop, lambda: self._generation == generation)
+        control = self.control
+        generation = control.generation
+        catch_up(self._ingest, ends, control.stopping, lambda: control.generation == generation)
         zk = checkpoints.load()
         if kafka is None or zk is None:
             return kafka if zk is None else zk
@@ -112,9 +114,8 @@ class ExactlyOnceForwarder(Forwarder):
 
     def forward_once(self, checkpoints: CheckpointWriter, generation: int) -> RoundResult:
         """One transaction: plan, send, wait, then commit with the checkpoint, or abort."""
-        with self._cond:
-            self._wake_at_ms = None
-        may_send = self._may_forward(generation) and self._hold() is None
+        self.control.take_wake()
+        may_send = self.control.may_forward(generation) and self._hold() is None
         offsets = self._store.offsets()  # noted before the scan: all below is in the store
         now = self._planned_ms = self._clock.wall_ms()
         scan, skip = self._scan(now, self._retries.held_targets())

@@ -33,10 +33,10 @@ for the next master (a duplicate at worst).
 ``exactly_once.py`` makes each round one Kafka transaction (``--delivery exactly-once``).
 
 Threads: :meth:`Forwarder.run` is the forwarder thread's body; it alone uses the sender, the
-release backoff and the checkpoint store. The control thread calls :meth:`activate`,
-:meth:`deactivate`, :meth:`pause`, :meth:`resume`, :meth:`shutdown`; the ingest thread
-:meth:`notify_new` and :meth:`add_tombstones`: they only flip state under one Condition
-(``forwarder_control.py``, the base of :class:`Forwarder`).
+release backoff and the checkpoint store. Other threads talk to the forwarder's ``control``
+(``forwarder_control.py``): the control thread calls ``activate``, ``deactivate``, ``pause``,
+``resume``, ``shutdown``; the ingest thread ``notify_new`` and ``add_tombstones``: they only
+flip state under one Condition.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.release.backoff import ReleaseBackoff
 from kdelay.delay_service.release.delivery_reports import Settled, Settler
 from kdelay.delay_service.release.forwarder_control import CheckpointWriter, ForwarderControl
+from kdelay.delay_service.release.owner_acls import OwnerAcls
 from kdelay.delay_service.release.producer import is_permanent
 from kdelay.delay_service.release.round import RoundResult, claim_ms, next_wake_ms, plan_scan
 from kdelay.delay_service.release.sender import Sender
@@ -75,7 +76,7 @@ class IngestLike(Protocol):
     ) -> bool: ...
 
 
-class Forwarder(ForwarderControl):
+class Forwarder:
     """Releases due entries while this replica is the active master."""
 
     def __init__(
@@ -89,8 +90,12 @@ class Forwarder(ForwarderControl):
         on_fenced: Callable[[str], None],
         clock: Clock = SYSTEM_CLOCK,
         hold: Callable[[], str | None] = lambda: None,
+        sweep: Sweep | None = None,
     ) -> None:
-        super().__init__(metrics, store.owed_tombstones)
+        self.control = ForwarderControl(metrics, store.owed_tombstones)
+        self.active = self.control.active  # set while forwarding as master
+        self._tombstones = self.control.tombstones
+        self._metrics = metrics
         self._cfg = cfg
         self._store = store
         self._ingest = ingest
@@ -111,24 +116,27 @@ class Forwarder(ForwarderControl):
         self._rescan = False  # the last scan was cut with entries sent: scan again at once
         #: When the last round looked for due entries: what fell due after that is still owed.
         self._planned_ms: int | None = None
-        self._sweep = Sweep()  # where the scans of this term stand (sweep.py)
+        self._sweep = sweep or Sweep()  # where the scans of this term stand (sweep.py)
         self._smoothing = Smoothing(
             cfg.release_rate_limit, cfg.release_rate_limits, clock, metrics
         )  # release rate limits per target topic (smoothing.py)
+        self._owners = OwnerAcls.for_replica(cfg, metrics, clock)  # owners' WRITE, by Kafka
         self.last_checkpoint_ms = 0
+
+    @property
+    def claim(self) -> Checkpoint:
+        """The checkpoint this term claims so far (written at most every interval)."""
+        return self._claim
 
     # -- the forwarder thread --------------------------------------------------------------
 
     def run(self) -> None:
         """The forwarder thread: idle until activated, then loop until deactivated."""
-        while not self._stop.is_set():
-            with self._cond:
-                while self._checkpoints is None and not self._stop.is_set():
-                    self._cond.wait()  # a follower's cancels are the master's business
-                checkpoints = self._checkpoints
-                generation = self._generation
-            if checkpoints is None:
+        while not self.control.stopping.is_set():
+            term = self.control.wait_term()
+            if term is None:
                 break
+            checkpoints, generation = term
             try:
                 self._serve(checkpoints, generation)
             except FencedError as exc:
@@ -141,15 +149,13 @@ class Forwarder(ForwarderControl):
         self._sender.close()
 
     def _fence(self, reason: str, why: str) -> None:
-        with self._cond:
-            self._fenced = True  # stays engaged until the owner rejoined the election
-        self.deactivate(reason)
+        self.control.fence(reason)  # stays engaged until the owner rejoined the election
         self._on_fenced(why)
 
     def _serve(self, checkpoints: CheckpointWriter, generation: int) -> None:
         self._epoch = checkpoints.claim_epoch()
         self._sender.start()  # exactly-once: fences every earlier master at the broker
-        data = self._load_checkpoint(checkpoints)
+        data = self.load_checkpoint(checkpoints)
         if data is not None:
             cp = CheckpointRecord.decode(data).checkpoint
             dropped = self._store.apply_checkpoint(cp)
@@ -160,10 +166,9 @@ class Forwarder(ForwarderControl):
                 offsets=cp.offsets,
                 dropped=dropped,
             )
-            while not self._ingest.wait_ingested(cp.offsets, 1.0, self._stop):
-                with self._cond:
-                    if generation != self._generation or self._stop.is_set():
-                        return
+            while not self._ingest.wait_ingested(cp.offsets, 1.0, self.control.stopping):
+                if self.control.serving(generation) is None:
+                    return
         else:
             self._claim = NOTHING
         self._retries.clear()
@@ -178,17 +183,16 @@ class Forwarder(ForwarderControl):
         log.info("forwarder.started", epoch=self._epoch)
         try:
             while True:
-                with self._cond:
-                    if generation != self._generation or self._stop.is_set():
-                        break
-                    paused = self._paused
+                paused = self.control.serving(generation)
+                if paused is None:
+                    break
                 if not paused:
                     self.forward_once(checkpoints, generation)
                 if not self._sleep(generation):
                     break
             # Leaving: a final claim for what was delivered (refused if a newer master exists);
             # on a graceful stop it covers what was in flight too, settled with a bounded wait.
-            if self._stop.is_set() and self._sender.in_flight:
+            if self.control.stopping.is_set() and self._sender.in_flight:
                 self._sender.wait_all(self._clock.monotonic() + self._cfg.produce_timeout_ms / 1000)
                 self.forward_once(checkpoints, generation)  # settles; sends nothing (stopping)
             if self._unwritten:
@@ -209,35 +213,25 @@ class Forwarder(ForwarderControl):
         self._tombstones.add(self._store.end_releases())
         self._produce_tombstones()  # acknowledged or cancelled entries: due whoever leads
 
-    def _load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+    def load_checkpoint(self, checkpoints: CheckpointWriter) -> bytes | None:
+        """The checkpoint document a new term starts from, or None."""
         return checkpoints.load()  # at-least-once: ZooKeeper's (exactly_once.py: Kafka's too)
 
     def _sleep(self, generation: int) -> bool:
         """Wait for the next reason to run a round; False when deactivated or stopping."""
-        with self._cond:
-            wake = self._next_wake_ms()
-            # An entry ingest announced during the round is already in _wake_at_ms.
-            self._wake_at_ms = wake if self._wake_at_ms is None else min(wake, self._wake_at_ms)
+        self.control.wake_by(self.next_wake_ms())
         while True:
-            with self._cond:
-                if generation != self._generation or self._stop.is_set():
-                    return False
-                target = self._wake_at_ms
-                now = self._clock.wall_ms()
-                if not self._paused and target is not None and target <= now:
-                    return True
-                timeout = None if target is None or self._paused else (target - now) / 1000
-                if self._sender.in_flight:
-                    timeout = (
-                        IN_FLIGHT_POLL_S if timeout is None else min(timeout, IN_FLIGHT_POLL_S)
-                    )
-                self._cond.wait(timeout if timeout is None else max(timeout, 0.0005))
+            poll_s = IN_FLIGHT_POLL_S if self._sender.in_flight else None
+            woke = self.control.wait_wake(generation, self._clock.wall_ms, poll_s)
+            if woke is not None:
+                return woke
             if self._sender.in_flight:
                 self._sender.pump(0)  # reports arrive on this thread only
-                if self._sender.has_completed and not self._paused:
+                if self._sender.has_completed and not self.control.paused:
                     return True  # settle them, and send their targets what waits
 
-    def _next_wake_ms(self) -> int:
+    def next_wake_ms(self) -> int:
+        """When the forwarder thread wakes up next, at the latest (wall-clock ms)."""
         now_wall = self._clock.wall_ms()
         # Everything due when the last round planned was handled (or is held): look past that
         # time, not past now. What fell due while the round ran is owed at once; looking past
@@ -260,9 +254,8 @@ class Forwarder(ForwarderControl):
 
         ``generation`` is the one :meth:`activate` returned: nothing is sent once it is stale.
         """
-        with self._cond:
-            self._wake_at_ms = None  # consumed: later announcements wake the next sleep
-        may_send = self._may_forward(generation) and self._hold() is None
+        self.control.take_wake()  # consumed: later announcements wake the next sleep
+        may_send = self.control.may_forward(generation) and self._hold() is None
         # 1. plan: first what completed since the last round, so its targets are free again
         self._sender.pump(0)
         settled = self._settle_reports(may_send)
@@ -330,6 +323,8 @@ class Forwarder(ForwarderControl):
             self._smoothing.known_view(self._sweep.known),
             start=self._sweep.start,
         )
+        # A revoked owner's message goes to the dead letters; one Kafka was not asked about waits.
+        scan = self._owners.screen(scan)
         if self._smoothing.planned(now, skip):
             skip |= scan.passed  # a retried entry passed over for its topic's rate is kept
         return scan, skip

@@ -1,7 +1,9 @@
 """What other threads ask of the forwarder: start or stop a term, pause, wake it, stop it.
 
-:class:`ForwarderControl` is the base of the :class:`~delay_service.release.forwarder.Forwarder`:
-the state other threads flip, all under one Condition, never waiting for the forwarder thread.
+:class:`ForwarderControl` is held by the :class:`~delay_service.release.forwarder.Forwarder`
+(its ``control``): the state other threads flip, all under one Condition, never waiting for the
+forwarder thread, and what the forwarder thread asks of that state (the term it serves, whether
+it still may send, its wake-up time), each under the same Condition.
 
 - the replica's control thread: :meth:`~ForwarderControl.activate` (a term as master begins,
   with the ZooKeeper checkpoint store of that term), :meth:`~ForwarderControl.deactivate`
@@ -13,7 +15,7 @@ the state other threads flip, all under one Condition, never waiting for the for
   the master writes; the store also keeps them owed, ``owed_tombstones.py``).
 
 Every activation and deactivation bumps a *generation*: the forwarder thread serves the
-generation it started with, and stops sending the moment it is stale (``_may_forward``).
+generation it started with, and stops sending the moment it is stale (:meth:`may_forward`).
 ``active`` is set while the forwarder releases as master, for any thread to read.
 """
 
@@ -47,14 +49,14 @@ class ForwarderControl:
         self._metrics = metrics
         self._owed = owed  # the tombstones the store owes (Store.owed_tombstones)
         self._cond = threading.Condition()
-        self._stop = threading.Event()
+        self.stopping = threading.Event()  # set by shutdown: the forwarder thread returns
         # State flipped by other threads, guarded by _cond.
         self._checkpoints: CheckpointWriter | None = None
         self._generation = 0  # bumped by every activate/deactivate
         self._paused = False
         self._fenced = False
         self._wake_at_ms: int | None = None
-        self._tombstones = TombstoneQueue()  # thread-safe on its own
+        self.tombstones = TombstoneQueue()  # thread-safe on its own
         self.active = threading.Event()  # set while forwarding as master
 
     @property
@@ -84,7 +86,7 @@ class ForwarderControl:
             self._paused = False
             self._cond.notify_all()
             generation = self._generation
-        self._tombstones.prepend(self._owed())
+        self.tombstones.prepend(self._owed())
         return generation
 
     def deactivate(self, reason: str) -> None:
@@ -117,7 +119,7 @@ class ForwarderControl:
     def shutdown(self) -> None:
         """Make the forwarder thread return after the current round and a last checkpoint."""
         with self._cond:
-            self._stop.set()
+            self.stopping.set()
             self._cond.notify_all()
 
     def notify_new(self, deliver_at_ms: int) -> None:
@@ -132,16 +134,87 @@ class ForwarderControl:
         store keeps them owed until it reads them back, and writes them if it becomes master
         first (:meth:`activate`)."""
         with self._cond:
-            if self._checkpoints is not None and self._tombstones.add(retired):
+            if self._checkpoints is not None and self.tombstones.add(retired):
                 self._wake_at_ms = 0  # full: the next round writes the checkpoint and them
                 self._cond.notify_all()
 
-    def _may_forward(self, generation: int) -> bool:
+    # -- what the forwarder thread asks ----------------------------------------------------
+
+    def wait_term(self) -> tuple[CheckpointWriter, int] | None:
+        """Wait until activated: the term's checkpoint store and generation; None once
+        stopping (a follower's cancels are the master's business: it only waits)."""
+        with self._cond:
+            while self._checkpoints is None and not self.stopping.is_set():
+                self._cond.wait()
+            if self._checkpoints is None:
+                return None
+            return self._checkpoints, self._generation
+
+    @property
+    def generation(self) -> int:
+        """The generation now: a term's is stale once this moved past it."""
+        with self._cond:
+            return self._generation
+
+    def serving(self, generation: int) -> bool | None:
+        """None once ``generation`` is stale or the forwarder is stopping; else whether
+        forwarding is paused."""
+        with self._cond:
+            if generation != self._generation or self.stopping.is_set():
+                return None
+            return self._paused
+
+    @property
+    def paused(self) -> bool:
+        """Forwarding is held (:meth:`pause`)."""
+        with self._cond:
+            return self._paused
+
+    def fence(self, reason: str) -> None:
+        """A newer master exists (or the claim cannot be confirmed): deactivate, and stay
+        engaged until the owner rejoined the election (:meth:`clear_fenced`)."""
+        with self._cond:
+            self._fenced = True
+        self.deactivate(reason)
+
+    def may_forward(self, generation: int) -> bool:
         """Whether the forwarder thread, serving ``generation``, may still send."""
         with self._cond:
             return (
                 generation == self._generation
                 and self._checkpoints is not None
                 and not self._paused
-                and not self._stop.is_set()
+                and not self.stopping.is_set()
             )
+
+    def take_wake(self) -> None:
+        """A round begins: the wake-up time is consumed; later announcements set the next."""
+        with self._cond:
+            self._wake_at_ms = None
+
+    def wake_by(self, wake_ms: int) -> None:
+        """Wake up at ``wake_ms`` at the latest (an entry ingest announced during the round
+        may have set an earlier time already)."""
+        with self._cond:
+            self._wake_at_ms = (
+                wake_ms if self._wake_at_ms is None else min(wake_ms, self._wake_at_ms)
+            )
+
+    def wait_wake(
+        self, generation: int, now_ms: Callable[[], int], poll_s: float | None
+    ) -> bool | None:
+        """Wait for the wake-up time: True once it came (and not paused), False when
+        ``generation`` is stale or stopping, None after a wake-up by another thread or after
+        ``poll_s`` seconds (records in flight: their reports are served in between)."""
+        with self._cond:
+            if generation != self._generation or self.stopping.is_set():
+                return False
+            target = self._wake_at_ms
+            now = now_ms()
+            if not self._paused and target is not None and target <= now:
+                return True
+            timeout = None if target is None or self._paused else (target - now) / 1000
+            if poll_s is not None:
+                timeout = poll_s if timeout is None else min(timeout, poll_s)
+            self._cond.wait(timeout if timeout is None else max(timeout, 0.0005))
+            return None

@@ -1,9 +1,10 @@
 """Records in flight: produced, not yet acknowledged; their delivery reports, their deadlines.
 
-:class:`InFlight` is the base of the :class:`~delay_service.release.sender.Sender`. It owns the
-producer (created at the first record, or by ``start``) and tracks every record it launches by its
-entry's key, one record per entry at most (two with a recurring message's next occurrence),
-counted per release target. librdkafka's delivery callbacks, served by :meth:`InFlight.pump`,
+:class:`InFlight` is held by the :class:`~delay_service.release.sender.Sender` (its ``flights``),
+which decides what each record carries. It owns the producer (created by its factory at the
+first record, or by the sender's ``start``) and tracks every record it launches by its entry's
+key, one record per entry at most (two with a recurring message's next occurrence), counted
+per release target. librdkafka's delivery callbacks, served by :meth:`InFlight.pump`,
 turn each into a :class:`Completion`, which :meth:`InFlight.take_completed` hands over: with
 the first error, or when every record of the entry is acknowledged.
 
@@ -75,12 +76,16 @@ class InFlight:
         *,
         produce_timeout_ms: int,
         clock: Clock = SYSTEM_CLOCK,
+        on_poll_error: Callable[[KafkaException], None] = lambda _exc: None,
     ) -> None:
         self._factory = producer_factory
         # librdkafka fails a record after message.timeout.ms; the margin covers its last retry.
-        self._ack_timeout_s = produce_timeout_ms / 1000 + 30
+        self.ack_timeout_s = produce_timeout_ms / 1000 + 30
         self._clock = clock
-        self._producer: ProducerLike | None = None
+        #: The producer, None until the first record (or the sender's ``start``) creates it.
+        self.producer: ProducerLike | None = None
+        # Sees a producer error raised by poll() first (and may raise it as another error).
+        self._on_poll_error = on_poll_error
         self._flights: dict[bytes, _Flight] = {}  # by entry key: one record per entry at most
         self._targets: Counter[Target] = Counter()  # records in flight per release target
         self._done: list[Completion] = []
@@ -112,9 +117,9 @@ class InFlight:
     def pump(self, timeout: float = 0) -> None:
         """Serve delivery reports for up to ``timeout`` seconds (librdkafka returns early when
         one arrives); declare records past their acknowledgement deadline timed out."""
-        if self._flights and self._producer is not None:
+        if self._flights and self.producer is not None:
             try:
-                self._producer.poll(timeout)
+                self.producer.poll(timeout)
             except KafkaException as exc:  # librdkafka raises a fatal error from poll()
                 self._poll_failed(exc)
         # Deadlines grow with insertion order (one timeout, a monotonic clock): the first is
@@ -126,6 +131,7 @@ class InFlight:
     def _poll_failed(self, exc: KafkaException) -> None:
         """A producer error raised by ``poll()`` (a fatal one): the producer must go; what it
         holds is declared timed out below (a duplicate at worst)."""
+        self._on_poll_error(exc)
         err = exc.args[0]
         log.error("sender.producer_failed", error=str(err))
         self._broken = True
@@ -156,12 +162,13 @@ class InFlight:
         self._targets.clear()
         self._done.clear()
 
-    def _get_producer(self) -> ProducerLike:
-        if self._producer is None:
-            self._producer = self._factory()
-        return self._producer
+    def get_producer(self) -> ProducerLike:
+        """The producer, created by the factory when there is none."""
+        if self.producer is None:
+            self.producer = self._factory()
+        return self.producer
 
-    def _launch(
+    def launch(
         self,
         entry: Entry,
         record: Outgoing,
@@ -176,9 +183,9 @@ class InFlight:
         the first error, or when both are acknowledged."""
         if entry.key in self._flights:
             raise ValueError(f"entry {entry.message.id} already has a record in flight")
-        producer = self._get_producer()
+        producer = self.get_producer()
         if deadline is None:
-            deadline = self._clock.monotonic() + self._ack_timeout_s
+            deadline = self._clock.monotonic() + self.ack_timeout_s
         message = entry.message
         target = (message.topic, message.partition)
         flight = _Flight(entry, cause is not None, record.timestamp_ms, deadline, cause, target)
@@ -253,5 +260,5 @@ class InFlight:
         timed_out = KafkaError(KafkaError._MSG_TIMED_OUT)
         for key in list(self._flights):
             self._finish(key, timed_out)
-        self._producer = None
+        self.producer = None
         self._broken = False

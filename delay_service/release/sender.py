@@ -29,22 +29,23 @@ from ``poll()`` on that thread.
 
 Where each part lives: the producer's settings, one produce call and the permanent-error table
 in ``producer.py``; the records in flight, their delivery reports and deadlines, and the
-producer's replacement in ``in_flight.py`` (the base of :class:`Sender`); a recurring message's
-next occurrence in ``series.py``. Here: what each kind of record carries.
+producer's replacement in ``in_flight.py`` (a Sender's ``flights``, which its methods for the
+records in flight hand each call to); a recurring message's next occurrence in ``series.py``.
+Here: what each kind of record carries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import cast
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from kdelay import logs
 from kdelay.buffer import DEAD_LETTER_TOPIC, tombstone_route
 from kdelay.clock import SYSTEM_CLOCK, Clock
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.release.in_flight import InFlight
+from kdelay.delay_service.release.in_flight import Completion, InFlight
 from kdelay.delay_service.release.producer import (
     Headers,
     Outgoing,
@@ -54,6 +55,7 @@ from kdelay.delay_service.release.producer import (
     produce,
 )
 from kdelay.delay_service.release.series import next_occurrence
+from kdelay.delay_service.store.due_scan import Target
 from kdelay.delay_service.store.entry import Entry
 from kdelay.delay_service.store.tombstones import Retired
 
@@ -66,8 +68,11 @@ ERROR_HEADER = "kdelay-error"
 TARGET_HEADER = "kdelay-target"
 
 
-class Sender(InFlight):
-    """Produces for the master; owns the producer and re-creates it when it breaks."""
+class Sender:
+    """Produces for the master; owns the producer and re-creates it when it breaks.
+
+    ``on_poll_error`` sees a producer error raised by ``poll()`` first (``in_flight.py``).
+    """
 
     def __init__(
         self,
@@ -76,8 +81,15 @@ class Sender(InFlight):
         buffer_topic: str,
         produce_timeout_ms: int,
         clock: Clock = SYSTEM_CLOCK,
+        on_poll_error: Callable[[KafkaException], None] = lambda _exc: None,
     ) -> None:
-        super().__init__(producer_factory, produce_timeout_ms=produce_timeout_ms, clock=clock)
+        self.flights = InFlight(
+            producer_factory,
+            produce_timeout_ms=produce_timeout_ms,
+            clock=clock,
+            on_poll_error=on_poll_error,
+        )
+        self._clock = clock
         self._buffer_topic = buffer_topic
         self._claim: Callable[[Sequence[Entry]], Sequence[Entry]] = _all
 
@@ -99,7 +111,47 @@ class Sender(InFlight):
 
     def start(self) -> None:
         """Create the producer now rather than at the first record."""
-        self._get_producer()
+        self.flights.get_producer()
+
+    # -- the records in flight (in_flight.py) ----------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Records produced and not yet acknowledged (or failed)."""
+        return self.flights.in_flight
+
+    def in_flight_targets(self) -> set[Target]:
+        """Release targets with a record in flight (a release or a dead letter for it)."""
+        return self.flights.in_flight_targets()
+
+    def is_in_flight(self, key: bytes) -> bool:
+        """Whether the entry with ``key`` has a record in flight."""
+        return self.flights.is_in_flight(key)
+
+    @property
+    def has_completed(self) -> bool:
+        """:meth:`take_completed` would return something."""
+        return self.flights.has_completed
+
+    def take_completed(self) -> list[Completion]:
+        """Every record acknowledged or failed since the last call, in completion order."""
+        return self.flights.take_completed()
+
+    def pump(self, timeout: float = 0) -> None:
+        """Serve delivery reports for up to ``timeout`` seconds (``InFlight.pump``)."""
+        self.flights.pump(timeout)
+
+    def wait(self, keys: Collection[bytes], deadline: float) -> None:
+        """Pump until none of ``keys`` is in flight, or the monotonic ``deadline``."""
+        self.flights.wait(keys, deadline)
+
+    def wait_all(self, deadline: float) -> None:
+        """Pump until nothing is in flight, or until the monotonic ``deadline``."""
+        self.flights.wait_all(deadline)
+
+    def abandon(self) -> None:
+        """Forget every record in flight (the term as master ended, ``InFlight.abandon``)."""
+        self.flights.abandon()
 
     # -- producing -------------------------------------------------------------------------
 
@@ -110,9 +162,9 @@ class Sender(InFlight):
         if not entries:
             return  # no producer is created for nothing
         released_ms = 0
-        launch = self._launch
+        launch = self.flights.launch
         # One deadline for the submission: its records leave within milliseconds.
-        deadline = self._clock.monotonic() + self._ack_timeout_s
+        deadline = self._clock.monotonic() + self.flights.ack_timeout_s
         for i, entry in enumerate(entries):
             msg = entry.message
             # The release time, read as the records leave: again every _CLOCK_EVERY records
@@ -160,13 +212,13 @@ class Sender(InFlight):
             record = Outgoing(
                 DEAD_LETTER_TOPIC, msg.key, msg.value, -1, headers, self._clock.wall_ms()
             )
-            self._launch(entry, record, cause=err)
+            self.flights.launch(entry, record, cause=err)
         if failures:
             self.pump(0)
 
     def tombstones(self, retired: Iterable[Retired]) -> None:
         """Tombstones for buffer records that were delivered or cancelled."""
-        producer = self._get_producer()
+        producer = self.flights.get_producer()
         topic = self._buffer_topic
         for r in retired:
             record = Outgoing(
@@ -183,11 +235,11 @@ class Sender(InFlight):
     def close(self) -> None:
         """Wait briefly for outstanding records and drop the producer."""
         self.abandon()
-        if self._producer is not None:
-            remaining = self._producer.flush(10)
+        if self.flights.producer is not None:
+            remaining = self.flights.producer.flush(10)
             if remaining:
                 log.warning("sender.unacknowledged_at_shutdown", count=remaining)
-            self._producer = None
+            self.flights.producer = None
 
 
 def _all(entries: Sequence[Entry]) -> Sequence[Entry]:

@@ -51,6 +51,11 @@ class Sweep:
         would grow with the held entries (millions of keys)."""
         return self._known if self.start is None else None
 
+    @property
+    def cached(self) -> int:
+        """How many keys the cache of targets holds now (bounded: see :attr:`known`)."""
+        return len(self._known)
+
     def skip(
         self, held: Collection[Target], keep: Collection[str] = (), cap: int = 0
     ) -> set[Target]:

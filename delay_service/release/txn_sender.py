@@ -136,10 +136,11 @@ class TxnSender(Sender):
         principal: str | None = None,
     ) -> None:
         super().__init__(
-            producer_factory,
+            self._no_new_producer,
             buffer_topic=buffer_topic,
             produce_timeout_ms=produce_timeout_ms,
             clock=clock,
+            on_poll_error=self._fenced_at_poll,
         )
         self._txn_factory = producer_factory
         self._checkpoint_key = checkpoint_key.encode()
@@ -170,7 +171,7 @@ class TxnSender(Sender):
         self.abandon()
         self._drop()
         producer = self._txn_factory()
-        self._producer = producer
+        self.flights.producer = producer
         self._call(lambda: producer.init_transactions(self._timeout_s), "init_transactions")
         log.info("sender.transactions_initialised")
 
@@ -193,15 +194,15 @@ class TxnSender(Sender):
             return None if part.leader >= 0 else _NO_LEADER
         return None if any(p.leader >= 0 for p in found.partitions.values()) else _NO_LEADER
 
-    def _poll_failed(self, exc: KafkaException) -> None:
+    def _fenced_at_poll(self, exc: KafkaException) -> None:
         """A fatal error raised by ``poll()``: fenced (a newer master's ``init_transactions``)
         is FencedError, as from any other transactional call (seen when a stalled master
-        woke: "Failed to add partitions to transaction: ... fenced by a newer instance")."""
+        woke: "Failed to add partitions to transaction: ... fenced by a newer instance");
+        any other, the records in flight handle (``in_flight.py``)."""
         err = exc.args[0]
         if isinstance(err, KafkaError) and fenced(err):
             self._drop()
             raise FencedError(f"poll fenced: {err.str()}") from None
-        super()._poll_failed(exc)
 
     def begin(self) -> None:
         """Open the round's transaction."""
@@ -240,7 +241,7 @@ class TxnSender(Sender):
         """Abort the open transaction: none of its records becomes visible to read_committed
         consumers; what is still queued is purged. Records in flight are forgotten."""
         self.abandon()
-        if not self._open or self._producer is None:
+        if not self._open or self.flights.producer is None:
             return
         producer = self._get_producer()
         self._call(lambda: producer.abort_transaction(self._timeout_s), "abort_transaction")
@@ -253,14 +254,17 @@ class TxnSender(Sender):
         self._drop()
 
     def _get_producer(self) -> TxnProducerLike:
-        """The producer of this term; never created lazily, since a new one would fence the
-        master that holds the transactional id now (see :meth:`start`)."""
-        if self._producer is None:
-            raise InfrastructureError("the transactional producer is gone: a new term must start")
-        return cast("TxnProducerLike", self._producer)
+        """The producer of this term (:meth:`_no_new_producer` when there is none)."""
+        return cast("TxnProducerLike", self.flights.get_producer())
+
+    @staticmethod
+    def _no_new_producer() -> TxnProducerLike:
+        """Never a producer created lazily, since a new one would fence the master that holds
+        the transactional id now (see :meth:`start`)."""
+        raise InfrastructureError("the transactional producer is gone: a new term must start")
 
     def _drop(self) -> None:
-        self._producer = None
+        self.flights.producer = None
         self._open = False
 
     def _call(self, op: Callable[[], object], what: str) -> None:

@@ -17,7 +17,7 @@ cancelled only when pending as ``B`` is read. So a message accepted before the b
 sent is cancelled whichever buffer partition it is in and whether the replica reads it before
 or after ``B`` (within :data:`WINDOW_MS`), and one sent after ``B`` was acknowledged never is:
 the proxy acknowledges a bulk cancel only once the broker's clock is surely past ``t_B`` +
-:data:`SENT_WITH_MS` (proxy/cancel_acks.py). ``B`` is open from when it is read until the
+:data:`SENT_WITH_MS` (proxy/routing/cancel_acks.py). ``B`` is open from when it is read until the
 replica reads any record appended more than :data:`WINDOW_MS` after ``t_B``; its own tombstone
 is owed when it closes.
 

@@ -31,12 +31,12 @@ newer than an allowed one hides the allowed one from rule 2 (rule 1 is not affec
 
 A schedule a proxy accepted later than that is a new message (ids are reusable): one sent once
 the cancel was acknowledged always is: the proxy acknowledges a cancel only once the broker's
-clock is surely past ``t_C`` + :data:`SENT_WITH_MS` (proxy/cancel_acks.py), and the stamp is
+clock is surely past ``t_C`` + :data:`SENT_WITH_MS` (proxy/routing/cancel_acks.py), and the stamp is
 never behind the broker's clock. The acceptance time, and not the window
 alone, decides because a client that reschedules (a cancel, then the id again once the cancel
 is acknowledged) must get its new message, while within one request the client's order is
 lost anyway and the cancel wins (the proxy writes a request's cancels after its other records,
-proxy/broker.py, so those are cancelled by rule 1 whatever the clocks). A schedule without an
+proxy/kafka/broker.py, so those are cancelled by rule 1 whatever the clocks). A schedule without an
 acceptance time (format 1, or ``s`` < 2**20: not written by a proxy's router) is cancelled by
 rule 1 only.
 A cancel is *open* from when it is read until it cannot match anything more: until the

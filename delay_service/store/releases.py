@@ -11,9 +11,9 @@ was released, the cancels that wait on a release (``in_round.py``), checkpoints.
   releases that surely did not happen, or a term that ended: the cancels that waited apply;
 - :meth:`StoreReleases.apply_checkpoint` (either): drop every entry a checkpoint covers.
 
-Each change is one WriteBatch with the entry count and the outcomes (``store/writes.py``'s
-``_write``; its ``_wall_ms`` stamps them, replaced in tests). Concurrency: see the top of
-``store.py``; every method holds the store's lock.
+Each change is one WriteBatch with the entry count and the outcomes (``StoreState.write``;
+the store's clock, ``StoreState.wall_ms``, stamps them). A part of ``store.Store``, working on
+its ``StoreState``. Concurrency: see the top of ``store.py``; every method holds its lock.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ from kdelay.delay_service.store.entry import Entry, decode_entry, due_bound, ent
 from kdelay.delay_service.store.ids import id_key
 from kdelay.delay_service.store.in_round import Waiting
 from kdelay.delay_service.store.keyspace import META_CHECKPOINT, META_PENDING, U64
+from kdelay.delay_service.store.state import StoreState
 from kdelay.delay_service.store.tombstones import Retired
-from kdelay.delay_service.store.writes import StoreWrites
 
 
-class StoreReleases(StoreWrites):
+class StoreReleases:
     """The master's changes to the pending set: releases and the cancels waiting on them."""
+
+    def __init__(self, state: StoreState) -> None:
+        self._st = state
 
     def claim_release(self, entries: Sequence[Entry]) -> list[Entry]:
         """Those of ``entries`` still pending, each marked in release (``in_round.py``): the
@@ -46,65 +49,65 @@ class StoreReleases(StoreWrites):
             return []
         index_keys = [id_key(e.message.id, e.message.uid) for e in entries]
         kept: list[Entry] = []
-        with self._lock:
-            self._check_open()
-            current = rocks.multi_get(self._ids, index_keys)
+        with self._st.lock:
+            self._st.check_open()
+            current = rocks.multi_get(self._st.ids, index_keys)
             for entry, key in zip(entries, current, strict=True):
                 if key == entry.key:
-                    self._in_round.claim(entry.key)
+                    self._st.in_round.claim(entry.key)
                     kept.append(entry)
         return kept
 
     def in_release(self, key: bytes) -> bool:
         """Whether pending entry ``key`` is in a release whose outcome is not known yet."""
-        with self._lock:
-            return key in self._in_round
+        with self._st.lock:
+            return key in self._st.in_round
 
     def not_released(self, keys: Iterable[bytes]) -> list[Retired]:
         """The releases of entries ``keys`` surely were not written (an aborted transaction, a
         record refused): they leave the release, and a cancel that waited on one applies now.
         Returns the records those cancels removed, owed a tombstone."""
-        with self._lock:
-            self._check_open()
-            return self._apply_waiting([(key, self._in_round.settle(key)) for key in keys])
+        with self._st.lock:
+            self._st.check_open()
+            return self._apply_waiting([(key, self._st.in_round.settle(key)) for key in keys])
 
     def end_releases(self) -> list[Retired]:
         """The term as master ended: nothing is in release any more, and every cancel that
         waited applies in this store (as the followers applied it, ``in_round.py``). Returns
         the records removed, owed a tombstone."""
-        with self._lock:
-            if self._closed:
+        with self._st.lock:
+            if self._st.closed:
                 return []
-            return self._apply_waiting(self._in_round.settle_all())
+            return self._apply_waiting(self._st.in_round.settle_all())
 
     def _apply_waiting(self, settled: Iterable[tuple[bytes, list[Waiting]]]) -> list[Retired]:
         """Apply the first cancel waiting on each entry still pending (under the lock)."""
         batch = WriteBatch(raw_mode=True)
         retired: list[Retired] = []
-        now_ms, now = store_writes._wall_ms(), time.monotonic()
+        now_ms, now = self._st.wall_ms(), time.monotonic()
         for key, waiting in settled:
-            if not waiting or (value := self._db.get(key)) is None:
+            if not waiting or (value := self._st.db.get(key)) is None:
                 continue
             msg = decode_entry(bytes(value))
             index_key = id_key(msg.id, msg.uid)
-            if self._ids.get(index_key) != key:
+            if self._st.ids.get(index_key) != key:
                 continue
             batch.delete(key)
-            batch.delete(index_key, self._ids_cf)
-            self._done.add_key(index_key, msg.uid, now)
+            batch.delete(index_key, self._st.ids_cf)
+            self._st.done.add_key(index_key, msg.uid, now)
             first = waiting[0]
             accepted = accepted_ms(entry_seq(key))
-            self._outcomes.cancelled(
+            self._st.outcomes.cancelled(
                 batch, msg.id, first.at_ms, now_ms, msg, first.by, accepted, first.state
             )
             _, partition, offset = split_key(key)
             retired.append(Retired(msg.id, msg.uid, partition, offset))
         if retired:
-            self._owed.begin()
-            self._owed.owe(batch, retired)  # owed_tombstones.py: whoever is master writes them
-            batch.put(META_PENDING, U64.pack(self._pending - len(retired)), self._meta_cf)
-            self._write(batch)
-            self._pending -= len(retired)
+            self._st.owed.begin()
+            self._st.owed.owe(batch, retired)  # owed_tombstones.py: whoever is master writes them
+            batch.put(META_PENDING, U64.pack(self._st.pending - len(retired)), self._st.meta_cf)
+            self._st.write(batch)
+            self._st.pending -= len(retired)
         return retired
 
     def remove(self, entries: Iterable[Entry], fates: Mapping[bytes, Fate] | None = None) -> int:
@@ -117,34 +120,34 @@ class StoreReleases(StoreWrites):
         index_keys = [id_key(e.message.id, e.message.uid) for e in entries]
         removed = 0
         released: list[tuple[tuple[int, bytes], int]] = []
-        with self._lock:
-            self._check_open()
+        with self._st.lock:
+            self._st.check_open()
             if not entries:
                 return 0
             batch = WriteBatch(raw_mode=True)
-            current = rocks.multi_get(self._ids, index_keys)
-            now_ms, now = store_writes._wall_ms(), time.monotonic()
+            current = rocks.multi_get(self._st.ids, index_keys)
+            now_ms, now = self._st.wall_ms(), time.monotonic()
             learnt: list[tuple[str, Fate]] = []
             for entry, index_key, key in zip(entries, index_keys, current, strict=True):
-                self._in_round.settle(entry.key)
+                self._st.in_round.settle(entry.key)
                 if key != entry.key:
                     continue
                 batch.delete(entry.key)
-                batch.delete(index_key, self._ids_cf)
-                self._done.add_key(index_key, entry.message.uid, now)
+                batch.delete(index_key, self._st.ids_cf)
+                self._st.done.add_key(index_key, entry.message.uid, now)
                 removed += 1
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
                     learnt.append((entry.message.id, fate))
                     buffer_key = entry.message.buffer_key.encode()
                     released.append(((entry.partition, buffer_key), entry.offset))
-            self._outcomes.learn_all(batch, learnt, "master", now_ms)
+            self._st.outcomes.learn_all(batch, learnt, "master", now_ms)
             if removed:
-                batch.put(META_PENDING, U64.pack(self._pending - removed), self._meta_cf)
-                self._write(batch)
-                self._pending -= removed
-            self._released.update(released)
-            while len(self._released) > store_writes.RELEASED_MEMORY:
-                self._released.popitem(last=False)
+                batch.put(META_PENDING, U64.pack(self._st.pending - removed), self._st.meta_cf)
+                self._st.write(batch)
+                self._st.pending -= removed
+            self._st.released.update(released)
+            while len(self._st.released) > store_writes.RELEASED_MEMORY:
+                self._st.released.popitem(last=False)
         return removed
 
     def own_tombstone(self, partition: int, key: bytes) -> bool:
@@ -157,8 +160,8 @@ class StoreReleases(StoreWrites):
         record released by another master after a failover is covered by the checkpoint its
         tombstone follows), so at worst a richer outcome is not learnt. A malformed record with
         a null value and such a key is skipped instead of dead-lettered."""
-        with self._lock:
-            return self._released.pop((partition, key), None) is not None
+        with self._st.lock:
+            return self._st.released.pop((partition, key), None) is not None
 
     def apply_checkpoint(self, checkpoint: Checkpoint) -> int:
         """Remember a checkpoint and drop every entry it covers; returns how many were dropped.
@@ -167,30 +170,30 @@ class StoreReleases(StoreWrites):
         """
         dropped = 0
         cp = Checkpoint(checkpoint.time_ms, dict(checkpoint.offsets))  # a copy nobody mutates
-        with self._lock:
-            self._check_open()
+        with self._st.lock:
+            self._st.check_open()
             batch = WriteBatch(raw_mode=True)
             first_kept: bytes | None = None
-            for key, value in self._iter_from_floor(due_bound(cp.time_ms + 1)):
+            for key, value in self._st.iter_from_floor(due_bound(cp.time_ms + 1)):
                 deliver_at, partition, offset = split_key(key)
                 if cp.covers(partition, offset, deliver_at):
                     batch.delete(key)
                     message = decode_entry(value)
                     index_key = id_key(message.id, message.uid)
-                    batch.delete(index_key, self._ids_cf)
-                    self._done.add_key(index_key, message.uid, time.monotonic())
+                    batch.delete(index_key, self._st.ids_cf)
+                    self._st.done.add_key(index_key, message.uid, time.monotonic())
                     dropped += 1
                     accepted = accepted_ms(entry_seq(key))
-                    self._outcomes.covered(batch, message, store_writes._wall_ms(), accepted)
+                    self._st.outcomes.covered(batch, message, self._st.wall_ms(), accepted)
                 elif first_kept is None:
                     first_kept = key
-            batch.put(META_CHECKPOINT, cp.to_bytes(), self._meta_cf)
-            batch.put(META_PENDING, U64.pack(self._pending - dropped), self._meta_cf)
-            self._write(batch)
-            self._pending -= dropped
-            self._checkpoint = cp
+            batch.put(META_CHECKPOINT, cp.to_bytes(), self._st.meta_cf)
+            batch.put(META_PENDING, U64.pack(self._st.pending - dropped), self._st.meta_cf)
+            self._st.write(batch)
+            self._st.pending -= dropped
+            self._st.checkpoint = cp
             # Never below the floor it started from: a claim behind the last scan (a round
             # cut short among entries due in the same millisecond) would send every later scan
             # back over all the deletions since, a cost that grows with each round of a burst.
-            self._floor = first_kept or max(self._floor, due_bound(cp.time_ms + 1))
+            self._st.floor = first_kept or max(self._st.floor, due_bound(cp.time_ms + 1))
         return dropped

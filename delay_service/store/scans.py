@@ -9,7 +9,8 @@ once, for the due time of the earliest entry, which bounds the round's claim. Ea
 method holds the store's lock for its whole scan, except :meth:`StoreScans.chunk_after`, which a
 long reader calls chunk by chunk.
 
-Concurrency: see the top of ``store.py``; any thread may call these.
+A part of ``store.Store``, working on its ``StoreState``. Concurrency: see the top of
+``store.py``; any thread may call these.
 """
 
 from __future__ import annotations
@@ -26,21 +27,24 @@ from kdelay.delay_service.store.outcomes import Outcome
 from kdelay.delay_service.store.state import StoreState
 
 
-class StoreScans(StoreState):
+class StoreScans:
     """Reads of the pending set, in key order (due time, then acceptance order)."""
+
+    def __init__(self, state: StoreState) -> None:
+        self._st = state
 
     def due(self, now_ms: int, limit: int) -> list[Entry]:
         """Entries with deliver-at <= ``now_ms`` in key order, at most ``limit`` of them."""
         out: list[Entry] = []
-        with self._lock:
-            self._check_open()
-            for key, value in self._iter_from_floor(due_bound(now_ms + 1)):
+        with self._st.lock:
+            self._st.check_open()
+            for key, value in self._st.iter_from_floor(due_bound(now_ms + 1)):
                 _, partition, offset = split_key(key)
                 out.append(Entry(key, decode_entry(value), partition, offset))
                 if len(out) >= limit:
                     break
             if out:
-                self._floor = out[0].key
+                self._st.floor = out[0].key
         return out
 
     def due_skipping(
@@ -68,13 +72,13 @@ class StoreScans(StoreState):
         known = {} if known is None else known
         passed: set[Target] = set()
         skipped, first_skipped_ms, last_ms, last, cut = 0, None, None, None, False
-        with self._lock:
-            self._check_open()
-            it, _bound = self._cursor_at_floor(due_bound(now_ms + 1))  # keep it alive
+        with self._st.lock:
+            self._st.check_open()
+            it, _bound = self._st.cursor_at_floor(due_bound(now_ms + 1))  # keep it alive
             if it.valid():
-                self._floor = bytes(it.key())  # the first entry: none is below it
-                if start is not None and self._floor < start:
-                    first_skipped_ms = split_key(self._floor)[0]
+                self._st.floor = bytes(it.key())  # the first entry: none is below it
+                if start is not None and self._st.floor < start:
+                    first_skipped_ms = split_key(self._st.floor)[0]
                     it.seek(start)
             while it.valid():
                 last = bytes(it.key())
@@ -110,11 +114,11 @@ class StoreScans(StoreState):
 
     def next_due_ms(self, after_ms: int | None = None) -> int | None:
         """The earliest deliver-at in the store (later than ``after_ms``), or None."""
-        with self._lock:
-            self._check_open()
-            it = self._db.iter()
-            start = self._floor if after_ms is None else due_bound(after_ms + 1)
-            it.seek(max(start, self._floor))
+        with self._st.lock:
+            self._st.check_open()
+            it = self._st.db.iter()
+            start = self._st.floor if after_ms is None else due_bound(after_ms + 1)
+            it.seek(max(start, self._st.floor))
             if not it.valid():
                 return None
             return split_key(bytes(it.key()))[0]
@@ -132,9 +136,9 @@ class StoreScans(StoreState):
         bounds = [due_bound(now_ms + windows_ms[i] + 1) for i in order]
         counts = [0] * len(windows_ms)
         seen = crossed = 0
-        with self._lock:
-            self._check_open()
-            it, _bound = self._cursor_at_floor(bounds[-1])  # keep the bound alive
+        with self._st.lock:
+            self._st.check_open()
+            it, _bound = self._st.cursor_at_floor(bounds[-1])  # keep the bound alive
             while it.valid() and seen < cap:
                 key = it.key()
                 while key >= bounds[crossed]:  # the upper bound keeps crossed in range
@@ -156,12 +160,12 @@ class StoreScans(StoreState):
         whole store (queries.py) never stalls ingest or the forwarder for long; entries added
         or removed between two chunks may or may not be seen."""
         out: list[tuple[bytes, bytes]] = []
-        with self._lock:
-            self._check_open()
+        with self._st.lock:
+            self._st.check_open()
             ro = ReadOptions()
             ro.set_iterate_upper_bound(due_bound(until_ms))
-            it = self._db.iter(ro)
-            it.seek(self._floor if after is None else max(after, self._floor))
+            it = self._st.db.iter(ro)
+            it.seek(self._st.floor if after is None else max(after, self._st.floor))
             while it.valid() and len(out) < limit:
                 key = bytes(it.key())
                 if key != after:
@@ -171,12 +175,12 @@ class StoreScans(StoreState):
 
     def get(self, msg_id: str) -> Entry | None:
         """A pending entry with id ``msg_id`` (the earliest-produced one), if any."""
-        with self._lock:
-            self._check_open()
-            key = first_with_id(self._ids, msg_id)
+        with self._st.lock:
+            self._st.check_open()
+            key = first_with_id(self._st.ids, msg_id)
             if key is None:
                 return None
-            value = self._db.get(key)
+            value = self._st.db.get(key)
             if value is None:
                 return None
             _, partition, offset = split_key(bytes(key))
@@ -186,20 +190,20 @@ class StoreScans(StoreState):
         """What bulk cancel ``bulk_id`` did here (``bulk_cancels.py``): ``{"cancelled",
         "refused", "applied_ms", "at"}``, None when this replica has not applied it (or no
         longer remembers it)."""
-        with self._lock:
-            self._check_open()
-            return self._bulks.result(bulk_id)
+        with self._st.lock:
+            self._st.check_open()
+            return self._st.bulks.result(bulk_id)
 
     def outcome(self, msg_id: str) -> Outcome | None:
         """What became of the last message with id ``msg_id`` that left the store, if this
         replica still remembers it (``outcomes.py``)."""
-        with self._lock:
-            self._check_open()
-            return self._outcomes.get(msg_id)
+        with self._st.lock:
+            self._st.check_open()
+            return self._st.outcomes.get(msg_id)
 
     def history(self, msg_id: str) -> list[Outcome]:
         """What became of the messages with id ``msg_id`` that left the store (the last
         :data:`HISTORY_MAX` + 1 this replica remembers), oldest first (``outcomes.py``)."""
-        with self._lock:
-            self._check_open()
-            return self._outcomes.history(msg_id)
+        with self._st.lock:
+            self._st.check_open()
+            return self._st.outcomes.history(msg_id)

@@ -10,19 +10,18 @@ A cancel that meets an entry the master is releasing leaves it and waits for the
 outcome (``in_round.py``). What a cancel, a bulk cancel or a replace removed is remembered
 as delivered records are (``ids.RecentlyDone``): a later copy of it is a duplicate.
 
-Each is one WriteBatch with the entry count and the outcomes' pruning (:meth:`_write`), so
-after any crash the store is exactly "the first K records of each buffer partition, applied".
-Outcomes are stamped with this module's wall clock (``_wall_ms``, replaced in tests).
+Each is one WriteBatch with the entry count and the outcomes' pruning (``StoreState.write``),
+so after any crash the store is exactly "the first K records of each buffer partition, applied".
+Outcomes are stamped with the store's clock (``StoreState.wall_ms``, injected in tests).
 
-Concurrency: see the top of ``store.py``; every method holds the store's lock.
+A part of ``store.Store``: it keeps no state of its own beyond one apply's, and works on the
+store's ``StoreState``. Concurrency: see the top of ``store.py``; every method holds its lock.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-
-from rocksdict import WriteBatch
 
 from kdelay.buffer import (
     CANCEL_SENT_WITH_MS as SENT_WITH_MS,
@@ -57,17 +56,15 @@ BULK_STEP = 10_000
 RELEASED_MEMORY = 200_000
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class StoreWrites(StoreState):
+class StoreWrites:
     """Changes to the pending set, each atomic with the offsets, count and outcomes."""
 
-    #: Owners of the entries the running :meth:`apply` added, by entry key.
-    _owners: dict[bytes, str | None]
-    #: The entries the running :meth:`apply` added, by entry key (for a bulk cancel).
-    _added: dict[bytes, Scheduled]
+    def __init__(self, state: StoreState) -> None:
+        self._st = state
+        #: Owners of the entries the running :meth:`apply` added, by entry key.
+        self._owners: dict[bytes, str | None] = {}
+        #: The entries the running :meth:`apply` added, by entry key (for a bulk cancel).
+        self._added: dict[bytes, Scheduled] = {}
 
     def apply(self, records: Iterable[Incoming], offsets: Mapping[int, int]) -> ApplyResult:
         """Apply consumed buffer records and advance the consumed offsets, atomically.
@@ -85,18 +82,18 @@ class StoreWrites(StoreState):
         README "Message owners"): ``result.refused``.
         """
         result = ApplyResult()
-        with self._lock:
-            self._check_open()
-            txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
-            cancels = self._cancels.begin(txn.batch)
-            self._bulks.begin()
+        with self._st.lock:
+            self._st.check_open()
+            txn = IndexedBatch(self._st.ids, self._st.ids_cf, self._st.floor)
+            cancels = self._st.cancels.begin(txn.batch)
+            self._st.bulks.begin()
             self._owners, self._added = {}, {}
-            self._owed.begin()
+            self._st.owed.begin()
             owed = 0  # result.retired[:owed] are recorded as owed (owed_tombstones.py)
             for item in records:
                 record, at = item[2], (item[0], item[1], item[3] if len(item) == 4 else None)
                 result.retired += cancels.advance(at[0], at[2])
-                result.retired += self._bulks.advance(txn.batch, at[2])
+                result.retired += self._st.bulks.advance(txn.batch, at[2])
                 if record is None:
                     result.invalid += 1
                 elif isinstance(record, Scheduled):
@@ -106,40 +103,40 @@ class StoreWrites(StoreState):
                 elif isinstance(record, Cancel):
                     self._apply_cancel(txn, cancels, result, at, record)
                 else:
-                    self._owed.owe(txn.batch, result.retired[owed:])
+                    self._st.owed.owe(txn.batch, result.retired[owed:])
                     owed = len(result.retired)
-                    self._owed.paid(txn.batch, at[0], record.buffer_key)
-                    released = self._released.pop((at[0], record.buffer_key.encode()), None)
+                    self._st.owed.paid(txn.batch, at[0], record.buffer_key)
+                    released = self._st.released.pop((at[0], record.buffer_key.encode()), None)
                     if released == record.offset:
-                        continue  # our own release (see StoreState.__init__)
+                        continue  # our own release (see state.py)
                     index_key = id_key(record.id, record.uid)
                     retiring = txn.lookup(index_key)
                     if retiring is not None and split_key(retiring)[2] == record.offset:
                         txn.delete(index_key, retiring)
-                        self._done.add_key(index_key, record.uid, time.monotonic())
+                        self._st.done.add_key(index_key, record.uid, time.monotonic())
                         result.tombstoned += 1
                     if record.fate is not None:
-                        self._outcomes.learn(
-                            txn.batch, record.id, record.fate, "tombstone", _wall_ms()
+                        self._st.outcomes.learn(
+                            txn.batch, record.id, record.fate, "tombstone", self._st.wall_ms()
                         )
-            new_offsets = dict(self._offsets)
+            new_offsets = dict(self._st.offsets)
             for partition, next_offset in offsets.items():
                 if next_offset > new_offsets.get(partition, -1):
                     new_offsets[partition] = next_offset
                     txn.batch.put(
                         META_OFFSET + str(partition).encode(),
                         U64.pack(next_offset),
-                        self._meta_cf,
+                        self._st.meta_cf,
                     )
-            self._owed.owe(txn.batch, result.retired[owed:])
-            txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
+            self._st.owed.owe(txn.batch, result.retired[owed:])
+            txn.batch.put(META_PENDING, U64.pack(self._st.pending + txn.delta), self._st.meta_cf)
             cancels.finish()
-            self._write(txn.batch)
+            self._st.write(txn.batch)
             cancels.commit()
             result.refused = cancels.refused
-            self._pending += txn.delta
-            self._offsets = new_offsets
-            self._floor = txn.floor
+            self._st.pending += txn.delta
+            self._st.offsets = new_offsets
+            self._st.floor = txn.floor
         return result
 
     def _apply_schedule(
@@ -151,9 +148,9 @@ class StoreWrites(StoreState):
         record: Scheduled,
     ) -> None:
         partition, offset, _ = at
-        if self._checkpoint.covers(partition, offset, record.deliver_at_ms):
+        if self._st.checkpoint.covers(partition, offset, record.deliver_at_ms):
             result.covered += 1
-        elif (index_key := id_key(record.id, record.uid)) in self._done or txn.lookup(
+        elif (index_key := id_key(record.id, record.uid)) in self._st.done or txn.lookup(
             index_key
         ) is not None:
             result.duplicates += 1
@@ -161,16 +158,16 @@ class StoreWrites(StoreState):
             retired, by = found
             result.retired.append(retired)
             self._gone([retired])
-            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
+            self._st.outcomes.cancelled(txn.batch, record.id, at[2], self._st.wall_ms(), record, by)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
-        elif self._bulks.open and (
-            bulk := self._bulks.on_arrival(txn.batch, record, accepted_ms(record.seq))
+        elif self._st.bulks.open and (
+            bulk := self._st.bulks.on_arrival(txn.batch, record, accepted_ms(record.seq))
         ):
             result.retired.append(Retired(record.id, record.uid, partition, offset))
             self._gone(result.retired[-1:])
             by = (bulk.owner, bulk.admin)
-            self._outcomes.cancelled(txn.batch, record.id, at[2], _wall_ms(), record, by)
+            self._st.outcomes.cancelled(txn.batch, record.id, at[2], self._st.wall_ms(), record, by)
             result.cancelled += 1
             result.cancelled_on_arrival += 1
             result.bulk_cancelled += 1
@@ -184,7 +181,7 @@ class StoreWrites(StoreState):
                     txn,
                     at,
                     Cancel(record.id, owner=record.owner, admin=record.admin),
-                    in_release=self._in_round,
+                    in_release=self._st.in_round,
                     deferred=deferred,
                     replace=True,
                     owner_of=self._owner_of,
@@ -220,7 +217,7 @@ class StoreWrites(StoreState):
             record,
             owner_of=self._owner_of,
             keys=keys,
-            in_release=self._in_round,
+            in_release=self._st.in_round,
             deferred=deferred,
         )
         result.cancelled += len(removed)
@@ -234,7 +231,7 @@ class StoreWrites(StoreState):
             self._record_cancels(txn, record.id, at, keys, (record.owner, record.admin))
             result.cancel_outcomes["cancelled"] += 1
             return
-        last = self._outcomes.get(record.id)
+        last = self._st.outcomes.get(record.id)
         delivered = last is not None and last.state == DELIVERED
         result.cancel_outcomes["already_delivered" if delivered else "unknown"] += 1
 
@@ -243,14 +240,14 @@ class StoreWrites(StoreState):
         (``bulk_cancels.py``: rule 1) that :meth:`bulk_step` did not reach yet, then open it
         (rule 2) with its count, the steps' included."""
         assert record.prefix is not None
-        now = _wall_ms()
-        cursor, cancelled, refused = self._bulks.progress(at)
+        now = self._st.wall_ms()
+        cursor, cancelled, refused = self._st.bulks.progress(at)
         done = cancelled
-        for index_key, key in matching(txn, self._ids, record.prefix, after=cursor):
+        for index_key, key in matching(txn, self._st.ids, record.prefix, after=cursor):
             found = self._bulk_one(txn, record, at, index_key, key, result.retired, now)
             cancelled += found > 0
             refused += found < 0
-        self._bulks.opened(txn.batch, at, record, cancelled, refused, now)
+        self._st.bulks.opened(txn.batch, at, record, cancelled, refused, now)
         result.cancelled += cancelled - done
         result.bulk_cancels += 1
         result.bulk_cancelled += cancelled - done
@@ -276,7 +273,7 @@ class StoreWrites(StoreState):
             return 0  # sent after the bulk cancel
         msg = self._added.get(key)
         if msg is None:
-            value = self._db.get(key)
+            value = self._st.db.get(key)
             if value is None:
                 return 0
             msg = decode_entry(bytes(value))
@@ -285,14 +282,14 @@ class StoreWrites(StoreState):
         if not may_cancel(record.owner, record.admin, msg.owner):
             return -1
         by = (record.owner, record.admin)
-        if key in self._in_round:  # being released: it applies only if the release does not
+        if key in self._st.in_round:  # being released: it applies only if the release does not
             self._wait_on([key], at, by, CANCELLED)
             return 0
         txn.delete(index_key, key)
         _, p, o = split_key(key)
         retired.append(Retired(msg.id, uid_of(index_key), p, o))
         self._gone(retired[-1:])
-        self._outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg, by, accepted)
+        self._st.outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg, by, accepted)
         return 1
 
     def bulk_step(
@@ -307,17 +304,17 @@ class StoreWrites(StoreState):
         already applied (its offset consumed): nothing, done. After a crash the next step
         starts where the last written one stopped."""
         assert record.prefix is not None
-        with self._lock:
-            self._check_open()
-            if at[1] < self._offsets.get(at[0], 0):
+        with self._st.lock:
+            self._st.check_open()
+            if at[1] < self._st.offsets.get(at[0], 0):
                 return [], True
             self._added = {}
-            self._owed.begin()
-            txn = IndexedBatch(self._ids, self._ids_cf, self._floor)
-            cursor, cancelled, refused = self._bulks.progress(at)
+            self._st.owed.begin()
+            txn = IndexedBatch(self._st.ids, self._st.ids_cf, self._st.floor)
+            cursor, cancelled, refused = self._st.bulks.progress(at)
             retired: list[Retired] = []
-            now, visited, done = _wall_ms(), 0, True
-            for index_key, key in ids_with_prefix(self._ids, record.prefix, after=cursor):
+            now, visited, done = self._st.wall_ms(), 0, True
+            for index_key, key in ids_with_prefix(self._st.ids, record.prefix, after=cursor):
                 if visited >= limit:
                     done = False
                     break
@@ -329,12 +326,12 @@ class StoreWrites(StoreState):
             if not visited:
                 return [], True
             assert cursor is not None
-            self._bulks.step(txn.batch, at, cursor, cancelled, refused)
-            self._owed.owe(txn.batch, retired)
-            txn.batch.put(META_PENDING, U64.pack(self._pending + txn.delta), self._meta_cf)
-            self._write(txn.batch)
-            self._pending += txn.delta
-            self._floor = txn.floor
+            self._st.bulks.step(txn.batch, at, cursor, cancelled, refused)
+            self._st.owed.owe(txn.batch, retired)
+            txn.batch.put(META_PENDING, U64.pack(self._st.pending + txn.delta), self._st.meta_cf)
+            self._st.write(txn.batch)
+            self._st.pending += txn.delta
+            self._st.floor = txn.floor
         return retired, done
 
     def _record_cancels(  # noqa: PLR0917 - one cancel's facts, in one private call
@@ -348,29 +345,29 @@ class StoreWrites(StoreState):
     ) -> None:
         """The outcome of each pending entry ``keys`` of ``msg_id`` that a cancel (or a
         replace, ``state``) read at ``at`` and sent by ``by`` removed: each in the history."""
-        now = _wall_ms()
+        now = self._st.wall_ms()
         for key in keys:
             msg = self._message_at(key)
             accepted = accepted_ms(entry_seq(key))
-            self._outcomes.cancelled(txn.batch, msg_id, at[2], now, msg, by, accepted, state)
+            self._st.outcomes.cancelled(txn.batch, msg_id, at[2], now, msg, by, accepted, state)
 
     def _gone(self, removed: Iterable[Retired]) -> None:
         """Remember records a cancel or replace removed: a later copy is a duplicate."""
         now = time.monotonic()
         for r in removed:
-            self._done.add(r.id, r.uid, now)
+            self._st.done.add(r.id, r.uid, now)
 
     def _wait_on(self, keys: Iterable[bytes], at: At, by: Canceller, state: str) -> None:
         """A cancel read at ``at`` met entries ``keys`` in release: it waits for the outcome."""
         for key in keys:
-            self._in_round.wait(key, Waiting(at[2], by, state))
+            self._st.in_round.wait(key, Waiting(at[2], by, state))
 
     def _message_at(self, key: bytes) -> Scheduled | None:
         """The message of the pending entry ``key`` (under the lock, inside :meth:`apply`):
         one this batch added, or one in the store."""
         if key in self._added:
             return self._added[key]
-        value = self._db.get(key)
+        value = self._st.db.get(key)
         return None if value is None else decode_entry(bytes(value))
 
     def _owner_of(self, key: bytes) -> str | None:
@@ -378,18 +375,5 @@ class StoreWrites(StoreState):
         one this batch added, or one in the store."""
         if key in self._owners:
             return self._owners[key]
-        value = self._db.get(key)
+        value = self._st.db.get(key)
         return None if value is None else entry_owner(bytes(value))
-
-    def _write(self, batch: WriteBatch) -> None:
-        """Write ``batch`` with the outcomes' pruning and count, and take the owed tombstones it
-        records (under the lock)."""
-        self._outcomes.finish(batch, _wall_ms())
-        try:
-            self._db.write(batch)
-        except BaseException:
-            self._outcomes.abort()
-            self._owed.abort()
-            raise
-        self._outcomes.commit()
-        self._owed.commit()

@@ -114,7 +114,7 @@ def test_a_new_master_loads_the_newest_checkpoint_past_another_shards_open_trans
     try:
         sender.start()
         loader = threading.Thread(
-            target=lambda: loaded.append(forwarder._load_checkpoint(ZooKeeperCopy(newest)))
+            target=lambda: loaded.append(forwarder.load_checkpoint(ZooKeeperCopy(newest)))
         )
         loader.start()
         # Give the loader its chance while shard 1's transaction is open (without a fix it

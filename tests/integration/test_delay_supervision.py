@@ -14,8 +14,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from rocksdict import Rdict
+
 from dev.stack import wait_until
 from kdelay.buffer import Scheduled
+from kdelay.delay_service.store import rocks
 from kdelay.delay_service.store.entry import entry_key
 from kdelay.delay_service.store.store import Store
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
@@ -27,12 +30,14 @@ N = 500
 
 
 def plant_unreadable_entry(store_dir: Path) -> None:
-    store = Store(store_dir)
+    Store(store_dir).close()  # a store's column families, as a replica opens it
+    # The store has no API to write a bad entry, rightly; RocksDB underneath does.
+    opts, cfs = rocks.options()
+    db = Rdict(str(store_dir), opts, column_families=cfs)
     try:
-        # The store has no API to write a bad entry, rightly; RocksDB underneath does.
-        store._db[entry_key(0, 999, 0)] = b"\x09written by a newer kdelay"
+        db[entry_key(0, 999, 0)] = b"\x09written by a newer kdelay"
     finally:
-        store.close()
+        db.close()
 
 
 def test_a_failing_forwarder_steps_down_and_a_new_master_delivers(

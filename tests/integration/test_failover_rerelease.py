@@ -141,7 +141,7 @@ def test_a_new_master_behind_the_tombstones_does_not_release_again(
     old_zk = FakeCheckpoints()
     try:
         wait_until(lambda: old_store.pending == 1, timeout=60, what="the old master's ingest")
-        generation = old.activate(old_zk)
+        generation = old.control.activate(old_zk)
         old_sender.start()
         wait_until(
             lambda: old.forward_once(old_zk, generation).delivered == 1,
@@ -153,7 +153,7 @@ def test_a_new_master_behind_the_tombstones_does_not_release_again(
         old_thread.join(30)
         old_sender.close()  # the old master is gone (the new one fences it in any case)
         old_store.close()
-    claim = old._claim
+    claim = old.claim
     assert claim.offsets == {0: 1}
     assert claim.time_ms == message.deliver_at_ms - 1, "the claim covers the release"
     assert _copies(bs, target, "once") == 1
@@ -189,7 +189,7 @@ def test_a_new_master_behind_the_tombstones_does_not_release_again(
     ingest_thread = threading.Thread(target=ingest.run, args=(stop_new,))
     forwarder_thread.start()
     try:
-        new.activate(new_zk)
+        new.control.activate(new_zk)
         # Either it waits for its ingest to pass O (the fix), or it releases the message again.
         wait_until(
             lambda: (
@@ -206,7 +206,7 @@ def test_a_new_master_behind_the_tombstones_does_not_release_again(
             what="the new master to commit a checkpoint past the message's due time",
         )
     finally:
-        new.shutdown()
+        new.control.shutdown()
         forwarder_thread.join(30)
         stop_new.set()
         if ingest_thread.is_alive():

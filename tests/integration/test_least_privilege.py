@@ -63,7 +63,7 @@ def _grant(secure: SecureKafka, user: str, wanted: list[Acl], targets: list[str]
         names = targets if acl.resource == "TOPIC" and acl.name == TARGETS else [acl.name]
         bindings += [
             AclBinding(
-                ResourceType[acl.resource],
+                ResourceType[acl.resource if acl.resource != "CLUSTER" else "BROKER"],
                 name,
                 ResourcePatternType[acl.pattern],
                 f"User:{user}",
@@ -377,7 +377,8 @@ def test_each_component_missing_any_checkable_acl_is_refused(
     for table, component in ((acls.replica_acls(), "replica"), (acls.verifier_acls(), "verifier")):
         for acl in table:
             checkable = acl.required and acl.operation != "CREATE"
-            if checkable and acl.resource in ("TOPIC", "GROUP") and acl.name != TARGETS:
+            askable = acl.resource in ("TOPIC", "GROUP", "CLUSTER")
+            if checkable and askable and acl.name != TARGETS:
                 cases.append((component, table, acl))
     assert len(cases) >= 8
     for component, table, acl in cases:

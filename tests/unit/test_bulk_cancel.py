@@ -77,7 +77,7 @@ def test_the_prefix_scan_finds_every_length_and_only_the_prefix(store: Store) ->
     ids = ["cust-42-", "cust-42-1", "cust-42-10", "cust-42-" + "x" * 200, "cust-421", "cust-4"]
     ids += ["a", "zzzzzzzzzzzzzzzzzzzzzzzz", "cust-43-1"]
     store.apply([(0, i, sched(m, f"u{i}"), T0 - 500) for i, m in enumerate(ids)], {0: len(ids)})
-    found = sorted(_id_of(k).decode() for k, _ in ids_with_prefix(store._ids, "cust-42-"))
+    found = sorted(_id_of(k).decode() for k, _ in ids_with_prefix(store.state.ids, "cust-42-"))
     assert found == sorted(["cust-42-", "cust-42-1", "cust-42-10", "cust-42-" + "x" * 200])
 
 

@@ -122,7 +122,7 @@ def exactly_once(store: Store, producer: TxnProducer) -> tuple[ExactlyOnceForwar
     fwd = ExactlyOnceForwarder(
         config, store, Ingest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
     )
-    gen = fwd.activate(Checkpoints())
+    gen = fwd.control.activate(Checkpoints())
     sender.start()
     return fwd, gen
 
@@ -140,7 +140,7 @@ def at_least_once(store: Store, producer: FakeProducer) -> tuple[Forwarder, int]
     fwd = Forwarder(
         config, store, Ingest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
     )
-    return fwd, fwd.activate(Checkpoints())
+    return fwd, fwd.control.activate(Checkpoints())
 
 
 def cancel(store: Store, i: int, offset: int) -> None:
@@ -268,7 +268,7 @@ def test_a_term_that_ends_with_a_cancel_waiting_applies_it_in_this_store(store: 
     fwd, gen = at_least_once(store, producer)
     fwd.forward_once(Checkpoints(), gen)
     cancel(store, 1, 1)
-    fwd.deactivate("test")
+    fwd.control.deactivate("test")
     fwd.end_term()  # what _serve's finally does
     # This replica converges with its followers (they applied the cancel); it is no longer
     # master, so no proxy takes its answer (README "Guarantees": at-least-once failover).

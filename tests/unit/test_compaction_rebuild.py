@@ -51,7 +51,8 @@ def forwarder(store: Store, producer: FakeProducer) -> tuple[Forwarder, FakeCloc
     return fwd, clock
 
 
-def eo_forwarder(store: Store, producer: FakeTxnProducer) -> ExactlyOnceForwarder:
+def eo_forwarder(store: Store, producer: FakeTxnProducer) -> tuple[ExactlyOnceForwarder, TxnSender]:
+    """An exactly-once forwarder and its sender (not started: its term starts it)."""
     cfg = ReplicaConfig(name="r", delivery="exactly-once", checkpoint_interval_ms=1)
     clock = FakeClock(now_ms=T0, mono=50.0)
     producer.clock = clock
@@ -62,9 +63,10 @@ def eo_forwarder(store: Store, producer: FakeTxnProducer) -> ExactlyOnceForwarde
         checkpoint_key="set",
         clock=clock,
     )
-    return ExactlyOnceForwarder(
+    fwd = ExactlyOnceForwarder(
         cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
     )
+    return fwd, sender
 
 
 def feed(
@@ -83,7 +85,7 @@ def feed(
         offsets = {p: o + 1 for p, o, _, _ in items}
         result = store.apply(items, offsets)
         if fwd is not None:
-            fwd.add_tombstones(result.retired)
+            fwd.control.add_tombstones(result.retired)
 
 
 def store_ends(records: list[tuple[int, int, BufferRecord]]) -> dict[int, int]:
@@ -110,7 +112,7 @@ def test_a_replica_made_master_writes_the_tombstones_it_owed_as_follower(
     fwd, _clock = forwarder(follower, producer)
     feed(Log(), [follower], [(0, scheduled("m", "u-m"), T0), (1, Cancel("m", "u-c"), T0)], fwd)
     cps = FakeCheckpoints()
-    fwd.forward_once(cps, fwd.activate(cps))
+    fwd.forward_once(cps, fwd.control.activate(cps))
     keys = tombstone_keys(producer.to(BUFFER))
     assert keys == [b"u-m", b"u-c"]  # the message's first, then its cancel's
 
@@ -120,21 +122,21 @@ def test_a_master_that_steps_down_leaves_its_tombstones_to_the_next(
 ) -> None:
     log = Log()
     first_store, next_store = stores[0], stores[1]
-    first = eo_forwarder(first_store, FakeTxnProducer())
+    first, _ = eo_forwarder(first_store, FakeTxnProducer())
     cps = FakeCheckpoints()
-    first.activate(cps)
+    first.control.activate(cps)
     records: list[tuple[int, BufferRecord, int]] = [
         (0, scheduled("m", "u-m"), T0),
         (1, Cancel("m", "u-c"), T0),
     ]
     feed(log, [first_store], records, first)
     feed(Log(), [next_store], records)
-    first.deactivate("step-down")  # its queued tombstones were never written
+    first.control.deactivate("step-down")  # its queued tombstones were never written
 
     producer = FakeTxnProducer()
-    after = eo_forwarder(next_store, producer)
-    after._sender.start()
-    after.forward_once(cps, after.activate(cps))
+    after, sender = eo_forwarder(next_store, producer)
+    sender.start()
+    after.forward_once(cps, after.control.activate(cps))
     assert tombstone_keys(producer.visible(BUFFER)) == [b"u-m", b"u-c"]
 
     # Once a replica has read them back it owes them no more.
@@ -142,9 +144,9 @@ def test_a_master_that_steps_down_leaves_its_tombstones_to_the_next(
     for store in (first_store, next_store):
         store.apply([(p, o, r, T0) for p, o, r in tombstones], store_ends(tombstones))
     again = FakeTxnProducer()
-    later = eo_forwarder(next_store, again)
-    later._sender.start()
-    later.forward_once(cps, later.activate(cps))
+    later, sender = eo_forwarder(next_store, again)
+    sender.start()
+    later.forward_once(cps, later.control.activate(cps))
     assert tombstone_keys(again.visible(BUFFER)) == []
 
 
@@ -165,7 +167,7 @@ def test_a_bulk_cancel_owes_the_tombstone_of_each_message_it_cancelled(
         fwd,
     )
     cps = FakeCheckpoints()
-    fwd.forward_once(cps, fwd.activate(cps))
+    fwd.forward_once(cps, fwd.control.activate(cps))
     assert sorted(tombstone_keys(producer.to(BUFFER))) == [b"u-1", b"u-2"]
 
 
@@ -192,7 +194,7 @@ def test_a_store_rebuilt_from_the_compacted_topic_holds_nothing_retired(
         fwd,  # followers both: what they retire is not written yet
     )
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     fwd.forward_once(cps, gen)  # releases the replacement, writes the tombstones owed
     assert [s.key for s in producer.to("t")] == [b"k"]
     # A later record closes the bulk cancel and the cancel: their own tombstones are owed.

@@ -30,6 +30,7 @@ class Rig:
     producer: FakeTxnProducer
     metrics: Metrics
     clock: FakeClock
+    sender: TxnSender  # the forwarder's, as injected
 
     def value(self, name: str, **labels: str) -> float:
         found = self.metrics.registry.get_sample_value(name, labels)
@@ -67,7 +68,7 @@ def make(store: Store, producer: FakeTxnProducer, **settings: object) -> Rig:
     fwd = ExactlyOnceForwarder(
         cfg, store, FakeIngest(), metrics, sender=sender, on_fenced=lambda _w: None, clock=clock
     )
-    return Rig(fwd, producer, metrics, clock)
+    return Rig(fwd, producer, metrics, clock, sender)
 
 
 def ids(sent: list[Sent]) -> list[bytes | str | None]:
@@ -75,8 +76,8 @@ def ids(sent: list[Sent]) -> list[bytes | str | None]:
 
 
 def start(rig: Rig, cps: FakeCheckpoints) -> int:
-    gen = rig.fwd.activate(cps)
-    rig.fwd._sender.start()  # what _serve does first: init_transactions
+    gen = rig.fwd.control.activate(cps)
+    rig.sender.start()  # what _serve does first: init_transactions
     return gen
 
 
@@ -216,7 +217,7 @@ def test_a_fenced_commit_stops_the_master_and_keeps_the_entries(store: Store) ->
     assert producer.committed == []
     assert store.pending == 1  # the next master releases it
     with pytest.raises(Exception, match="new term"):
-        rig.fwd._sender.begin()  # type: ignore[attr-defined]  # no lazy producer after a fence
+        rig.sender.begin()  # no lazy producer after a fence
 
 
 @dataclass
@@ -273,26 +274,28 @@ def test_a_new_term_starts_from_the_newer_checkpoint_kafka_on_a_tie(
             return zk_doc
 
     rig = make(store, FakeTxnProducer())
-    loaded = rig.fwd._load_checkpoint(Checkpoints())
+    loaded = rig.fwd.load_checkpoint(Checkpoints())
     assert loaded == (kafka_doc if expected == "kafka" else zk_doc)
 
 
-def test_the_forwarder_thread_runs_a_term_and_stops(store: Store) -> None:
+def test_the_forwarder_thread_runs_a_term_and_stops(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store.apply([(0, 0, msg(1, 100))], {0: 1})
     producer = FakeTxnProducer()
     rig = make(store, producer)
-    rig.fwd._load_checkpoint = lambda _c: None  # type: ignore[method-assign,assignment]
+    monkeypatch.setattr(exactly_once, "load_checkpoint", lambda _cfg: None)  # no Kafka copy
     cps = FakeCheckpoints()
     thread = threading.Thread(target=rig.fwd.run)
     thread.start()
-    rig.fwd.activate(cps)
+    rig.fwd.control.activate(cps)
     assert rig.fwd.active.wait(5)
     for _ in range(100):
         if producer.visible("t"):
             break
         rig.clock.advance_ms(1)
         threading.Event().wait(0.01)
-    rig.fwd.shutdown()
+    rig.fwd.control.shutdown()
     thread.join(10)
     assert ids(producer.visible("t")) == [b"m1"]
     assert producer.inits == 1

@@ -6,10 +6,9 @@ import functools
 from typing import cast
 
 from kdelay.checkpoint import Checkpoint
-from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.release.follower_checkpoints import FollowerCheckpoints
-from kdelay.delay_service.release.forwarder import Forwarder
-from kdelay.delay_service.replica import Replica
+from kdelay.delay_service.release.forwarder_control import ForwarderControl
+from kdelay.delay_service.replica import apply_settled
 from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock
 
@@ -87,22 +86,23 @@ def test_a_replica_applies_settled_checkpoints_only_while_not_engaged_as_master(
     newest checkpoint itself; an older one applied after it would have the store keep, and
     the master release again, what the newer one covers. So none is applied once engaged,
     and what had not settled by then is forgotten."""
-    replica = Replica(ReplicaConfig(name="settling-test"))
     clock = FakeClock()
-    replica._follower_checkpoints = FollowerCheckpoints(1.0, clock.monotonic)
+    settling = FollowerCheckpoints(1.0, clock.monotonic)
     store, forwarder = FakeStore(), FakeForwarder()
-    apply = functools.partial(replica._apply_settled, cast("Store", store))
-    replica._follower_checkpoints.seen(1, cp(10))
+    apply = functools.partial(
+        apply_settled, settling, cast("Store", store), cast("ForwarderControl", forwarder)
+    )
+    settling.seen(1, cp(10))
     clock.advance(1.0)
-    replica._follower_checkpoints.seen(2, cp(20))
-    apply(cast("Forwarder", forwarder))
+    settling.seen(2, cp(20))
+    apply()
     assert store.applied == [cp(10)]  # settled; the second not yet
     forwarder.engaged = True  # won the election: activated, not forwarding yet
     clock.advance(1.0)
-    apply(cast("Forwarder", forwarder))
+    apply()
     assert store.applied == [cp(10)]
     forwarder.engaged = False  # stepped down: a follower again
-    replica._follower_checkpoints.seen(3, cp(30))
+    settling.seen(3, cp(30))
     clock.advance(1.0)
-    apply(cast("Forwarder", forwarder))
+    apply()
     assert store.applied == [cp(10), cp(30)]  # the one from before the takeover is gone

@@ -79,7 +79,7 @@ def test_releases_due_entries_in_key_order_with_delivered_format(store: Store) -
     producer = FakeProducer()
     rig = make(store, producer)
     cps = FakeCheckpoints()
-    result = rig.fwd.forward_once(cps, rig.fwd.activate(cps))
+    result = rig.fwd.forward_once(cps, rig.fwd.control.activate(cps))
     assert result.delivered == 2
     assert [s.value for s in producer.to("t")] == [b"v1", b"v2"]
     first = producer.to("t")[0]
@@ -117,7 +117,7 @@ def test_transient_failure_holds_later_entries_of_the_same_target(store: Store) 
     producer = FakeProducer(fail=fail)
     rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.fwd.forward_once(cps, gen)
     # m1, m2 (same target as m0) were sent in the same round (cannot be recalled) ...
     assert [dict(s.headers)["kdelay-id"] for s in producer.to("t")] == [b"m1", b"m2", b"m3", b"m4"]
@@ -150,7 +150,7 @@ def test_permanent_failure_goes_to_dead_letter_after_n_attempts(store: Store) ->
     producer = FakeProducer(sync_fail=sync_fail)
     rig = make(store, producer, dead_letter_after=3)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     for _ in range(2):
         rig.fwd.forward_once(cps, gen)
         rig.clock.advance_ms(1_000)  # past the backoff
@@ -186,7 +186,7 @@ def test_an_unacknowledged_dead_letter_is_tried_again(store: Store) -> None:
     producer = FakeProducer(fail=fail)
     rig = make(store, producer, dead_letter_after=1)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     result = rig.fwd.forward_once(cps, gen)
     assert (result.dead_lettered, result.held, result.claim_ms) == (0, 1, 99)
     assert store.get("m0") is not None
@@ -208,7 +208,7 @@ def test_transient_errors_are_never_dead_lettered(store: Store) -> None:
     producer = FakeProducer(fail=lambda _s: KafkaError(KafkaError._TRANSPORT))
     rig = make(store, producer, dead_letter_after=1)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     for _ in range(4):
         rig.fwd.forward_once(cps, gen)
         rig.clock.advance_ms(1_000)  # past the backoff
@@ -221,7 +221,7 @@ def test_claim_never_moves_backwards(store: Store) -> None:
     producer = FakeProducer()
     rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.fwd.forward_once(cps, gen)
     first = cps.writes[-1][0]
     assert first == rig.clock.now_ms
@@ -239,8 +239,8 @@ def test_a_stale_generation_sends_nothing(store: Store) -> None:
     producer = FakeProducer()
     rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
-    rig.fwd.deactivate("lost leadership")
+    gen = rig.fwd.control.activate(cps)
+    rig.fwd.control.deactivate("lost leadership")
     result = rig.fwd.forward_once(cps, gen)
     assert producer.sent == []
     assert (result.delivered, result.held, result.claim_ms) == (0, 1, 99)
@@ -251,7 +251,7 @@ def test_fenced_write_deactivates_and_reports(store: Store) -> None:
     producer = FakeProducer()
     rig = make(store, producer)
     cps = FakeCheckpoints(fenced=True)
-    rig.fwd.activate(cps)
+    rig.fwd.control.activate(cps)
     thread = threading.Thread(target=rig.fwd.run)
     thread.start()
     try:
@@ -260,7 +260,7 @@ def test_fenced_write_deactivates_and_reports(store: Store) -> None:
         assert not rig.fwd.active.is_set()
         assert producer.to("t") == []  # the initial (fenced) write came before any record
     finally:
-        rig.fwd.shutdown()
+        rig.fwd.control.shutdown()
         thread.join(10)
     assert not thread.is_alive()
 
@@ -268,10 +268,10 @@ def test_fenced_write_deactivates_and_reports(store: Store) -> None:
 def test_cancelled_ids_get_tombstones_only_on_the_master(store: Store) -> None:
     producer = FakeProducer()
     rig = make(store, producer)
-    rig.fwd.add_tombstones([Retired("x", "", 3, 7)])  # not master: ignored
+    rig.fwd.control.add_tombstones([Retired("x", "", 3, 7)])  # not master: ignored
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
-    rig.fwd.add_tombstones([Retired("y", "", 2, 9)])
+    gen = rig.fwd.control.activate(cps)
+    rig.fwd.control.add_tombstones([Retired("y", "", 2, 9)])
     store.apply([(2, 9, Cancel("y"))], {2: 10})
     rig.fwd.forward_once(cps, gen)
     tombs = producer.to("__kdelay_buffer")
@@ -285,7 +285,7 @@ def test_a_held_target_filling_the_scan_does_not_starve_the_others(store: Store)
     producer = FakeProducer(hold=lambda s: s.topic == "x")  # x never acknowledges
     rig = make(store, producer, scan_batch=5)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.clock.advance_ms(1_000)  # everything is due
     first = rig.fwd.forward_once(cps, gen)  # x0..x4 fill the scan and stay in flight
     assert first.delivered == 0
@@ -304,7 +304,7 @@ def test_a_silent_target_does_not_hold_up_the_round_for_others(store: Store) -> 
     producer = FakeProducer(hold=lambda s: s.topic == "slow")
     rig = make(store, producer, round_ack_wait_ms=20)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     before = rig.clock.mono
     result = rig.fwd.forward_once(cps, gen)
     assert result.delivered == 1
@@ -331,7 +331,7 @@ def test_a_target_with_records_in_flight_gets_nothing_new_until_they_are_settled
     producer = FakeProducer(hold=lambda _s: True)
     rig = make(store, producer)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.fwd.forward_once(cps, gen)
     store.apply([(0, 1, msg(1, 50))], {0: 2})  # a late arrival for the same target
     rig.fwd.forward_once(cps, gen)
@@ -348,7 +348,7 @@ def test_a_timed_out_target_is_retried_in_key_order_after_its_backoff(store: Sto
     producer = FakeProducer(hold=lambda s: down and s.topic == "x")
     rig = make(store, producer, produce_timeout_ms=1_000)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.fwd.forward_once(cps, gen)
     assert len(producer.queued) == 3
     rig.clock.advance_ms(32_000)  # message.timeout.ms + the margin: declared timed out
@@ -370,7 +370,7 @@ def test_tombstones_are_written_early_when_many_are_queued(
     producer = FakeProducer()
     rig = make(store, producer, checkpoint_interval_ms=60_000)
     cps = FakeCheckpoints()
-    gen = rig.fwd.activate(cps)
+    gen = rig.fwd.control.activate(cps)
     rig.clock.advance_ms(60_000)
     rig.fwd.forward_once(cps, gen)  # the interval has passed: a checkpoint; it starts again
     assert len(cps.writes) == 1
@@ -396,15 +396,15 @@ def test_queued_tombstones_are_written_even_when_the_term_ends_fenced(store: Sto
         return done
 
     producer.poll = poll  # type: ignore[method-assign]
-    rig.fwd.activate(cps)
+    rig.fwd.control.activate(cps)
     thread = threading.Thread(target=rig.fwd.run)
     thread.start()
     try:
         assert delivered.wait(10)
-        rig.fwd.deactivate("stepping down")
+        rig.fwd.control.deactivate("stepping down")
         assert rig.on_fenced.wait(10), "the rejected final write must be reported"
     finally:
-        rig.fwd.shutdown()
+        rig.fwd.control.shutdown()
         thread.join(10)
     assert not thread.is_alive()
     assert [s.key for s in producer.to("__kdelay_buffer")] == [b"m0"]
@@ -418,7 +418,7 @@ def test_an_entry_that_falls_due_during_a_round_is_owed_at_once(store: Store) ->
     now = rig.clock.now_ms
     store.apply([(0, 0, msg(1, now)), (0, 1, msg(2, now + 5)), (0, 2, msg(3, now + 10**6))], {0: 3})
     cps = FakeCheckpoints()
-    generation = rig.fwd.activate(cps)
+    generation = rig.fwd.control.activate(cps)
     # The round's acknowledgements take 20 ms: m2 falls due while it runs.
     poll = producer.poll
 
@@ -430,6 +430,6 @@ def test_an_entry_that_falls_due_during_a_round_is_owed_at_once(store: Store) ->
     result = rig.fwd.forward_once(cps, generation)
     assert result.delivered == 1
     assert rig.clock.now_ms >= now + 20
-    assert rig.fwd._next_wake_ms() <= now + 5  # the wake-up is the point
+    assert rig.fwd.next_wake_ms() <= now + 5  # the wake-up is the point
     assert rig.fwd.forward_once(cps, generation).delivered == 1
     assert [s.value for s in producer.to("t")] == [b"v1", b"v2"]

@@ -256,9 +256,14 @@ class FakeAdmin:
         topics: dict[str, list[str] | int],
         groups: dict[str, list[str]],
         creatable: set[str],
+        cluster: list[str] | None = None,
     ) -> None:
         self.topics, self.groups, self.creatable = topics, groups, creatable
+        self.cluster = cluster or []
         self.created: list[str] = []
+
+    def describe_cluster(self, **_: Any) -> Future[Any]:
+        return _done(_Described(self.cluster))
 
     def describe_topics(self, topics: Any, **_: Any) -> dict[str, Future[Any]]:
         out = {}
@@ -307,6 +312,7 @@ def test_the_check_finds_each_missing_acl_and_what_it_cannot_ask() -> None:
     assert ("__kdelay_checkpoint", "CREATE") in named  # denied DESCRIBE: may not create either
     assert not any(a.name == "__kdelay_dead_letter" for a in missing)
     assert ("__kdelay_clock", "CREATE") not in named
+    assert (acls.CLUSTER, "DESCRIBE") in named  # DescribeAcls, for the owners' WRITE
     assert sorted(admin.created) == ["__kdelay_checkpoint", "__kdelay_clock"]  # once each
     not_asked = {(a.resource, a.name) for a in unchecked}
     assert ("TOPIC", acls.TARGETS) in not_asked

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from kdelay.buffer import Fate, Scheduled
-from kdelay.delay_service.store import writes as store_writes
 from kdelay.delay_service.store.outcomes import _FIELDS, Outcome, _body
 from kdelay.delay_service.store.store import Store
 
@@ -22,15 +21,13 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(store_writes, "_wall_ms", c)
-    return c
+def clock() -> Clock:
+    return Clock()
 
 
 @pytest.fixture
 def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    s = Store(tmp_path / "db", status_max_entries=5, status_retention_ms=60_000)
+    s = Store(tmp_path / "db", status_max_entries=5, status_retention_ms=60_000, wall_ms=clock)
     yield s
     s.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from dev.stack import free_port
 from kdelay.buffer import Scheduled
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.errors import QueryError
-from kdelay.delay_service.queries.queries import Answers
+from kdelay.delay_service.queries.queries import MAX_SCANS, Answers
 from kdelay.delay_service.queries.timeline import MAX_BUCKETS, parse_window, timeline
 from kdelay.delay_service.store.entry import entry_key
 from kdelay.delay_service.store.store import Store
@@ -196,13 +197,15 @@ def test_before_attach_the_role_is_starting(store: Store) -> None:
 
 
 def test_too_many_timelines_at_once_are_refused(store: Store) -> None:
-    a = answers(store)
-    held = [a._scans.acquire(blocking=False) for _ in range(2)]
-    assert held == [True, True]
+    scans = threading.BoundedSemaphore(MAX_SCANS)
+    a = Answers(store, "replica-1", max_scan=1_000_000, scans=scans)
+    a.attach(role=lambda: "master", lag=lambda: 0, clock=lambda: NOW)
+    held = [scans.acquire(blocking=False) for _ in range(MAX_SCANS)]
+    assert held == [True] * MAX_SCANS
     status, doc = a.pending({})
     assert status == 503
     assert "already computing" in doc["error"]
-    a._scans.release()
+    scans.release()
     assert a.pending({})[0] == 200
 
 

@@ -18,6 +18,7 @@ from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
 from kdelay.delay_service.release.forwarder import Forwarder
 from kdelay.delay_service.release.round import RoundResult
 from kdelay.delay_service.release.sender import Sender
+from kdelay.delay_service.release.sweep import Sweep
 from kdelay.delay_service.release.txn_sender import TxnSender
 from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock, FakeProducer, Sent
@@ -47,7 +48,9 @@ def config(**settings: object) -> ReplicaConfig:
     )
 
 
-def forwarder(store: Store, producer: FakeProducer, clock: FakeClock) -> Forwarder:
+def forwarder(
+    store: Store, producer: FakeProducer, clock: FakeClock, sweep: Sweep | None = None
+) -> Forwarder:
     cfg = config()
     producer.clock = clock
     sender = Sender(
@@ -57,11 +60,21 @@ def forwarder(store: Store, producer: FakeProducer, clock: FakeClock) -> Forward
         clock=clock,
     )
     return Forwarder(
-        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
+        cfg,
+        store,
+        FakeIngest(),
+        Metrics(),
+        sender=sender,
+        on_fenced=lambda _w: None,
+        clock=clock,
+        sweep=sweep,
     )
 
 
-def txn_forwarder(store: Store, producer: FakeTxnProducer, clock: FakeClock) -> Forwarder:
+def txn_forwarder(
+    store: Store, producer: FakeTxnProducer, clock: FakeClock
+) -> tuple[Forwarder, TxnSender]:
+    """An exactly-once forwarder and its sender (not started: its term starts it)."""
     cfg = config(delivery="exactly-once", txn_ack_wait_ms=10)
     producer.clock = clock
     sender = TxnSender(
@@ -71,9 +84,10 @@ def txn_forwarder(store: Store, producer: FakeTxnProducer, clock: FakeClock) -> 
         checkpoint_key="set",
         clock=clock,
     )
-    return ExactlyOnceForwarder(
+    fwd = ExactlyOnceForwarder(
         cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
     )
+    return fwd, sender
 
 
 def held_then_healthy() -> list[tuple[int, int, Scheduled]]:
@@ -112,9 +126,10 @@ def test_a_held_target_with_more_entries_than_the_skip_limit_starves_no_one(
 ) -> None:
     producer = FakeProducer(hold=lambda s: s.topic == "x")  # x never acknowledges
     clock = FakeClock(now_ms=1_000_000, mono=50.0)
-    fwd = forwarder(store, producer, clock)
+    sweep = Sweep()
+    fwd = forwarder(store, producer, clock, sweep)
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     entries = held_then_healthy()
     store.apply(entries[:1], {0: 1})
     checked_round(fwd, store, cps, gen)  # x0 goes, and stays in flight: x is held
@@ -133,7 +148,7 @@ def test_a_held_target_with_more_entries_than_the_skip_limit_starves_no_one(
     assert [s.topic for s, _ in producer.queued] == ["x"]  # x1.. wait behind x0
     assert cps.writes[-1][0] == 99  # below x0, the earliest entry still pending
     # Only a pass's first scan caches the targets it passed over: bounded by the limit.
-    assert len(fwd._sweep._known) <= SKIP_LIMIT
+    assert sweep.cached <= SKIP_LIMIT
 
 
 def test_exactly_once_a_held_target_with_more_entries_than_the_skip_limit_starves_no_one(
@@ -144,10 +159,10 @@ def test_exactly_once_a_held_target_with_more_entries_than_the_skip_limit_starve
     )
     producer.leaderless.add("x")
     clock = FakeClock(now_ms=1_000_000, mono=50.0)
-    fwd = txn_forwarder(store, producer, clock)
+    fwd, sender = txn_forwarder(store, producer, clock)
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
-    fwd._sender.start()  # what _serve does first: init_transactions
+    gen = fwd.control.activate(cps)
+    sender.start()  # what _serve does first: init_transactions
     entries = held_then_healthy()
     store.apply(entries[:1], {0: 1})
     checked_round(fwd, store, cps, gen)  # x0's transaction is aborted: x is held
@@ -183,7 +198,7 @@ def test_a_target_held_and_freed_during_the_pass_keeps_its_order(store: Store) -
     clock = FakeClock(now_ms=1_000_000, mono=50.0)
     fwd = forwarder(store, producer, clock)
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     entries = held_then_healthy()
     store.apply(entries[:1], {0: 1})
     checked_round(fwd, store, cps, gen)  # x0 in flight: x is held

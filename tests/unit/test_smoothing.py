@@ -4,10 +4,12 @@ in order per partition, while another topic's messages due at the same time leav
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -21,6 +23,7 @@ from kdelay.delay_service.release.sender import Sender
 from kdelay.delay_service.release.smoothing import BURST_S, Smoothing, TokenBucket
 from kdelay.delay_service.release.txn_sender import TxnSender
 from kdelay.delay_service.store import scans as store_scans
+from kdelay.delay_service.store.due_scan import DueScan
 from kdelay.delay_service.store.entry import Entry, decode_entry
 from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock, FakeProducer, Sent
@@ -128,9 +131,8 @@ def burst() -> list[tuple[int, int, Scheduled]]:
 def config(**settings: object) -> ReplicaConfig:
     return ReplicaConfig(
         name="r1",
-        checkpoint_interval_ms=1,
         release_rate_limits={"a": RATE},
-        **settings,  # type: ignore[arg-type]
+        **{"checkpoint_interval_ms": 1, **settings},  # type: ignore[arg-type]
     )
 
 
@@ -207,7 +209,7 @@ def test_a_burst_leaves_at_its_topic_rate_in_order_and_holds_no_other_topic(
         producer = FakeProducer()
         fwd = at_least_once(store, producer, clock, metrics)
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
     fwd.forward_once(cps, gen)
     # The first round: a's burst, and every one of b's, though due after all of a's.
@@ -215,12 +217,12 @@ def test_a_burst_leaves_at_its_topic_rate_in_order_and_holds_no_other_topic(
     assert ids(released(producer, "b")) == [f"m{1000 + i}" for i in range(B_COUNT)]
     # The checkpoint stays below a's first entry still pending.
     assert cps.writes[-1][0] < 100 + BURST
-    wake_in = fwd._next_wake_ms() - clock.wall_ms()
+    wake_in = fwd.next_wake_ms() - clock.wall_ms()
     assert 0 < wake_in <= 101  # a batch of tokens (100 ms at 100/s), not the next checkpoint
     rounds, per_round = 0, []
     while len(released(producer, "a")) < A_COUNT:
         before = len(released(producer, "a"))
-        clock.advance_ms(fwd._next_wake_ms() - clock.wall_ms())
+        clock.advance_ms(fwd.next_wake_ms() - clock.wall_ms())
         fwd.forward_once(cps, gen)
         per_round.append(len(released(producer, "a")) - before)
         rounds += 1
@@ -266,7 +268,7 @@ def test_without_a_limit_the_burst_leaves_in_one_round(store: Store) -> None:
     )
     cps = FakeCheckpoints()
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
-    fwd.forward_once(cps, fwd.activate(cps))
+    fwd.forward_once(cps, fwd.control.activate(cps))
     assert len(producer.to("a")) == A_COUNT
 
 
@@ -288,7 +290,7 @@ def test_a_throttled_backlog_larger_than_a_scan_passes_over_keeps_order_and_free
         cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _w: None, clock=clock
     )
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
     rounds = 0
     while len(released(producer, "b")) < B_COUNT:
@@ -298,7 +300,7 @@ def test_a_throttled_backlog_larger_than_a_scan_passes_over_keeps_order_and_free
         assert rounds <= (A_COUNT - BURST) // 5 + 2, "b waited for a's backlog"
     assert len(released(producer, "a")) < A_COUNT  # a is still being smoothed
     while len(released(producer, "a")) < A_COUNT:
-        clock.advance_ms(max(1, fwd._next_wake_ms() - clock.wall_ms()))
+        clock.advance_ms(max(1, fwd.next_wake_ms() - clock.wall_ms()))
         fwd.forward_once(cps, gen)
         rounds += 1
         assert rounds < 500
@@ -343,7 +345,7 @@ def test_a_throttled_backlog_is_not_decoded_again_each_round(
     producer = FakeProducer()
     fwd = at_least_once(store, producer, clock)
     cps = FakeCheckpoints()
-    gen = fwd.activate(cps)
+    gen = fwd.control.activate(cps)
     store.apply(burst(), {0: A_COUNT, 1: B_COUNT})
     fwd.forward_once(cps, gen)
     assert len(released(producer, "a")) == BURST
@@ -365,3 +367,102 @@ def test_a_throttled_backlog_is_not_decoded_again_each_round(
         by_partition[s.partition].append(id_of(s))
     for partition, got in by_partition.items():
         assert got == [f"m{i}" for i in range(2 * BURST) if i % 2 == partition]
+
+
+def forwarder(
+    mode: str, store: Store, clock: FakeClock, **settings: object
+) -> tuple[Forwarder, FakeProducer]:
+    """A forwarder of ``mode`` (at-least-once or exactly-once) on ``store``, and its producer."""
+    if mode == "at-least-once":
+        cfg = config(**settings)
+        producer = FakeProducer(clock=clock)
+        sender = Sender(
+            lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=30_000, clock=clock
+        )
+        fwd = Forwarder(
+            cfg,
+            store,
+            FakeIngest(),
+            Metrics(),
+            sender=sender,
+            on_fenced=lambda _w: None,
+            clock=clock,
+        )
+        return fwd, producer
+    cfg = config(delivery="exactly-once", txn_ack_wait_ms=10, **settings)
+    txn_producer = FakeTxnProducer(clock=clock)
+    txn = TxnSender(
+        lambda: txn_producer,
+        buffer_topic=cfg.buffer_topic,
+        produce_timeout_ms=30_000,
+        checkpoint_key="set",
+        clock=clock,
+    )
+    eo = ExactlyOnceForwarder(
+        cfg, store, FakeIngest(), Metrics(), sender=txn, on_fenced=lambda _w: None, clock=clock
+    )
+    txn.start()
+    return eo, txn_producer
+
+
+#: What a scan costs per entry it examines, in simulated seconds: 500 entries take 250 ms, so a
+#: pass over 10,000 takes 5 s (a replica passes over 100,000 in about as long as that, or more).
+SCAN_COST_S = 0.0005
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="starvation confirmed (a throttled backlog many scans long leaves only in a pass's "
+    "first round); the catch-up fix was not landed: on real Kafka it did not reach 0.9 of the "
+    "limit and slowed other topics when transactions were slow (see the closing note)",
+)
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
+    store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A throttled backlog far larger than one scan passes over (10,000 of "a" against
+    ``scan_skip_limit`` 500: a sweep pass of 20 rounds), with scans that take time (the clock
+    moves with each entry a scan examines, ``SCAN_COST_S``): "a" leaves at >= 0.9 of its rate,
+    in every round of a pass (a catch-up scan from the floor), not only in the first one of
+    each pass, and in order per partition; b's messages, due one every 50 ms behind a's
+    backlog, leave as soon as the pass reaches them (within one pass), as before."""
+    backlog, skip_limit, seconds = 10_000, 500, 9
+    clock = FakeClock(now_ms=1_000_000, mono=50.0)
+    fwd, producer = forwarder(
+        mode, store, clock, scan_skip_limit=skip_limit, checkpoint_interval_ms=100
+    )
+    scan = store.due_skipping
+
+    def costly(*args: Any, **kwargs: Any) -> DueScan:
+        found = scan(*args, **kwargs)
+        clock.advance(SCAN_COST_S * (found.skipped + len(found.entries)))
+        return found
+
+    monkeypatch.setattr(store, "due_skipping", costly)
+    cps = FakeCheckpoints()
+    gen = fwd.control.activate(cps)
+    a = [(0, i, msg(i, 100 + i % 7, topic="a", partition=i % 2)) for i in range(backlog)]
+    b_due = {f"m{100_000 + i}": 1_000_100 + 50 * i for i in range(20 * seconds)}
+    b = [(1, i, msg(100_000 + i, due, topic="b")) for i, due in enumerate(b_due.values())]
+    store.apply([*a, *b], {0: backlog, 1: len(b)})
+    sent_by_second: list[int] = []
+    for second in range(seconds):
+        while clock.now_ms < 1_000_000 + 1_000 * (second + 1):
+            fwd.forward_once(cps, gen)
+            clock.advance_ms(max(1, fwd.next_wake_ms() - clock.now_ms))
+        sent_by_second.append(len(released(producer, "a")))
+    per_second = [n - m for m, n in itertools.pairwise(sent_by_second)]
+    # Its rate, measured after its first second: in all, and over any three seconds (a
+    # catch-up's releases may fall on either side of a second's end).
+    assert sum(per_second) >= 0.9 * RATE * len(per_second), per_second
+    threes = [sum(per_second[i : i + 3]) for i in range(len(per_second) - 2)]
+    assert min(threes) >= 0.8 * 3 * RATE, per_second
+    assert sent_by_second[-1] <= BURST + RATE * (clock.mono - 50.0)  # never above its rate
+    for partition in (0, 1):
+        got = [id_of(s) for s in released(producer, "a") if s.partition == partition]
+        want = sorted((i for i in range(backlog) if i % 2 == partition), key=lambda i: 100 + i % 7)
+        assert got == [f"m{i}" for i in want[: len(got)]]
+    pass_s = backlog * SCAN_COST_S
+    late_b = [s.timestamp - b_due[id_of(s)] for s in released(producer, "b")]
+    assert len(late_b) >= len(b_due) - 20 * (pass_s + 1)  # all but those due in the last pass
+    assert max(late_b) <= 1_000 * (pass_s + 1), max(late_b)

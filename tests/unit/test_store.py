@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from rocksdict import WriteBatch
 
 from kdelay.buffer import Cancel, Fate, Scheduled, Tombstone
 from kdelay.checkpoint import Checkpoint
@@ -24,6 +25,7 @@ from kdelay.delay_service.store.entry import (
     entry_key,
     split_key,
 )
+from kdelay.delay_service.store.outcomes import OutcomeLog
 from kdelay.delay_service.store.store import Store
 
 
@@ -361,16 +363,16 @@ def test_a_claim_behind_the_scan_keeps_the_floor(store: Store) -> None:
     each round's claim is the millisecond before (``round.claim_ms``). Applying that claim must
     not move the floor back below the round just removed: every later scan would seek over all
     the deletions since, a cost that grew with each round (a 200,000 burst: 1.3 s of seeks).
-    White-box (the floor is private): nothing else tells a scan that skips deletions apart."""
+    Read through ``Store.floor``: nothing else tells a scan that skips deletions apart."""
     n = 30
     store.apply([(0, i, sched(f"m{i}", 100)) for i in range(n)], {0: n})
     released: list[str] = []
     for _ in range(3):
         scan = store.due(100, 10)
-        floor = store._floor
+        floor = store.floor
         store.remove(scan)
         store.apply_checkpoint(Checkpoint(99, {0: n}))  # the round was cut at due time 100
-        assert store._floor >= floor
+        assert store.floor >= floor
         released += [e.message.id for e in scan]
     assert released == [f"m{i}" for i in range(n)]
     assert store.due(100, 10) == []
@@ -549,34 +551,39 @@ def _delivered(at: int) -> Fate:
     return Fate("delivered", "t", 0, 7, at + 1, at, None)
 
 
-def test_the_masters_own_tombstone_is_skipped_a_foreign_one_applied(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_masters_own_tombstone_is_skipped_a_foreign_one_applied(tmp_path: Path) -> None:
     # The master removed "a" with its outcome; reading its own tombstone back has nothing to
     # learn (no lookup, no second outcome write). A tombstone it did not write is applied.
-    store.apply([(0, 0, sched("a", 1)), (0, 1, sched("b", 2))], {0: 2})
-    a = store.due(10, 10)[0]
-    assert store.remove([a], {a.key: _delivered(1)}) == 1
     learnt: list[str] = []
-    real = store._outcomes.learn
 
-    def learn(batch: object, msg_id: str, *rest: object) -> None:
-        learnt.append(msg_id)
-        real(batch, msg_id, *rest)  # type: ignore[arg-type]
+    class LearningLog(OutcomeLog):
+        """The outcome log, noting each id it learns an outcome of."""
 
-    monkeypatch.setattr(store._outcomes, "learn", learn)
-    result = store.apply(
-        [
-            (0, 2, Tombstone("a", 0, fate=_delivered(1))),
-            (0, 3, Tombstone("b", 1, fate=_delivered(2))),
-        ],
-        {0: 4},
-    )
-    assert learnt == ["b"]
-    assert result.tombstoned == 1
-    assert store.pending == 0
-    assert _source(store, "a") == "master"
-    assert _source(store, "b") == "tombstone"
+        def learn(
+            self, batch: WriteBatch, msg_id: str, fate: Fate, source: str, now_ms: int
+        ) -> None:
+            learnt.append(msg_id)
+            super().learn(batch, msg_id, fate, source, now_ms)
+
+    store = Store(tmp_path / "db", outcome_log=LearningLog)
+    try:
+        store.apply([(0, 0, sched("a", 1)), (0, 1, sched("b", 2))], {0: 2})
+        a = store.due(10, 10)[0]
+        assert store.remove([a], {a.key: _delivered(1)}) == 1
+        result = store.apply(
+            [
+                (0, 2, Tombstone("a", 0, fate=_delivered(1))),
+                (0, 3, Tombstone("b", 1, fate=_delivered(2))),
+            ],
+            {0: 4},
+        )
+        assert learnt == ["b"]
+        assert result.tombstoned == 1
+        assert store.pending == 0
+        assert _source(store, "a") == "master"
+        assert _source(store, "b") == "tombstone"
+    finally:
+        store.close()
 
 
 def test_the_memory_of_own_releases_is_bounded(
@@ -586,7 +593,7 @@ def test_the_memory_of_own_releases_is_bounded(
     store.apply([(0, i, sched(f"m{i}", i + 1)) for i in range(4)], {0: 4})
     due = store.due(10, 10)
     store.remove(due, {e.key: _delivered(e.message.deliver_at_ms) for e in due})
-    assert len(store._released) == 2  # the two newest
+    assert store.unread_releases == 2  # the two newest
     # A forgotten one is applied the long way: learnt again, the master's outcome kept.
     store.apply([(0, 4, Tombstone("m0", 0, fate=_delivered(1)))], {0: 5})
     assert _source(store, "m0") == "master"

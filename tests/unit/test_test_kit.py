@@ -11,6 +11,12 @@ of seconds. A sleep stays only where time passing is what is tested (an absence 
 fault's duration, a sending rate, the wall clock itself) or as the poll interval of a wait with
 a deadline, and says so in a ``# sleep:`` comment on its line or the line before; every line of
 every file under tests/ is read, the code that tests run in child processes included.
+
+A test uses what it tests through its public API or a seam made for it (a constructor
+argument, a read-only property, an injected part it keeps), never by reaching into private
+state: ``x._name`` (``x`` not ``self``/``cls``/``super()``) and ``setattr(x, "_name", ...)``
+are found in every test module (ast), the support code under tests/support excepted; the
+remaining ones are listed by name, and that list only shrinks.
 """
 
 from __future__ import annotations
@@ -147,3 +153,96 @@ def test_the_sleep_check_sees_each_form_and_accepts_a_reason() -> None:
     hits = unexplained_sleeps(source, "tests/unit/probe.py")
     assert [int(h.split(":")[1]) for h in hits] == [1, 3, 4, 11], hits
     assert hits[0] == f"tests/unit/probe.py:1: time.{nap}(2)"
+
+
+#: Calls that name an attribute by a string: ``setattr(x, "_y", v)``, ``monkeypatch.setattr``.
+BY_NAME = ("setattr", "getattr", "delattr", "hasattr")
+#: Private reaches that remain, as ``path: expression``; this list only shrinks.
+PRIVATE_REACHES = {
+    # pyspark exposes the JVM's SparkContext only as ``_jsc``: the Spark cluster's own check.
+    "tests/spark/test_spark_cluster.py: session.sparkContext._jsc",
+}
+
+
+def _is_private(name: str) -> bool:
+    """``_x``, not a dunder, and not all capitals: a library's constant (confluent-kafka's
+    ``KafkaError._MSG_TIMED_OUT``, its public error codes)."""
+    return (
+        name.startswith("_")
+        and not name.startswith("__")
+        and not re.fullmatch(r"_[A-Z0-9_]+", name)
+    )
+
+
+def private_reaches(source: str, where: str) -> list[str]:
+    """Each private attribute ``source`` reaches, as ``where:line: expression``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=where)):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if (
+                isinstance(owner, ast.Call)
+                and isinstance(owner.func, ast.Name)
+                and owner.func.id == "super"
+            ):
+                continue
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).rpartition(".")[2] in BY_NAME
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _is_private(node.args[1].value)
+        ):
+            found.append(
+                f"{where}:{node.lineno}: {ast.unparse(node.func)}(..., {node.args[1].value!r})"
+            )
+    return sorted(found, key=lambda hit: int(hit.split(":")[1]))
+
+
+def _without_line(hit: str) -> str:
+    where, _line, expression = hit.split(":", 2)
+    return f"{where}:{expression}"
+
+
+def test_no_test_reaches_into_private_state() -> None:
+    sources = sorted(p for p in TESTS.rglob("*.py") if "support" not in p.relative_to(TESTS).parts)
+    assert len(sources) > 150, "the test sources were not found"
+    hits = [
+        hit
+        for path in sources
+        for hit in private_reaches(
+            path.read_text(encoding="utf-8"), str(path.relative_to(TESTS.parent))
+        )
+    ]
+    new = [hit for hit in hits if _without_line(hit) not in PRIVATE_REACHES]
+    assert new == [], (
+        "a test reaches into private state: give what it needs a seam (a constructor "
+        "argument, a read-only property, a part the test injects and keeps):\n" + "\n".join(new)
+    )
+    gone = PRIVATE_REACHES - {_without_line(hit) for hit in hits}
+    assert not gone, "no longer reached: remove from PRIVATE_REACHES:\n" + "\n".join(sorted(gone))
+
+
+def test_the_private_reach_check_sees_each_form() -> None:
+    source = (
+        "store._db[key] = value\n"
+        "rig.fwd._sender.start()\n"
+        "self._own = 1\n"
+        "cls._shared = 2\n"
+        "super()._hook()\n"
+        "x.__class__\n"
+        "KafkaError._MSG_TIMED_OUT\n"
+        'monkeypatch.setattr(module, "_wall_ms", clock)\n'
+        'monkeypatch.setattr(module, "PUBLIC", 1)\n'
+        "store.floor\n"
+    )
+    hits = private_reaches(source, "tests/unit/probe.py")
+    assert hits == [
+        "tests/unit/probe.py:1: store._db",
+        "tests/unit/probe.py:2: rig.fwd._sender",
+        "tests/unit/probe.py:8: monkeypatch.setattr(..., '_wall_ms')",
+    ], hits

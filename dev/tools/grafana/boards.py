@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from dev.tools.grafana.owner_panels import REVOKED_OWNERS
 from dev.tools.grafana.panels import (
     MASTER,
     RATE,
@@ -210,6 +211,7 @@ REPLICAS = [
         "they cancelled, and those they left to other principals; cancels and replaces of one "
         "id refused for the same reason. Every replica counts the same; the masters' are shown.",
     ),
+    REVOKED_OWNERS,
     Panel(
         "Ingest progress age",
         [q("kdelay_replica_ingest_last_progress_seconds", "{{instance}}")],
