@@ -25,9 +25,11 @@ from typing import Any
 
 import httpx
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.stack import KDELAY, ManagedProcess, free_port, wait_until
+from kdelay.topics import ensure_clock_topic
 from tests.support.kafka_helpers import create_topic, unique_topic
 from tests.support.proxies import wait_accepting
 from tests.support.secure_kafka import SecureKafka
@@ -65,6 +67,11 @@ def secured_proxy(secure: SecureKafka, log: Path) -> Iterator[SecuredProxy]:
     assert ca is not None, "the HTTPS API needs the secured Kafka's CA (SASL_SSL)"
     port, http = free_port(), free_port()
     upstream = {k: str(v) for k, v in secure.client("kdelay").items()}
+    # The probe topic first, with LogAppendTime, as the proxy would create it: once in CI the
+    # proxy found __kdelay_clock already there with CreateTime on this fresh cluster (cause not
+    # found; see the closing note of 2026-12-07), and a fuzzer's module then met 503s only.
+    admin = AdminClient({"bootstrap.servers": secure.secure, **secure.client("kdelay")})
+    ensure_clock_topic(admin, timeout=30.0)
     env = {
         **os.environ,
         "KDELAY_PROXY_UPSTREAM_CONFIG": json.dumps(upstream),
