@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kdelay.clock import Clock
 from kdelay.delay_service.config import ReplicaConfig
-from kdelay.delay_service.store.due_scan import Target
+from kdelay.delay_service.store.due_scan import Holds, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +120,11 @@ class ReleaseBackoff:
     def retain(self, keys: Collection[bytes], passed_over: Collection[Target] = ()) -> None:
         """Forget every entry not in ``keys``: those were removed meanwhile (cancelled); except
         entries for a target in ``passed_over``, whose entries the scan did not return."""
+        kept = Holds(passed_over).holds  # passed over as a possible same partition, too
         gone = [
-            k for k, r in self._retries.items() if k not in keys and r.target not in passed_over
+            k
+            for k, r in self._retries.items()
+            if k not in keys and (r.target is None or not kept(r.target))
         ]
         for key in gone:
             del self._retries[key]

@@ -55,7 +55,7 @@ from kdelay.delay_service.release.round import RoundResult, claim_ms, plan_scan
 from kdelay.delay_service.release.sender import Sender
 from kdelay.delay_service.release.takeover import buffer_ends, catch_up
 from kdelay.delay_service.release.txn_sender import TxnSender, load_checkpoint
-from kdelay.delay_service.store.due_scan import target_of
+from kdelay.delay_service.store.due_scan import Holds, Target, target_of
 from kdelay.delay_service.store.entry import Entry
 from kdelay.delay_service.store.store import Store
 from kdelay.delay_service.store.tombstones import Retired
@@ -178,12 +178,16 @@ class ExactlyOnceForwarder(Forwarder):
         if not down:
             return entries
         kept: list[Entry] = []
+        behind = Holds(set[Target]())  # may share a partition with one left out: waits too
         for e in entries:
-            err = down.get(target_of(e))
+            target = target_of(e)
+            err = down.get(target)
             if err is None:
-                kept.append(e)
+                if not behind.holds(target):
+                    kept.append(e)
             elif e.key not in self._doomed:  # a dead letter does not need its target
                 self._attempt_failed(e, err)
+                behind.add(target)
             else:
                 kept.append(e)
         for (topic, partition), err in down.items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from kdelay.delay_service.store.due_scan import DueScan, Target, target_of
+from kdelay.delay_service.store.due_scan import DueScan, Holds, Target, target_of
 from kdelay.delay_service.store.entry import Entry
 
 
@@ -66,11 +66,11 @@ def plan_round(
     cut = len(entries) >= limit if truncated is None else truncated
     if waiting is None:  # no entry failed: all are sendable
         return Plan(entries, list(entries), cut, skipped, first_skipped_ms, last_ms)
-    blocked: set[Target] = set()
+    blocked = Holds(set[Target]())  # a placed-by-key target and its topic's others block each other
     sendable: list[Entry] = []
     for entry in entries:
         target = target_of(entry)
-        if target in blocked or waiting(entry.key):
+        if blocked.holds(target) or waiting(entry.key):
             blocked.add(target)
         else:
             sendable.append(entry)

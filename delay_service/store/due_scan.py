@@ -6,6 +6,7 @@ from them.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kdelay.delay_service.store.entry import Entry
@@ -17,6 +18,45 @@ Target = tuple[str, int]
 def target_of(entry: Entry) -> Target:
     """The (topic, partition) ``entry`` is released to."""
     return entry.message.topic, entry.message.partition
+
+
+class Holds:
+    """Which targets a set of held ones holds. A release without a partition (-1) lands on the
+    partition its key picks, which only the producer knows at send time: so a held (t, -1)
+    holds every (t, p), and a held (t, p) holds (t, -1); otherwise a later-due release could
+    overtake a held one in the partition they share. Topics released only one way are held
+    target by target, as before.
+
+    ``held`` may be a collection whose membership test has effects (``smoothing.RoundQuota``
+    charges a topic's budget): it is asked only when the topic rule does not already hold the
+    target, once per question, as a plain ``in`` would be."""
+
+    __slots__ = ("_held", "_keyed", "_topics")
+
+    def __init__(self, held: Collection[Target] = ()) -> None:
+        self._held = held
+        self._topics: set[str] = set()  # topics with any target held
+        self._keyed: set[str] = set()  # topics with (t, -1) held
+        for target in held:
+            self._note(target)
+
+    def _note(self, target: Target) -> None:
+        self._topics.add(target[0])
+        if target[1] == -1:
+            self._keyed.add(target[0])
+
+    def holds(self, target: Target) -> bool:
+        """Whether ``target`` is held: by itself, or as a possible same partition."""
+        topic, partition = target
+        if topic in (self._topics if partition == -1 else self._keyed):
+            return True
+        return target in self._held
+
+    def add(self, target: Target) -> None:
+        """Hold ``target`` too (``held`` must then be a set)."""
+        assert isinstance(self._held, set)
+        self._held.add(target)
+        self._note(target)
 
 
 @dataclass(frozen=True, slots=True)

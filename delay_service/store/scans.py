@@ -20,7 +20,7 @@ from typing import Any
 
 from rocksdict import ReadOptions
 
-from kdelay.delay_service.store.due_scan import DueScan, Target
+from kdelay.delay_service.store.due_scan import DueScan, Holds, Target
 from kdelay.delay_service.store.entry import Entry, decode_entry, due_bound, split_key
 from kdelay.delay_service.store.ids import first_with_id
 from kdelay.delay_service.store.outcomes import Outcome
@@ -71,6 +71,7 @@ class StoreScans:
         out: list[Entry] = []
         known = {} if known is None else known
         passed: set[Target] = set()
+        holds = Holds(skip).holds
         skipped, first_skipped_ms, last_ms, last, cut = 0, None, None, None, False
         with self._st.lock:
             self._st.check_open()
@@ -84,10 +85,10 @@ class StoreScans:
                 last = bytes(it.key())
                 last_ms, partition, offset = split_key(last)
                 target = known.get(last)
-                if target is None or target not in skip:
+                if target is None or not holds(target):
                     message = decode_entry(bytes(it.value()))
                     target = (message.topic, message.partition)
-                    if target not in skip:
+                    if not holds(target):
                         out.append(Entry(last, message, partition, offset))
                         cut = len(out) >= limit
                         if cut:

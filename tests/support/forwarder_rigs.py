@@ -59,18 +59,23 @@ class FakeTxnProducer(FakeProducer):
     fence_at_commit: bool = False
     open: bool = False
     leaderless: set[str] = field(default_factory=set)  # topics whose partitions have no leader
+    leaderless_partitions: set[tuple[str, int]] = field(default_factory=set)  # one partition's
     invalid: dict[str, KafkaError] = field(default_factory=dict)  # the metadata's topic errors
     probes: list[str] = field(default_factory=list)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> SimpleNamespace:
         assert topic is not None
         self.probes.append(topic)
-        leader = -1 if topic in self.leaderless else 1
-        part = SimpleNamespace(leader=leader)
+        partitions = {
+            p: SimpleNamespace(
+                leader=-1
+                if topic in self.leaderless or (topic, p) in self.leaderless_partitions
+                else 1
+            )
+            for p in (0, 1)
+        }
         error = self.invalid.get(topic)
-        return SimpleNamespace(
-            topics={topic: SimpleNamespace(error=error, partitions={0: part, 1: part})}
-        )
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions=partitions)})
 
     def init_transactions(self, timeout: float = -1) -> None:
         self.inits += 1

@@ -433,3 +433,43 @@ def test_an_entry_that_falls_due_during_a_round_is_owed_at_once(store: Store) ->
     assert rig.fwd.next_wake_ms() <= now + 5  # the wake-up is the point
     assert rig.fwd.forward_once(cps, generation).delivered == 1
     assert [s.value for s in producer.to("t")] == [b"v1", b"v2"]
+
+
+@pytest.mark.parametrize(
+    ("failed_partition", "later_partition"),
+    [(-1, 1), (1, -1)],
+    ids=["placed-by-key-holds-explicit", "explicit-holds-placed-by-key"],
+)
+def test_a_held_target_holds_every_target_that_may_be_the_same_partition(
+    store: Store, failed_partition: int, later_partition: int
+) -> None:
+    """A release without a partition (-1) lands where its key picks, which only the producer
+    knows: a held (t, -1) holds (t, p) and a held (t, p) holds (t, -1), or a later-due
+    message may overtake the held one in the partition they share."""
+    store.apply([(0, 0, msg(0, 100, partition=failed_partition))], {0: 1})
+    failing = {"m0"}
+
+    def fail(s: Sent) -> KafkaError | None:
+        ident = dict(s.headers).get("kdelay-id")
+        if ident is not None and ident.decode() in failing:  # type: ignore[union-attr]
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return None
+
+    producer = FakeProducer(fail=fail)
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.control.activate(cps)
+    rig.fwd.forward_once(cps, gen)
+    assert store.get("m0") is not None  # failed: held for its backoff
+    failing.clear()
+    store.apply([(0, 1, msg(1, 101, partition=later_partition))], {0: 2})
+    store.apply([(0, 2, msg(2, 102, topic="u", partition=later_partition))], {0: 3})
+    result = rig.fwd.forward_once(cps, gen)  # m0's backoff is running: m1 waits behind it
+    assert store.get("m1") is not None
+    assert store.get("m2") is None  # another topic flows
+    assert result.delivered == 1
+    rig.clock.advance_ms(1)  # the backoff (1 ms) is over
+    rig.fwd.forward_once(cps, gen)
+    rig.fwd.forward_once(cps, gen)
+    assert ids_to(producer, "t")[-2:] == ["m0", "m1"]
+    assert store.pending == 0

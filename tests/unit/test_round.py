@@ -71,8 +71,8 @@ def test_the_scan_stops_at_either_bound(store: Store) -> None:
     assert store.due_skipping(104, 100, set(), max_skipped=1).last_ms == 104
 
 
-def entry(i: int, at: int, topic: str = "t") -> Entry:
-    return Entry(entry_key(at, 0, i), scheduled(i, at, topic), 0, i)
+def entry(i: int, at: int, topic: str = "t", partition: int = 0) -> Entry:
+    return Entry(entry_key(at, 0, i), scheduled(i, at, topic, partition), 0, i)
 
 
 @pytest.mark.parametrize(
@@ -125,3 +125,19 @@ def test_next_wake() -> None:
     assert wake(unwritten=True, since_checkpoint_ms=300) == 1_000
     assert wake(next_due_ms=1_050) == 1_050
     assert wake(retry_in_ms=10) == 1_011
+
+
+def test_an_entry_behind_a_retry_waits_if_it_may_share_its_partition() -> None:
+    """Placed by key (-1) and explicit partitions of one topic block each other in a round;
+    other topics and, with no key involved, other partitions do not."""
+    entries = [
+        entry(0, 10, partition=-1),
+        entry(1, 11, partition=2),
+        entry(2, 12, topic="u"),
+        entry(3, 13, topic="u", partition=1),
+    ]
+    plan = plan_scan(
+        DueScan(entries, 0, None, 13, truncated=False),
+        waiting=lambda k: k in {entries[0].key, entries[2].key},
+    )
+    assert plan.sendable == [entries[3]]
