@@ -27,6 +27,7 @@ from kdelay.buffer import DEAD_LETTER_TOPIC, Fate, accepted_ms
 from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.release.backoff import ReleaseBackoff, Verdict
 from kdelay.delay_service.release.in_flight import Completion
+from kdelay.delay_service.release.owner_acls import count_released
 from kdelay.delay_service.release.producer import error_name, is_permanent
 from kdelay.delay_service.release.sender import ERROR_HEADER, Sender, dead_letter_error
 from kdelay.delay_service.store.due_scan import Target, target_of
@@ -144,7 +145,7 @@ class Settler:
             self._sender.submit_dead_letters(to_dead_letter)
             out.dead_letters_sent = [e.key for e, _ in to_dead_letter]
         self._remove([*out.delivered, *out.dead_lettered], fates)
-        self._metrics.forwarded.inc(len(out.delivered))
+        count_released(self._metrics, out.delivered)
         self._metrics.lateness.observe_all(lateness)
         return out
 

@@ -50,6 +50,7 @@ from kdelay.delay_service.release.delivery_reports import attempt_failed, fate_o
 from kdelay.delay_service.release.forwarder import Forwarder, IngestLike
 from kdelay.delay_service.release.forwarder_control import CheckpointWriter
 from kdelay.delay_service.release.in_flight import Completion
+from kdelay.delay_service.release.owner_acls import count_released
 from kdelay.delay_service.release.producer import error_name, is_permanent
 from kdelay.delay_service.release.round import RoundResult, claim_ms, plan_scan
 from kdelay.delay_service.release.sender import Sender
@@ -318,7 +319,7 @@ class ExactlyOnceForwarder(Forwarder):
                 self._metrics.dead_lettered.labels(label).inc()
             self._store.remove(done, fates)
             self._metrics.pending.set(self._store.pending)
-            self._metrics.forwarded.inc(len(delivered))
+            count_released(self._metrics, delivered)
         self._store.apply_checkpoint(claim)
         self._unwritten = True  # ZooKeeper's copy is behind
 

@@ -284,6 +284,23 @@ class OwnerAcls:
         return refused_entry(entry, reason)
 
 
+def count_released(metrics: Metrics, released: list[Entry]) -> None:
+    """Count what a round released: a refused release (addressed to the dead-letter topic by
+    :func:`refused_entry`) is a dead letter with its reason, not a forwarded message."""
+    refused = sum(1 for e in released if _is_refused(e))
+    metrics.forwarded.inc(len(released) - refused)
+    if refused:
+        metrics.dead_lettered.labels(REFUSED_ERROR).inc(refused)
+
+
+def _is_refused(entry: Entry) -> bool:
+    msg = entry.message
+    if msg.topic != DEAD_LETTER_TOPIC:
+        return False
+    error = dict(msg.headers).get(ERROR_HEADER)
+    return error is not None and error.startswith(f"{REFUSED_ERROR}: ".encode())
+
+
 def refused_entry(entry: Entry, reason: str) -> Entry:
     """``entry`` addressed to the dead-letter topic with ``reason`` (a series' occurrence keeps
     its number as a header and ends there)."""

@@ -338,7 +338,10 @@ def test_an_expired_answer_is_not_used_when_kafka_stops_answering() -> None:
 
 
 def forwarder_rig(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kafka: FakeKafka
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka: FakeKafka,
+    metrics: Metrics | None = None,
 ) -> tuple[Forwarder, Store, FakeProducer, FakeCheckpoints]:
     def for_replica(cfg: ReplicaConfig, metrics: Metrics, clock: Clock) -> OwnerAcls:
         return OwnerAcls(kafka.ask, metrics, cache_ms=5_000, clock=clock, ask_timeout_s=0.01)
@@ -351,7 +354,13 @@ def forwarder_rig(
     sender = Sender(lambda: producer, buffer_topic=cfg.buffer_topic, produce_timeout_ms=1_000)
     store = Store(tmp_path / "db")
     fwd = Forwarder(
-        cfg, store, FakeIngest(), Metrics(), sender=sender, on_fenced=lambda _: None, clock=clock
+        cfg,
+        store,
+        FakeIngest(),
+        metrics or Metrics(),
+        sender=sender,
+        on_fenced=lambda _: None,
+        clock=clock,
     )
     return fwd, store, producer, FakeCheckpoints()
 
@@ -363,7 +372,10 @@ def owned(i: int, at: int, owner: str | None) -> Scheduled:
 def test_the_round_dead_letters_a_revoked_owner_and_releases_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fwd, store, producer, cps = forwarder_rig(tmp_path, monkeypatch, FakeKafka([allow("t", BOB)]))
+    metrics = Metrics()
+    fwd, store, producer, cps = forwarder_rig(
+        tmp_path, monkeypatch, FakeKafka([allow("t", BOB)]), metrics
+    )
     try:
         store.apply(
             [(0, 0, owned(1, 100, ALICE)), (0, 1, owned(2, 200, BOB)), (0, 2, owned(3, 300, None))],
@@ -377,6 +389,11 @@ def test_the_round_dead_letters_a_revoked_owner_and_releases_the_rest(
             b"no Kafka ACL allows it"
         )
         assert store.pending == 0
+        # Counted as a dead letter with its reason, not as a release.
+        sample = metrics.registry.get_sample_value
+        assert sample("kdelay_replica_forwarded_total") == 2
+        reason = {"reason": "TOPIC_AUTHORIZATION_FAILED"}
+        assert sample("kdelay_replica_dead_lettered_total", reason) == 1
     finally:
         store.close()
 
