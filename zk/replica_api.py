@@ -211,24 +211,28 @@ class ReplicaApi:
 
     def bulk_cancel(self, bulk_id: str) -> ReplicaAnswer:
         """``GET /v1/bulk-cancels/<id>`` of each shard (its master first): 200 with the
-        counts summed over the shards (``{"id", "cancelled", "refused", "shards"}``) once every
-        shard applied it, else the first other answer (404: a shard has not read it yet)."""
+        counts summed over the shards that applied it (``{"id", "cancelled", "refused",
+        "shards", "partitions"}``; ``partitions``: those whose copy they applied, each as often
+        as a shard listed it, for a bulk cancel written as one copy per buffer partition), else
+        the first other answer (404: no shard has read it yet). For a bulk cancel of one
+        record per shard (its answers list no partitions), 200 only once every shard has."""
         path = "/v1/bulk-cancels/" + urllib.parse.quote(bulk_id, safe="")
         answers = self._ask_shards(path, self.timeout_s)
-        bad = [a for a in answers if a.status != 200]
-        if bad:
-            return bad[0]
-        if len(answers) == 1:
-            return ReplicaAnswer(200, {**answers[0].body, "shards": 1}, answers[0].replica)
-        replicas = ",".join(a.replica for a in answers)
+        good = [a for a in answers if a.status == 200]
+        copies = bool(good) and all(isinstance(a.body.get("partitions"), list) for a in good)
+        if not good or (len(good) < len(answers) and not copies):
+            return next(a for a in answers if a.status != 200)
+        replicas = ",".join(a.replica for a in good)
         doc = {
             "id": bulk_id,
-            "cancelled": sum(int(a.body.get("cancelled", 0)) for a in answers),
-            "refused": sum(int(a.body.get("refused", 0)) for a in answers),
-            "shards": len(answers),
+            "cancelled": sum(int(a.body.get("cancelled", 0)) for a in good),
+            "refused": sum(int(a.body.get("refused", 0)) for a in good),
+            "shards": len(good),
             "answered_by": replicas,
-            "role": ",".join(str(a.body.get("role")) for a in answers),
+            "role": ",".join(str(a.body.get("role")) for a in good),
         }
+        if copies:
+            doc["partitions"] = sorted(p for a in good for p in a.body["partitions"])
         return ReplicaAnswer(200, doc, replicas)
 
     def shard_count(self) -> int:

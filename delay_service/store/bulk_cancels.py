@@ -21,19 +21,33 @@ the proxy acknowledges a bulk cancel only once the broker's clock is surely past
 replica reads any record appended more than :data:`WINDOW_MS` after ``t_B``; its own tombstone
 is owed when it closes.
 
+Copies: a proxy writes a bulk cancel as one copy in *every* buffer partition, all with one id
+``bulk.p<N>.<hex>`` (``N``: the buffer's partition count then; proxy/http/cancel_wait.py), so
+whatever the shard layout when it is read (a reshard after it was written, a proxy that could
+not ask ZooKeeper how many shards there are), each shard reads the copies of its own
+partitions. The copy in partition ``q`` applies to the messages of partition ``q`` only (rules
+1 and 2, each in its partition): every message is decided by exactly one copy, from the order
+of its own partition alone, and counted once. A store adds each copy's counts to the result
+of that id and lists the partitions whose copy it applied (``partitions``); a copy read again
+changes nothing (its own tombstone is owed at once). A bulk cancel of an id without ``p<N>``
+(an older proxy's: one record per shard) applies to every partition of the store that reads
+it, as before.
+
 Owners: a message ``B`` may not cancel stays pending and is counted (``refused``), not logged
 one by one (a bulk cancel may cover millions).
 
 The count: every replica records, keyed by the bulk cancel's id, how many messages it
 cancelled (rule 1 at once, rule 2 added as they arrive) and how many it left to other
 principals; ``GET /v1/bulk-cancels/<id>`` on the replica's port answers it (queries.py), the
-master's being the reference. Results are kept :data:`RESULT_RETENTION_MS` after the bulk
-cancel was applied.
+master's being the reference. A rebuilt store (a reshard, a new volume) counts again as it
+reads the copies again: the same decisions, so the same counts. Results are kept
+:data:`RESULT_RETENTION_MS` after the bulk cancel was applied.
 
 Layout, in the store's ``meta`` column family:
 
 - ``bulk/o/<q (4)><offset (8)>`` -> JSON of one open bulk cancel (:class:`OpenBulk`);
-- ``bulk/r/<id>`` -> JSON ``{"cancelled", "refused", "applied_ms", "at"}``;
+- ``bulk/r/<id>`` -> JSON ``{"cancelled", "refused", "applied_ms", "at"}``, and
+  ``"partitions"`` (those whose copy was applied) for an id of copies;
 - ``bulk/t/<applied_ms (8)><id>`` -> empty: the results in the order they are pruned;
 - ``bulk/p/<q (4)><offset (8)>`` -> JSON ``{"cursor", "cancelled", "refused"}``: how far the
   steps of a bulk cancel not applied yet got.
@@ -46,16 +60,19 @@ poll's batch as usual, which does the rest from where the steps got to (and the 
 that batch) and opens the bulk cancel. After a crash between steps, the record is read again
 and the steps go on from the progress written: the outcome and the count are the same.
 
-Determinism: the decisions depend on the records (offsets, append times, order fields) and
-on what the replica has read of the other partitions when it reads ``B``; a message read
-before or after ``B`` gets the same decision by rules 1 and 2, except one read after ``B``
-closed (a replica that lags one partition by more than :data:`WINDOW_MS` behind another).
+Determinism: the decisions depend on the records (offsets, append times, order fields) and,
+for a bulk cancel of one record per shard, on what the replica has read of the other partitions
+when it reads ``B`` (a copy: of its own partition only); a message read before or after ``B``
+gets the same decision by rules 1 and 2, except one read after ``B`` closed (a replica that
+lags one partition by more than :data:`WINDOW_MS` behind another).
 
 Not thread-safe: the store calls it under its own lock, inside its WriteBatch.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +98,18 @@ WINDOW_MS = buffer.CANCEL_WINDOW_MS
 SENT_WITH_MS = buffer.CANCEL_SENT_WITH_MS
 #: How long a replica remembers a bulk cancel's count after applying it.
 RESULT_RETENTION_MS = 24 * 3_600_000
+#: The id of a bulk cancel written as one copy in each of buffer partitions 0..N-1
+#: (``bulk.p<N>.<hex>``, proxy/http/cancel_wait.py): each copy applies to its own partition.
+_PER_PARTITION = re.compile(r"bulk\.p(\d{1,9})\.")
+
+
+@functools.lru_cache(maxsize=1024)
+def copies(bulk_id: str) -> int | None:
+    """How many buffer partitions bulk cancel ``bulk_id`` was written to, one copy each (its
+    copies apply each to its own partition: module docstring, "Copies"); None for an id of
+    one record per shard, which applies to every partition of the store that reads it."""
+    found = _PER_PARTITION.match(bulk_id)
+    return None if found is None else int(found[1])
 
 
 @dataclass(slots=True)
@@ -125,9 +154,12 @@ class OpenBulk:
             doc["ms"],
         )
 
-    def accepts(self, msg: Scheduled, accepted: int | None) -> bool:
-        """Whether ``msg`` (accepted by a proxy at ``accepted``) is in this bulk cancel's
-        scope, owners aside: its id and topic match, and it was sent with or before it."""
+    def accepts(self, msg: Scheduled, accepted: int | None, partition: int) -> bool:
+        """Whether ``msg`` (accepted by a proxy at ``accepted``, read from buffer
+        ``partition``) is in this bulk cancel's scope, owners aside: its id and topic match,
+        it was sent with or before it, and it is in this copy's partition when it has one."""
+        if copies(self.id) is not None and partition != self.partition:
+            return False
         if not msg.id.startswith(self.prefix):
             return False
         if self.topic is not None and msg.topic != self.topic:
@@ -250,9 +282,10 @@ class BulkMemory:
         cancelled: int,
         refused: int,
         now_ms: int,
-    ) -> OpenBulk:
+    ) -> bool:
         """Bulk cancel ``record`` was read at ``at`` and cancelled ``cancelled`` pending
-        messages: open it and record its count (in ``batch``)."""
+        messages: open it and record its count (in ``batch``). Whether it is the first copy
+        of its id this store read (the one the metrics count)."""
         assert record.prefix is not None
         partition, offset, time_ms = at
         bulk = OpenBulk(
@@ -269,21 +302,35 @@ class BulkMemory:
         self.open.append(bulk)
         batch.put(_OPEN + _PO.pack(partition, offset), bulk.to_json(), self._meta_cf)
         batch.delete(_PROGRESS + _PO.pack(partition, offset), self._meta_cf)
-        self._put_result(batch, record.id, cancelled, refused, now_ms, time_ms)
-        batch.put(_BY_TIME + _MS.pack(now_ms) + record.id.encode(), b"", self._meta_cf)
+        doc: dict[str, Any] = {
+            "cancelled": cancelled,
+            "refused": refused,
+            "applied_ms": now_ms,
+            "at": time_ms,
+        }
+        before = self._pending.get(record.id) or self.result(record.id)
+        if copies(record.id) is not None:  # one copy of several: added to those read before
+            doc["partitions"] = [partition]
+            if before is not None:
+                doc = {
+                    **before,
+                    "cancelled": before["cancelled"] + cancelled,
+                    "refused": before["refused"] + refused,
+                    "partitions": sorted({*before.get("partitions", ()), partition}),
+                }
+        self._put_result(batch, record.id, doc)
+        if before is None or doc["applied_ms"] == now_ms:
+            batch.put(_BY_TIME + _MS.pack(now_ms) + record.id.encode(), b"", self._meta_cf)
         self._prune(batch, now_ms)
-        return bulk
+        return before is None
 
-    def _put_result(  # noqa: PLR0917 - the fields of one result
-        self,
-        batch: WriteBatch,
-        bulk_id: str,
-        cancelled: int,
-        refused: int,
-        applied_ms: int,
-        at_ms: int | None,
-    ) -> None:
-        doc = {"cancelled": cancelled, "refused": refused, "applied_ms": applied_ms, "at": at_ms}
+    def applied(self, bulk_id: str, partition: int) -> bool:
+        """Whether this store applied the copy of bulk cancel ``bulk_id`` in ``partition``
+        already (a copy of several, read again: module docstring, "Copies")."""
+        doc = self._pending.get(bulk_id) or self.result(bulk_id)
+        return doc is not None and partition in doc.get("partitions", ())
+
+    def _put_result(self, batch: WriteBatch, bulk_id: str, doc: dict[str, Any]) -> None:
         batch.put(_RESULT + bulk_id.encode(), dumps(doc), self._meta_cf)
         self._pending[bulk_id] = doc
 
@@ -296,24 +343,22 @@ class BulkMemory:
         return doc or {"cancelled": 0, "refused": 0, "applied_ms": 0, "at": None}
 
     def on_arrival(
-        self, batch: WriteBatch, msg: Scheduled, accepted: int | None
+        self, batch: WriteBatch, msg: Scheduled, accepted: int | None, partition: int
     ) -> OpenBulk | None:
-        """The open bulk cancel that cancels ``msg``, read after it (rule 2; ``accepted`` is
-        required: without an acceptance time only rule 1 applies), its count updated in
-        ``batch``; None when none does. A refusal is counted on the first that matches."""
+        """The open bulk cancel that cancels ``msg``, read from ``partition`` after it (rule 2;
+        ``accepted`` is required: without an acceptance time only rule 1 applies), its count
+        updated in ``batch``; None when none does. A refusal is counted by each bulk cancel
+        that matches."""
         if accepted is None:
             return None
         for bulk in self.open:
-            if not bulk.accepts(msg, accepted):
+            if not bulk.accepts(msg, accepted, partition):
                 continue
             doc = self._current(bulk.id)
             if bulk.allows(msg):
-                cancelled, refused = doc["cancelled"] + 1, doc["refused"]
-                self._put_result(batch, bulk.id, cancelled, refused, doc["applied_ms"], doc["at"])
+                self._put_result(batch, bulk.id, {**doc, "cancelled": doc["cancelled"] + 1})
                 return bulk
-            self._put_result(
-                batch, bulk.id, doc["cancelled"], doc["refused"] + 1, doc["applied_ms"], doc["at"]
-            )
+            self._put_result(batch, bulk.id, {**doc, "refused": doc["refused"] + 1})
         return None
 
     def advance(self, batch: WriteBatch, time_ms: int | None) -> list[Retired]:

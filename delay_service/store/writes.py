@@ -33,7 +33,7 @@ from kdelay.buffer import (
     may_cancel,
 )
 from kdelay.delay_service.store.apply_result import ApplyResult, Incoming
-from kdelay.delay_service.store.bulk_cancels import ids_with_prefix, matching
+from kdelay.delay_service.store.bulk_cancels import copies, ids_with_prefix, matching
 from kdelay.delay_service.store.cancels import At, CancelBatch
 from kdelay.delay_service.store.entry import (
     decode_entry,
@@ -162,7 +162,7 @@ class StoreWrites:
             result.cancelled += 1
             result.cancelled_on_arrival += 1
         elif self._st.bulks.open and (
-            bulk := self._st.bulks.on_arrival(txn.batch, record, accepted_ms(record.seq))
+            bulk := self._st.bulks.on_arrival(txn.batch, record, accepted_ms(record.seq), partition)
         ):
             result.retired.append(Retired(record.id, record.uid, partition, offset))
             self._gone(result.retired[-1:])
@@ -240,6 +240,9 @@ class StoreWrites:
         (``bulk_cancels.py``: rule 1) that :meth:`bulk_step` did not reach yet, then open it
         (rule 2) with its count, the steps' included."""
         assert record.prefix is not None
+        if self._st.bulks.applied(record.id, at[0]):  # its partition's copy, read again
+            result.retired.append(Retired(record.id, record.uid, at[0], at[1]))
+            return
         now = self._st.wall_ms()
         cursor, cancelled, refused = self._st.bulks.progress(at)
         done = cancelled
@@ -247,9 +250,9 @@ class StoreWrites:
             found = self._bulk_one(txn, record, at, index_key, key, result.retired, now)
             cancelled += found > 0
             refused += found < 0
-        self._st.bulks.opened(txn.batch, at, record, cancelled, refused, now)
+        first = self._st.bulks.opened(txn.batch, at, record, cancelled, refused, now)
         result.cancelled += cancelled - done
-        result.bulk_cancels += 1
+        result.bulk_cancels += first
         result.bulk_cancelled += cancelled - done
         result.bulk_refused += refused
         result.bulk_total += cancelled
@@ -266,11 +269,14 @@ class StoreWrites:
     ) -> int:
         """Bulk cancel ``record`` (read at ``at``) on the pending entry ``key``: 1 cancelled
         (deleted in ``txn``, its record in ``retired``), -1 refused (another principal's), 0
-        not in its scope (another topic, or sent after it)."""
+        not in its scope (another topic, sent after it, or another partition than that of its
+        copy: ``bulk_cancels.py``, "Copies")."""
+        _, p, o = split_key(key)
         time_ms = at[2]
         accepted = accepted_ms(entry_seq(key))
-        if time_ms is not None and accepted is not None and accepted > time_ms + SENT_WITH_MS:
-            return 0  # sent after the bulk cancel
+        late = time_ms is not None and accepted is not None and accepted > time_ms + SENT_WITH_MS
+        if late or (p != at[0] and copies(record.id) is not None):
+            return 0  # sent after the bulk cancel, or another copy's partition
         msg = self._added.get(key)
         if msg is None:
             value = self._st.db.get(key)
@@ -286,7 +292,6 @@ class StoreWrites:
             self._wait_on([key], at, by, CANCELLED)
             return 0
         txn.delete(index_key, key)
-        _, p, o = split_key(key)
         retired.append(Retired(msg.id, uid_of(index_key), p, o))
         self._gone(retired[-1:])
         self._st.outcomes.cancelled(txn.batch, msg.id, time_ms, now_ms, msg, by, accepted)
@@ -306,7 +311,7 @@ class StoreWrites:
         assert record.prefix is not None
         with self._st.lock:
             self._st.check_open()
-            if at[1] < self._st.offsets.get(at[0], 0):
+            if at[1] < self._st.offsets.get(at[0], 0) or self._st.bulks.applied(record.id, at[0]):
                 return [], True
             self._added = {}
             self._st.owed.begin()

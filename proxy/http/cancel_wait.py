@@ -23,10 +23,14 @@ the answer comes from the **master** and says the master's store has applied the
 Not decided within ``S`` seconds (no master answered, or it has not read the cancel yet): 202
 ``{"id", "state": "pending"}``, as without ``wait``: the cancel is durable and will be applied.
 
-Bulk cancel (``DELETE /v1/messages?id_prefix=P&wait=S``): the count the masters recorded for
-the bulk cancel's id (``GET /v1/bulk-cancels/<id>`` of every shard, summed), once every shard's
-master has applied it: 200 ``{"id", "cancelled", "refused"}``; not within ``S``: 202 ``{"id",
-"state": "pending"}``.
+Bulk cancel (``DELETE /v1/messages?id_prefix=P&wait=S``): the proxy writes one copy in each
+of the ``N`` buffer partitions, with the id ``bulk.p<N>.<hex>`` (:func:`new_bulk_id`;
+delay_service/store/bulk_cancels.py, "Copies"). The count the masters recorded for that id
+(``GET /v1/bulk-cancels/<id>`` of every shard of the layout at answer time, summed), once the
+masters that answered have applied, between them, the copy of every partition ``0..N-1``,
+each exactly once: 200 ``{"id", "cancelled", "refused"}``; not within ``S``: 202 ``{"id",
+"state": "pending"}``. So the answer does not depend on the shard layout when the cancel was
+written (a reshard in between) or on whether this proxy could ask ZooKeeper for it.
 
 The questions run on worker threads (``asyncio.to_thread``); they are asked every
 :data:`POLL_S` (growing to :data:`POLL_MAX_S`) until the deadline. A replica question that
@@ -36,7 +40,9 @@ fails (NoReplicaError) is asked again until the deadline.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -149,24 +155,49 @@ async def confirm_cancel(
     return decision or Decision(202, {"id": msg_id, "state": "pending"})
 
 
+_BULK_ID = re.compile(r"bulk\.p(\d{1,9})\.")
+
+
+def new_bulk_id(partitions: int) -> str:
+    """A new bulk cancel's id, written as one copy in each of buffer partitions
+    ``0..partitions-1`` (module docstring)."""
+    return f"bulk.p{partitions}.{uuid.uuid4().hex}"
+
+
+def bulk_partitions(bulk_id: str) -> int | None:
+    """How many buffer partitions bulk cancel ``bulk_id`` was written to, one copy each (None:
+    not an id of :func:`new_bulk_id`)."""
+    found = _BULK_ID.match(bulk_id)
+    return None if found is None else int(found[1])
+
+
+def bulk_decision(bulk_id: str, answer: ReplicaAnswer) -> Decision | None:
+    """The bulk cancel's 200 from the shards' summed answer (``ReplicaApi.bulk_cancel``), None
+    while it does not decide: not every partition's copy applied exactly once, or an answer
+    not from a master."""
+    body = answer.body
+    roles = str(body.get("role", "")).split(",")
+    if answer.status != 200 or any(role != "master" for role in roles):
+        return None
+    copies = bulk_partitions(bulk_id)
+    if copies is not None and sorted(body.get("partitions") or []) != list(range(copies)):
+        return None
+    return Decision(
+        200,
+        {
+            "id": bulk_id,
+            "cancelled": int(body.get("cancelled", 0)),
+            "refused": int(body.get("refused", 0)),
+        },
+    )
+
+
 async def bulk_count(replicas: ReplicaApi, bulk_id: str, wait_s: float) -> Decision:
-    """Wait up to ``wait_s`` for every shard's master to have applied bulk cancel
+    """Wait up to ``wait_s`` for the masters to have applied every copy of bulk cancel
     ``bulk_id``; its counts then (module docstring)."""
 
     def ask() -> Decision | None:
-        answer = replicas.bulk_cancel(bulk_id)
-        body = answer.body
-        roles = str(body.get("role", "")).split(",")
-        if answer.status != 200 or any(role != "master" for role in roles):
-            return None
-        return Decision(
-            200,
-            {
-                "id": bulk_id,
-                "cancelled": int(body.get("cancelled", 0)),
-                "refused": int(body.get("refused", 0)),
-            },
-        )
+        return bulk_decision(bulk_id, replicas.bulk_cancel(bulk_id))
 
     decision = await _poll(ask, wait_s)
     return decision or Decision(202, {"id": bulk_id, "state": "pending"})

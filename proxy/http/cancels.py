@@ -1,7 +1,8 @@
 """The HTTP API's cancel routes (CONTRACT.md, v3): ``DELETE /v1/messages/{id}`` cancels one
 message, and with ``wait=S`` answers the master's decision (a confirmed cancel,
 proxy/http/cancel_wait.py); ``DELETE /v1/messages?id_prefix=P[&topic=T][&wait=S]`` cancels every
-pending message whose id starts with P with one buffer record per shard (a bulk cancel).
+pending message whose id starts with P with one buffer record per buffer partition (a bulk
+cancel: whatever the shard layout, each shard reads the copies of its own partitions).
 
 Owners as for the other message routes (proxy/http/messages.py): another principal's message
 is 403 unless the caller is a kdelay administrator; a non-administrator's bulk cancel cancels
@@ -12,7 +13,6 @@ Runs on the proxy's asyncio loop.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,8 +24,8 @@ from kdelay import buffer
 from kdelay import headers as h
 from kdelay.errors import InvalidHeaderError
 from kdelay.proxy.auth.owners import Owners
-from kdelay.proxy.http.cancel_wait import bulk_count, confirm_cancel, parse_wait
-from kdelay.proxy.http.errors import BadRequestError, Problem, UnavailableError
+from kdelay.proxy.http.cancel_wait import bulk_count, confirm_cancel, new_bulk_id, parse_wait
+from kdelay.proxy.http.errors import BadRequestError, Problem
 from kdelay.proxy.http.message_records import TOPIC_PATTERN, utf8
 from kdelay.proxy.http.messages import (
     ERRORS,
@@ -38,7 +38,7 @@ from kdelay.proxy.http.messages import (
 from kdelay.proxy.metrics import ProxyMetrics
 from kdelay.proxy.routing.route import Kind, Outgoing, cancel
 from kdelay.proxy.routing.topics import Topics
-from kdelay.zk.replica_api import NoReplicaError, ReplicaApi
+from kdelay.zk.replica_api import ReplicaApi
 
 
 def install_cancel_routes(
@@ -116,10 +116,10 @@ def install_cancel_routes(
         wait: str | None = None,
     ) -> JSONResponse:
         """Bulk cancel: every pending message whose id starts with ``id_prefix`` (and whose
-        target is ``topic``), accepted before this cancel; one buffer record per shard, not
-        one per message. A non-administrator's cancels only its own messages. 202 ``{"id"}``
-        once durable; with ``wait`` (seconds, at most 60), 200 ``{"id", "cancelled",
-        "refused"}`` once every shard's master applied it (``cancelled``: the pending messages
+        target is ``topic``), accepted before this cancel; one buffer record per buffer
+        partition, not one per message. A non-administrator's cancels only its own messages.
+        202 ``{"id"}`` once durable; with ``wait`` (seconds, at most 60), 200 ``{"id", "cancelled",
+        "refused"}`` once the masters applied every copy (``cancelled``: the pending messages
         it cancelled, as the masters counted them; ``refused``: other principals' it left), or
         202 ``{"id", "state": "pending"}`` when not in time."""
         prefix = _prefix(id_prefix)
@@ -131,11 +131,10 @@ def install_cancel_routes(
         if caller.principal is not None:
             sender = Sender(owner=caller.principal, admin=await caller.admin())
         partitions = await buffer_partitions(topics)
-        shards = await _shard_count(owners)
-        bulk_id = BULK_ID_PREFIX + h.new_id()
+        bulk_id = new_bulk_id(partitions)
         records = [
             bulk_cancel(bulk_id, prefix, topic, uid=h.new_id(), partition=p, **sender)
-            for p in range(min(shards, partitions))
+            for p in range(partitions)
         ]
         await write_cancel(records)
         metrics.records.labels(Kind.CANCEL.value).inc(len(records))
@@ -143,11 +142,6 @@ def install_cancel_routes(
             return JSONResponse({"id": bulk_id}, status_code=202)
         decision = await bulk_count(replicas, bulk_id, wait_s)
         return JSONResponse(decision.body, status_code=decision.status)
-
-
-#: The id of a bulk cancel record (``kdelay-route`` ``i``): no message has it (README "Bulk
-#: cancel"); readers that predate bulk cancels see a cancel of this id, a no-op.
-BULK_ID_PREFIX = "bulk."
 
 
 def _wait(text: str | None) -> float | None:
@@ -170,18 +164,6 @@ def _prefix(text: str | None) -> str:
         raise BadRequestError(f"id_prefix: {exc.problem}") from None
 
 
-async def _shard_count(owners: Owners | None) -> int:
-    """How many shards the delay set has (one bulk cancel record each); 1 when the proxy
-    cannot ask ZooKeeper (then only shard 0 sees the bulk cancel: README "Bulk cancel")."""
-    replicas = None if owners is None else owners.replica_api()
-    if replicas is None:
-        return 1
-    try:
-        return await asyncio.to_thread(replicas.shard_count)
-    except NoReplicaError as exc:
-        raise UnavailableError(f"the delay set's shards are unknown: {exc}") from None
-
-
 def bulk_cancel(
     bulk_id: str,
     prefix: str,
@@ -193,7 +175,9 @@ def bulk_cancel(
     admin: bool,
 ) -> Outgoing:
     """The buffer record of a bulk cancel (``kdelay.buffer``'s contract) for buffer
-    ``partition`` (one of the shard that should apply it)."""
+    ``partition``: the copy that cancels that partition's messages. Its id (``kdelay-route``
+    ``i``, :func:`new_bulk_id`) is no message's (README "Bulk cancel"); readers that predate
+    bulk cancels see a cancel of this id, a no-op."""
     enc = buffer.encode(
         buffer.Cancel(bulk_id, uid, owner=owner, admin=admin, prefix=prefix, topic=topic)
     )
