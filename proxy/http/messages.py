@@ -183,7 +183,13 @@ def install_message_routes(
 
     async def write_cancel(records: list[Any]) -> int:
         """``write``, answered once the cancel can no longer cancel what is sent next; the
-        offset of the batch's first immediate record (-1: none)."""
+        offset of the batch's first immediate record (-1: none). While the broker's clock is
+        unknown it could not be answered: 503 at once, nothing written."""
+        if cancel_acks is not None and not cancel_acks.known():
+            raise UnavailableError(
+                "the broker's clock is not known yet (no probe of __kdelay_clock answered): "
+                "a cancel is acknowledged only once it is; nothing was written, retry"
+            )
         offset = await write(records)
         if cancel_acks is not None:
             await cancel_acks.hold()

@@ -66,6 +66,11 @@ class CancelAcks:
         self._clock = clock
         self._poll_s = poll_s
 
+    def known(self) -> bool:
+        """Whether the broker's clock is known: a cancel written now can be acknowledged (until
+        the first probe answers, :meth:`hold` would wait for it, however long that takes)."""
+        return self._clock.upper_ms() is not None
+
     async def hold(self) -> None:
         """Call once the cancel was acknowledged upstream (its append time is now at most the
         clock's upper bound): returns once the lower bound is past that plus the window."""

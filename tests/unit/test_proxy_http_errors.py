@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from kdelay import buffer
 from kdelay.headers import DelayPolicy
 from kdelay.proxy.http.app import create_app
+from kdelay.proxy.routing.cancel_acks import CancelAcks
 from kdelay.proxy.routing.topics import Topics
 from kdelay.proxy.upstream.producer import Upstream, UpstreamError
 from tests.support.fakes import FakeUpstream
@@ -223,3 +224,40 @@ def test_the_same_post_twice_writes_the_same_buffer_key(
         http.post("/v1/messages", json=_msg())
         anonymous.append(_buffer_key(upstream))
     assert anonymous[0] != anonymous[1]
+
+
+BODY = {"topic": TOPIC, "value": "v", "delay_ms": 60_000}
+
+
+class _UnknownClock:
+    """A broker clock no probe has answered yet."""
+
+    def now_ms(self) -> int | None:
+        return None
+
+    def upper_ms(self) -> int | None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("DELETE", "/v1/messages/order-1"),
+        ("DELETE", "/v1/messages?id_prefix=order-"),
+        ("PUT", "/v1/messages/order-1"),
+    ],
+)
+def test_a_cancel_answers_503_at_once_while_the_broker_clock_is_unknown(
+    upstream: FakeUpstream, method: str, url: str
+) -> None:
+    """Its acknowledgement would wait for the clock however long that takes (a bulk cancel's
+    client once waited out its 60-s timeout): 503 at once, naming the clock, nothing written."""
+    acks = CancelAcks(_UnknownClock())
+    for client in _client(upstream, cancel_acks=acks):
+        resp = client.loop.run_until_complete(
+            asyncio.wait_for(client.client.request(method, url, json=BODY), timeout=20)
+        )
+        assert resp.status_code == 503, resp.text
+        assert "__kdelay_clock" in resp.json()["error"]
+        assert "Retry-After" in resp.headers
+    assert upstream.written == []
