@@ -191,6 +191,14 @@ class ReplicaConfig(BaseSettings, TopicDurability, KafkaClientSecurity, ZkSecuri
         "message's owner may still WRITE it before its release: a revoked owner's messages "
         "stop within this (0: asked every round)",
     )
+    buffer_writers: str = Field(
+        default="User:kdelay-proxy",
+        description="the Kafka principals besides this replica's own login (and super_users) "
+        "that may WRITE the buffer topic, comma-separated: the proxies'. Any other principal "
+        "Kafka's ACLs let WRITE it stops the replica at start and holds the master's releases "
+        "while running (release/buffer_writers.py) [User:kdelay-proxy, the proxy's user in "
+        "the least-privilege table, the chart and kdelay up --secure]",
+    )
     super_users: str = Field(
         default="",
         description="the brokers' super.users (User:admin;User:kdelay), which Kafka's admin "

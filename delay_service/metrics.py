@@ -310,6 +310,21 @@ class Metrics:
             "target topics whose release rate limit held due messages back in the last round",
             registry=r,
         )
+        self._acl_metrics(r)
+        for reason in ("undecodable", "unstorable"):
+            self.invalid_records.labels(reason)
+        for component in ("ingest", "forwarder"):
+            self.component_failures.labels(component)
+        for reason in STEP_DOWN_REASONS:
+            self.step_downs.labels(reason)
+        for kind in ("schedule", "cancel", "tombstone", "invalid"):
+            self.ingested.labels(kind)
+        for window in (*DUE_WINDOWS, "inf"):
+            self.due.labels(window)
+        self.set_zk_state("lost")
+
+    def _acl_metrics(self, r: CollectorRegistry) -> None:
+        """What the master asks of Kafka's ACLs: owners' WRITE, the buffer's writers."""
         # -- revocation: owners' WRITE asked of Kafka before a release (owner_acls.py) ------------
         self.owner_refused = Counter(
             "kdelay_replica_owner_refused",
@@ -328,17 +343,12 @@ class Metrics:
             "due messages the last round held because their owner's ACLs could not be asked",
             registry=r,
         )
-        for reason in ("undecodable", "unstorable"):
-            self.invalid_records.labels(reason)
-        for component in ("ingest", "forwarder"):
-            self.component_failures.labels(component)
-        for reason in STEP_DOWN_REASONS:
-            self.step_downs.labels(reason)
-        for kind in ("schedule", "cancel", "tombstone", "invalid"):
-            self.ingested.labels(kind)
-        for window in (*DUE_WINDOWS, "inf"):
-            self.due.labels(window)
-        self.set_zk_state("lost")
+        self.buffer_foreign_writers = Gauge(
+            "kdelay_replica_buffer_foreign_writers",
+            "Kafka ACL bindings letting a principal other than kdelay's buffer writers WRITE "
+            "the buffer topic (last asked by the master, which releases nothing while > 0)",
+            registry=r,
+        )
 
     def set_zk_state(self, state: str) -> None:
         for name in ZK_STATES:

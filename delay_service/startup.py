@@ -1,7 +1,8 @@
 """A replica's start-up steps, in the order ``replica.py`` takes them (each once, main thread).
 
 1. :func:`ensure_topics`: with SASL, the replica's principal holds the ACLs it needs
-   (:func:`check_acls`, kdelay/acls.py), or it refuses to run naming what is missing; the
+   (:func:`check_acls`, kdelay/acls.py), or it refuses to run naming what is missing; no
+   principal but kdelay's may WRITE the buffer topic (``release/buffer_writers.py``); the
    internal topics exist (and the shard's buffer topic, when it has
    one of its own), with the configured partitions, replication and ``min.insync.replicas``;
 2. :func:`check_layout`: the delay set's shard layout in ZooKeeper is this replica's, or it
@@ -35,6 +36,7 @@ from kdelay.delay_service.ingest.ingest import Ingest
 from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.queries.queries import Answers
 from kdelay.delay_service.release.broker_clock import SkewHold
+from kdelay.delay_service.release.buffer_writers import BufferWriters, check_at_start, combined
 from kdelay.delay_service.release.exactly_once import make_forwarder
 from kdelay.delay_service.release.forwarder import Forwarder
 from kdelay.delay_service.reshard import shard_dir
@@ -67,10 +69,12 @@ def check_acls(cfg: ReplicaConfig) -> list[Acl] | None:
 
 
 def ensure_topics(cfg: ReplicaConfig) -> None:
-    """Check the replica's ACLs (:func:`check_acls`), create the internal topics (and a
+    """Check the replica's ACLs (:func:`check_acls`) and that no principal but kdelay's may
+    WRITE the buffer (``buffer_writers.check_at_start``), create the internal topics (and a
     buffer topic of the shard's own) when missing, and check again what could not be asked
     of the topics before they existed."""
     unchecked = check_acls(cfg)
+    check_at_start(cfg)
     client = cfg.kafka_client_config()
     ensure_internal_topics(
         cfg.bootstrap_servers,
@@ -163,7 +167,10 @@ def start_forwarder(
     closes it."""
     clock = BrokerClock(cfg.bootstrap_servers, config=cfg.kafka_client_config(), metrics=metrics)
     clock.start()
-    hold = SkewHold(clock, cfg.max_clock_skew_ms, metrics)
+    # A foreign writer of the buffer could have forged any record: nothing is released then.
+    hold = combined(
+        SkewHold(clock, cfg.max_clock_skew_ms, metrics), BufferWriters.for_replica(cfg, metrics)
+    )
     forwarder = make_forwarder(
         cfg, store, ingest, metrics, on_fenced=on_fenced, clock=clock, hold=hold
     )

@@ -262,7 +262,9 @@ class LocalStack:
         if self.secure is None:
             return []
         assert self.ca_file is not None
-        return [*self.secure.kafka_args(REPLICA, self.ca_file), *self.secure.zk_args()]
+        # The proxy's user is the one principal besides the replicas' that may WRITE the buffer.
+        writers = ["--buffer-writers", f"User:{PROXY}"]
+        return [*self.secure.kafka_args(REPLICA, self.ca_file), *self.secure.zk_args(), *writers]
 
     def master(self) -> str | None:
         """The replica whose metrics say it is master (of shard 0), if any."""

@@ -24,11 +24,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
+from confluent_kafka.admin._acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+)
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from dev.kafka_tools import consume_until, create_topic
@@ -76,6 +81,31 @@ def _grant(secure: SecureKafka, user: str, wanted: list[Acl], targets: list[str]
     admin = AdminClient({"bootstrap.servers": secure.plain})
     for future in admin.create_acls(bindings).values():
         future.result(timeout=30)
+
+
+def _buffer_writers_only(secure: SecureKafka, *users: User) -> list[str]:
+    """Delete WRITE on the buffer of every principal but ``users`` (earlier tests' proxies and
+    replicas: a replica refuses to start while another may write it, buffer_writers.py); the
+    replica flag naming ``users`` as the buffer's writers."""
+    keep = {f"User:{u.name}" for u in users}
+    admin = AdminClient({"bootstrap.servers": secure.plain})
+    match = AclBindingFilter(
+        ResourceType.TOPIC, buffer.BUFFER_TOPIC, ResourcePatternType.LITERAL,
+        cast("str", None), cast("str", None), AclOperation.WRITE, AclPermissionType.ALLOW,
+    )  # fmt: skip
+    bindings = admin.describe_acls(match).result(timeout=30)
+    others = [b for b in bindings if b.principal not in keep]
+    if others:
+        filters = [
+            AclBindingFilter(
+                b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+                b.permission_type,
+            )
+            for b in others
+        ]  # fmt: skip
+        for future in admin.delete_acls(filters).values():
+            future.result(timeout=30)
+    return ["--buffer-writers", ",".join(sorted(keep))]
 
 
 def _verifier_topic(secure: SecureKafka) -> None:
@@ -186,6 +216,7 @@ def test_proxy_and_replica_on_least_privilege_deliver_and_cancel_and_show_no_pas
     _grant(secure, proxy_user.name, acls.proxy_acls(), [target])
     _grant(secure, replica_user.name, acls.replica_acls(), [target])
     _grant(secure, client.name, acls.client_acls(), [target])
+    writers = _buffer_writers_only(secure, proxy_user, replica_user)
     assert secure.local.ca is not None
 
     kafka_port, http_port = free_port(), free_port()
@@ -208,7 +239,7 @@ def test_proxy_and_replica_on_least_privilege_deliver_and_cancel_and_show_no_pas
         ) as proxy,
         ReplicaSet(
             tmp_path, secure.secure, zookeeper.connect, count=1, partitions=3,
-            buffer_topic=buffer.BUFFER_TOPIC, extra_args=_flags(secure, replica_user),
+            buffer_topic=buffer.BUFFER_TOPIC, extra_args=[*_flags(secure, replica_user), *writers],
             wrap={"replica-1": ([], {"KDELAY_REPLICA_KAFKA_SASL_PASSWORD": replica_user.password})},
         ) as rs,
     ):  # fmt: skip
@@ -323,6 +354,7 @@ def test_a_master_without_its_transactional_id_names_it(
     user = _user(secure, tmp_path, "lp-notxn")
     table = _without(acls.replica_acls(), acls.RELEASE_TRANSACTIONAL_IDS, "WRITE")
     _grant(secure, user.name, table, [])
+    _buffer_writers_only(secure, user)
     with ReplicaSet(
         tmp_path, secure.secure, zookeeper.connect, count=1, partitions=3,
         buffer_topic=buffer.BUFFER_TOPIC, extra_args=_flags(secure, user),
