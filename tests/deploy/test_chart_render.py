@@ -481,6 +481,9 @@ def test_secured_passwords_reach_pods_only_as_files_from_secrets(tools: Tools) -
     # The ConfigMap carries no credentials either.
     config = one(docs, "ConfigMap", "-config")["data"]
     assert "password" not in config["proxy.yaml"] + config["delay-service.yaml"]
+    # The replicas let only the proxy's user (and their own) WRITE the buffer topic.
+    replica_env = {e["name"]: e.get("value") for e in _container(one(docs, "StatefulSet"))["env"]}
+    assert replica_env["KDELAY_REPLICA_BUFFER_WRITERS"] == "User:kdelay-proxy"
 
 
 def test_secured_listener_and_http_api(tools: Tools) -> None:

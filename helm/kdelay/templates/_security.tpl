@@ -157,6 +157,12 @@ jwks: /etc/kdelay/jwks/jwks.json
   value: {{ $kafka.user.username | quote }}
 - name: {{ $prefix }}KAFKA_SASL_PASSWORD_FILE
   value: {{ $paths.kafkaPassword }}
+{{- if eq .component "delayService" }}
+{{- /* Only the proxy's user (and the replicas' own) may WRITE the buffer topic: another
+       writer stops the replicas (docs/security.md, "The buffer's writers"). */}}
+- name: {{ $prefix }}BUFFER_WRITERS
+  value: {{ printf "User:%s" (index .ctx.Values.kafka.sasl "proxy").username | quote }}
+{{- end }}
 {{- end }}
 {{- if $kafka.hasCa }}
 - name: {{ $prefix }}KAFKA_SSL_CA_FILE
