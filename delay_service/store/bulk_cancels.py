@@ -71,8 +71,6 @@ Not thread-safe: the store calls it under its own lock, inside its WriteBatch.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +80,7 @@ from rocksdict import WriteBatch
 
 from kdelay import buffer
 from kdelay.buffer import Cancel, Scheduled, may_cancel
+from kdelay.buffer.bulk_ids import bulk_copies
 from kdelay.delay_service.store.ids import IndexedBatch
 from kdelay.delay_service.store.keyspace import BULK_BY_TIME as _BY_TIME
 from kdelay.delay_service.store.keyspace import BULK_LEN as _LEN
@@ -98,18 +97,6 @@ WINDOW_MS = buffer.CANCEL_WINDOW_MS
 SENT_WITH_MS = buffer.CANCEL_SENT_WITH_MS
 #: How long a replica remembers a bulk cancel's count after applying it.
 RESULT_RETENTION_MS = 24 * 3_600_000
-#: The id of a bulk cancel written as one copy in each of buffer partitions 0..N-1
-#: (``bulk.p<N>.<hex>``, proxy/http/cancel_wait.py): each copy applies to its own partition.
-_PER_PARTITION = re.compile(r"bulk\.p(\d{1,9})\.")
-
-
-@functools.lru_cache(maxsize=1024)
-def copies(bulk_id: str) -> int | None:
-    """How many buffer partitions bulk cancel ``bulk_id`` was written to, one copy each (its
-    copies apply each to its own partition: module docstring, "Copies"); None for an id of
-    one record per shard, which applies to every partition of the store that reads it."""
-    found = _PER_PARTITION.match(bulk_id)
-    return None if found is None else int(found[1])
 
 
 @dataclass(slots=True)
@@ -158,7 +145,7 @@ class OpenBulk:
         """Whether ``msg`` (accepted by a proxy at ``accepted``, read from buffer
         ``partition``) is in this bulk cancel's scope, owners aside: its id and topic match,
         it was sent with or before it, and it is in this copy's partition when it has one."""
-        if copies(self.id) is not None and partition != self.partition:
+        if bulk_copies(self.id) is not None and partition != self.partition:
             return False
         if not msg.id.startswith(self.prefix):
             return False
@@ -309,7 +296,7 @@ class BulkMemory:
             "at": time_ms,
         }
         before = self._pending.get(record.id) or self.result(record.id)
-        if copies(record.id) is not None:  # one copy of several: added to those read before
+        if bulk_copies(record.id) is not None:  # one copy of several: added to those read before
             doc["partitions"] = [partition]
             if before is not None:
                 doc = {

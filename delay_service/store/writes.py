@@ -32,8 +32,9 @@ from kdelay.buffer import (
     accepted_ms,
     may_cancel,
 )
+from kdelay.buffer.bulk_ids import bulk_copies
 from kdelay.delay_service.store.apply_result import ApplyResult, Incoming
-from kdelay.delay_service.store.bulk_cancels import copies, ids_with_prefix, matching
+from kdelay.delay_service.store.bulk_cancels import ids_with_prefix, matching
 from kdelay.delay_service.store.cancels import At, CancelBatch
 from kdelay.delay_service.store.entry import (
     decode_entry,
@@ -275,7 +276,7 @@ class StoreWrites:
         time_ms = at[2]
         accepted = accepted_ms(entry_seq(key))
         late = time_ms is not None and accepted is not None and accepted > time_ms + SENT_WITH_MS
-        if late or (p != at[0] and copies(record.id) is not None):
+        if late or (p != at[0] and bulk_copies(record.id) is not None):
             return 0  # sent after the bulk cancel, or another copy's partition
         msg = self._added.get(key)
         if msg is None:

@@ -24,7 +24,7 @@ Not decided within ``S`` seconds (no master answered, or it has not read the can
 ``{"id", "state": "pending"}``, as without ``wait``: the cancel is durable and will be applied.
 
 Bulk cancel (``DELETE /v1/messages?id_prefix=P&wait=S``): the proxy writes one copy in each
-of the ``N`` buffer partitions, with the id ``bulk.p<N>.<hex>`` (:func:`new_bulk_id`;
+of the ``N`` buffer partitions, with the id ``bulk.p<N>.<hex>`` (``kdelay.buffer.bulk_ids``;
 delay_service/store/bulk_cancels.py, "Copies"). The count the masters recorded for that id
 (``GET /v1/bulk-cancels/<id>`` of every shard of the layout at answer time, summed), once the
 masters that answered have applied, between them, the copy of every partition ``0..N-1``,
@@ -40,12 +40,11 @@ fails (NoReplicaError) is asked again until the deadline.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
+from kdelay.buffer.bulk_ids import bulk_copies
 from kdelay.zk.replica_api import NoReplicaError, ReplicaAnswer, ReplicaApi
 
 #: Longest ``wait`` a request may ask for, seconds.
@@ -155,22 +154,6 @@ async def confirm_cancel(
     return decision or Decision(202, {"id": msg_id, "state": "pending"})
 
 
-_BULK_ID = re.compile(r"bulk\.p(\d{1,9})\.")
-
-
-def new_bulk_id(partitions: int) -> str:
-    """A new bulk cancel's id, written as one copy in each of buffer partitions
-    ``0..partitions-1`` (module docstring)."""
-    return f"bulk.p{partitions}.{uuid.uuid4().hex}"
-
-
-def bulk_partitions(bulk_id: str) -> int | None:
-    """How many buffer partitions bulk cancel ``bulk_id`` was written to, one copy each (None:
-    not an id of :func:`new_bulk_id`)."""
-    found = _BULK_ID.match(bulk_id)
-    return None if found is None else int(found[1])
-
-
 def bulk_decision(bulk_id: str, answer: ReplicaAnswer) -> Decision | None:
     """The bulk cancel's 200 from the shards' summed answer (``ReplicaApi.bulk_cancel``), None
     while it does not decide: not every partition's copy applied exactly once, or an answer
@@ -179,7 +162,7 @@ def bulk_decision(bulk_id: str, answer: ReplicaAnswer) -> Decision | None:
     roles = str(body.get("role", "")).split(",")
     if answer.status != 200 or any(role != "master" for role in roles):
         return None
-    copies = bulk_partitions(bulk_id)
+    copies = bulk_copies(bulk_id)
     if copies is not None and sorted(body.get("partitions") or []) != list(range(copies)):
         return None
     return Decision(

@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse
 
 from kdelay import buffer
 from kdelay import headers as h
+from kdelay.buffer.bulk_ids import new_bulk_id
 from kdelay.errors import InvalidHeaderError
 from kdelay.proxy.auth.owners import Owners
-from kdelay.proxy.http.cancel_wait import bulk_count, confirm_cancel, new_bulk_id, parse_wait
+from kdelay.proxy.http.cancel_wait import bulk_count, confirm_cancel, parse_wait
 from kdelay.proxy.http.errors import BadRequestError, Problem
 from kdelay.proxy.http.message_records import TOPIC_PATTERN, utf8
 from kdelay.proxy.http.messages import (

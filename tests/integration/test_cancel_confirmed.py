@@ -25,9 +25,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from dev.stack import wait_until
 from kdelay import headers as h
 from kdelay.buffer import BUFFER_TOPIC, Cancel
+from kdelay.buffer.bulk_ids import bulk_copies
 from kdelay.proxy import running_proxy
 from kdelay.proxy.client import cancel_command
-from kdelay.proxy.http.cancel_wait import bulk_partitions
 from tests.support.infra import KafkaInfra, ZooKeeperInfra
 from tests.support.kafka_helpers import (
     HeaderList,
@@ -274,7 +274,7 @@ def test_a_bulk_cancel_cancels_1000_of_2000_with_one_record_per_partition(stack:
     ids = sorted(dict(r.headers)[h.ID].decode() for r in delivered)  # type: ignore[union-attr]
     assert ids == sorted(f"{other}{i}" for i in range(1000))
     copies = [c.prefix for c in buffer_records_of(stack.bootstrap, body["id"])]
-    assert copies == [prefix] * (bulk_partitions(body["id"]) or 0)
+    assert copies == [prefix] * (bulk_copies(body["id"]) or 0)
     assert stack.metric("kdelay_replica_bulk_cancels_total") == bulks_before + 1
     assert stack.metric("kdelay_replica_bulk_cancelled_messages_total") == cancelled_before + 1000
 

@@ -14,8 +14,9 @@ import pytest
 
 from kdelay.buffer import CANCEL_SENT_WITH_MS as WITH
 from kdelay.buffer import Cancel, Scheduled
+from kdelay.buffer.bulk_ids import bulk_copies, new_bulk_id
 from kdelay.delay_service.store.store import Store
-from kdelay.proxy.http.cancel_wait import bulk_decision, bulk_partitions, new_bulk_id
+from kdelay.proxy.http.cancel_wait import bulk_decision
 from kdelay.zk.replica_api import ReplicaAnswer
 
 T0 = 1_700_000_000_000  # the copies' append time
@@ -138,7 +139,7 @@ def summed(partitions: list[int], role: str = "master,master") -> ReplicaAnswer:
 
 def test_the_proxy_answers_once_every_partitions_copy_was_applied_exactly_once() -> None:
     bulk_id = new_bulk_id(6)
-    assert bulk_partitions(bulk_id) == 6
+    assert bulk_copies(bulk_id) == 6
     done = bulk_decision(bulk_id, summed([0, 1, 2, 3, 4, 5]))
     assert done is not None
     assert (done.status, done.body) == (200, {"id": bulk_id, "cancelled": 7, "refused": 1})
