@@ -37,12 +37,10 @@ import concurrent.futures
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._acl import AclBindingFilter, AclOperation, AclPermissionType
-from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from kdelay import logs
 from kdelay.clock import SYSTEM_CLOCK, Clock
@@ -54,6 +52,7 @@ from kdelay.delay_service.release.acl_rules import (
     rule_of,
     write_denied,
 )
+from kdelay.delay_service.release.owner_acls import describe_acls
 from kdelay.errors import ConfigError, InfrastructureError
 
 log = logs.get(__name__)
@@ -62,8 +61,6 @@ log = logs.get(__name__)
 ASK_TIMEOUT_S = 5.0
 #: The shortest time between two asks while running (``acl_cache_ms`` 0 asks this often).
 MIN_INTERVAL_S = 0.5
-#: confluent-kafka's "any string" in a filter (None; its type hints want a str).
-_ANY = cast("str", None)
 #: Asks Kafka for the buffer topic's bindings: a future of confluent-kafka ``AclBinding`` s.
 Ask = Callable[[], "concurrent.futures.Future[Any]"]
 
@@ -152,23 +149,6 @@ def admin_client(cfg: ReplicaConfig) -> AdminClient:
     )
 
 
-def describe(admin: AdminClient, topic: str) -> concurrent.futures.Future[Any]:
-    """DescribeAcls of every binding that applies to ``topic`` (MATCH), any principal."""
-    match = AclBindingFilter(
-        ResourceType.TOPIC,
-        topic,
-        ResourcePatternType.MATCH,
-        _ANY,
-        _ANY,
-        AclOperation.ANY,
-        AclPermissionType.ANY,
-    )
-    future: concurrent.futures.Future[Any] = admin.describe_acls(
-        match, request_timeout=ASK_TIMEOUT_S
-    )
-    return future
-
-
 def _security_disabled(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
     return isinstance(err, KafkaError) and err.code() == KafkaError.SECURITY_DISABLED
@@ -185,7 +165,7 @@ def check_at_start(cfg: ReplicaConfig, timeout: float = 30.0) -> None:
     writers = writers_of(cfg)
     admin = admin_client(cfg)
     try:
-        bindings = describe(admin, cfg.buffer_topic).result(timeout=timeout)
+        bindings = describe_acls(admin, cfg.buffer_topic).result(timeout=timeout)
     except KafkaException as exc:
         if _security_disabled(exc):
             log.info("replica.buffer_writers_unchecked", reason="Kafka has no authorizer")
@@ -246,7 +226,7 @@ class BufferWriters:
         def ask() -> concurrent.futures.Future[Any]:
             if not admin:
                 admin.append(admin_client(cfg))
-            return describe(admin[0], cfg.buffer_topic)
+            return describe_acls(admin[0], cfg.buffer_topic)
 
         return cls(
             ask,

@@ -125,7 +125,7 @@ class OwnerAcls:
         def ask(topic: str) -> concurrent.futures.Future[Any]:
             if not admin:
                 admin.append(_admin_client(cfg))
-            return _describe(admin[0], topic)
+            return describe_acls(admin[0], topic)
 
         backoff = Backoff(cfg.retry_backoff_ms / 1000, cfg.retry_backoff_max_ms / 1000)
         return cls(
@@ -323,7 +323,9 @@ def _admin_client(cfg: ReplicaConfig) -> AdminClient:
     )
 
 
-def _describe(admin: AdminClient, topic: str) -> concurrent.futures.Future[Any]:
+def describe_acls(admin: AdminClient, topic: str) -> concurrent.futures.Future[Any]:
+    """DescribeAcls of every binding that applies to ``topic`` (MATCH: literal, prefixed and
+    ``*``), any principal, any operation: what Kafka's authorizer decides from."""
     match = AclBindingFilter(
         ResourceType.TOPIC,
         topic,
