@@ -4,7 +4,7 @@ which checkpoint a new term starts from. The real thing: tests/integration/test_
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +79,15 @@ def start(rig: Rig, cps: FakeCheckpoints) -> int:
     gen = rig.fwd.control.activate(cps)
     rig.sender.start()  # what _serve does first: init_transactions
     return gen
+
+
+def not_leader_for(failing: set[bytes]) -> Callable[[Sent], KafkaError | None]:
+    """A delivery report that fails the releases of the ids in ``failing`` (as it is then)."""
+    return lambda s: (
+        KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
+        if dict(s.headers).get("kdelay-id") in failing
+        else None
+    )
 
 
 def test_a_round_commits_releases_tombstones_and_its_checkpoint_together(store: Store) -> None:
@@ -336,13 +345,7 @@ def test_an_aborted_release_holds_every_target_that_may_be_its_partition(
     (one placed by key, -1, the other explicit) waits behind it: it never commits first."""
     store.apply([(0, 0, msg(0, 100, partition=failed_partition))], {0: 1})
     failing = {b"m0"}
-    producer = FakeTxnProducer(
-        fail=lambda s: (
-            KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
-            if dict(s.headers).get("kdelay-id") in failing
-            else None
-        )
-    )
+    producer = FakeTxnProducer(fail=not_leader_for(failing))
     rig = make(store, producer)
     cps = FakeCheckpoints()
     gen = start(rig, cps)
@@ -368,13 +371,7 @@ def test_a_release_that_may_share_a_leaderless_partition_waits_behind_it(store: 
     has a partition with a leader."""
     store.apply([(0, 0, msg(0, 100, partition=1))], {0: 1})
     failing = {b"m0"}
-    producer = FakeTxnProducer(
-        fail=lambda s: (
-            KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
-            if dict(s.headers).get("kdelay-id") in failing
-            else None
-        )
-    )
+    producer = FakeTxnProducer(fail=not_leader_for(failing))
     rig = make(store, producer)
     cps = FakeCheckpoints()
     gen = start(rig, cps)

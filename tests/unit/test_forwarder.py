@@ -4,7 +4,7 @@ checkpoint. Time moves only when a test advances the clock."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +74,18 @@ def make(store: Store, producer: FakeProducer, **settings: object) -> Rig:
     return Rig(fwd, metrics, clock, fenced, on_fenced)
 
 
+def timing_out(failing: set[str]) -> Callable[[Sent], KafkaError | None]:
+    """A delivery report that times out the releases of the ids in ``failing`` (as it is then)."""
+
+    def fail(s: Sent) -> KafkaError | None:
+        ident = dict(s.headers).get("kdelay-id")
+        if ident is not None and ident.decode() in failing:  # type: ignore[union-attr]
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return None
+
+    return fail
+
+
 def test_releases_due_entries_in_key_order_with_delivered_format(store: Store) -> None:
     store.apply([(0, 0, msg(2, 200)), (1, 0, msg(1, 100)), (0, 1, msg(3, 10**15))], {0: 2, 1: 1})
     producer = FakeProducer()
@@ -108,13 +120,7 @@ def test_transient_failure_holds_later_entries_of_the_same_target(store: Store) 
     store.apply([(0, i, msg(i, 100 + i, partition=0 if i < 3 else 1)) for i in range(5)], {0: 5})
     failing = {"m0"}
 
-    def fail(s: Sent) -> KafkaError | None:
-        ident = dict(s.headers).get("kdelay-id")
-        if ident is not None and ident.decode() in failing:  # type: ignore[union-attr]
-            return KafkaError(KafkaError._MSG_TIMED_OUT)
-        return None
-
-    producer = FakeProducer(fail=fail)
+    producer = FakeProducer(fail=timing_out(failing))
     rig = make(store, producer)
     cps = FakeCheckpoints()
     gen = rig.fwd.control.activate(cps)
@@ -449,13 +455,7 @@ def test_a_held_target_holds_every_target_that_may_be_the_same_partition(
     store.apply([(0, 0, msg(0, 100, partition=failed_partition))], {0: 1})
     failing = {"m0"}
 
-    def fail(s: Sent) -> KafkaError | None:
-        ident = dict(s.headers).get("kdelay-id")
-        if ident is not None and ident.decode() in failing:  # type: ignore[union-attr]
-            return KafkaError(KafkaError._MSG_TIMED_OUT)
-        return None
-
-    producer = FakeProducer(fail=fail)
+    producer = FakeProducer(fail=timing_out(failing))
     rig = make(store, producer)
     cps = FakeCheckpoints()
     gen = rig.fwd.control.activate(cps)
