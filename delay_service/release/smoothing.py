@@ -21,6 +21,10 @@ over, and the sweep keeps a target it passed over passed over until its pass end
 The bucket is charged for what the round actually sent (:meth:`Smoothing.released`), in both
 delivery modes; an aborted transaction's records were charged (the rate errs low).
 
+A backlog many scans long: once passed over, the topic stays passed over by the main scan
+until the pass ends (order); ``catch_up.py`` spends its budget from the floor in the pass's
+later rounds, so it leaves at its rate in every round, not only in a pass's first.
+
 Cost: each round while a throttled topic's backlog waits passes over it again. The first scan
 of a sweep's pass reads the targets of entries passed over from the sweep's cache
 (``Sweep.known``), which keeps a rate-limited topic's entries (:class:`KnownView`), so such a

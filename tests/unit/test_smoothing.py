@@ -410,12 +410,6 @@ def forwarder(
 SCAN_COST_S = 0.0005
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="starvation confirmed (a throttled backlog many scans long leaves only in a pass's "
-    "first round); the catch-up fix was not landed: on real Kafka it did not reach 0.9 of the "
-    "limit and slowed other topics when transactions were slow (see the closing note)",
-)
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
     store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
