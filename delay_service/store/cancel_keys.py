@@ -12,8 +12,10 @@ for a record without a timestamp):
   ``r`` when it is a replace's (a replace is not cancelled on arrival by an earlier replace:
   among replaces, the buffer's order decides), or ``R`` | len (1) | the replace's buffer key
   (in stores written by newer versions: nor are its own series' later occurrences,
-  ``own_series``), then ``A`` when an administrator sent it, or ``W`` and the principal that
-  sent it (nothing: sent without authentication);
+  ``own_series``), then ``Q`` | len (2) | its producer-sequence stamp when it has one
+  (``kdelay.buffer.producer_seq``; in stores written by newer versions), then ``A`` when an
+  administrator sent it, or ``W`` and the principal that sent it (nothing: sent without
+  authentication);
 - ``cancel/s/<p><offset><partition><offset>`` -> buffer key: a record that cancel cancelled.
 
 A store written before these keys existed simply has no open cancels. Plain values and
@@ -41,6 +43,8 @@ from kdelay.delay_service.store.keyspace import CANCEL_REPLACE as _REPLACE
 from kdelay.delay_service.store.keyspace import CANCEL_REPLACE_OF as _REPLACE_OF
 from kdelay.delay_service.store.keyspace import CANCEL_S as _S
 from kdelay.delay_service.store.keyspace import CANCEL_SENDER as _SENDER
+from kdelay.delay_service.store.keyspace import CANCEL_STAMP as _STAMP
+from kdelay.delay_service.store.keyspace import CANCEL_STAMP_LEN as _STAMP_LEN
 from kdelay.delay_service.store.keyspace import CANCEL_W as _W
 
 #: The stored time of a record that had none (only in-process callers omit it).
@@ -103,7 +107,31 @@ def cancelled_key(partition: int, by: int, record_partition: int, record_offset:
 def index_value(offset: int, time_ms: int, record: Cancel, *, replace: bool, series: str) -> bytes:
     """The id index's value of the cancel ``record`` read at ``offset``, ``time_ms``: a
     replace's when ``replace`` (``series``: its own buffer key), then who sent it."""
-    return _AT.pack(offset, time_ms) + (_replace_mark(series) if replace else b"") + _sender(record)
+    return (
+        _AT.pack(offset, time_ms)
+        + (_replace_mark(series) if replace else b"")
+        + _stamp(record.producer_seq)
+        + _sender(record)
+    )
+
+
+def _stamp(stamp: str | None) -> bytes:
+    """The index value's mark of a cancel's producer-sequence stamp (none when it has none)."""
+    if stamp is None:
+        return b""
+    raw = stamp.encode()
+    return _STAMP + _STAMP_LEN.pack(len(raw)) + raw if len(raw) <= 0xFFFF else b""
+
+
+def stamp_of(suffix: bytes) -> tuple[str | None, bytes]:
+    """(the producer-sequence stamp or None, the rest) of an open-cancel index value's suffix
+    after ``_AT``."""
+    suffix = replace_of(suffix)[2]
+    if suffix[:1] != _STAMP:
+        return None, suffix
+    (length,) = _STAMP_LEN.unpack_from(suffix, 1)
+    end = 1 + _STAMP_LEN.size + length
+    return suffix[1 + _STAMP_LEN.size : end].decode(), suffix[end:]
 
 
 def decode_index(value: bytes) -> tuple[int, int, bytes]:
@@ -122,7 +150,7 @@ def _sender(record: Cancel) -> bytes:
 
 def sent_by(suffix: bytes) -> tuple[str | None, bool]:
     """(principal, admin) from an open-cancel index value's suffix after ``_AT``."""
-    suffix = replace_of(suffix)[2]
+    suffix = stamp_of(suffix)[1]
     if suffix[:1] == _ADMIN:
         return None, True
     if suffix[:1] == _SENDER:

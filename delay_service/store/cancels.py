@@ -18,6 +18,10 @@ partition ``p`` at ``t_C`` (its record timestamp, the broker's LogAppendTime), c
    :data:`WINDOW_MS` after ``C`` and ``C`` is still among the newest :data:`MAX_OPEN` cancels
    of ``p`` when ``S`` is read.
 
+Producer sequences: a cancel and a schedule of one idempotent producer and topic-partition
+(``kdelay.buffer.produced_before``) go by its sequence numbers instead: rule 1 leaves what it
+produced after the cancel, rule 2 takes what it produced before, whatever the acceptance time.
+
 Owners (README "Message owners"): behind an authenticating proxy a cancel carries the
 principal that sent it and whether it is a kdelay administrator; both rules then apply it only
 to messages that principal owns, to any when it is an administrator, and to messages without
@@ -74,7 +78,7 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from kdelay import buffer
-from kdelay.buffer import Cancel, Scheduled, may_cancel, own_series
+from kdelay.buffer import Cancel, Scheduled, may_cancel, own_series, produced_before
 from kdelay.delay_service.store.cancel_keys import (
     UNKNOWN,
     OpenCancel,
@@ -89,6 +93,7 @@ from kdelay.delay_service.store.cancel_keys import (
     open_key,
     replace_of,
     sent_by,
+    stamp_of,
     stored_counts,
 )
 from kdelay.delay_service.store.entry import split_key
@@ -212,6 +217,7 @@ class CancelBatch:
         in_release: Container[bytes] = frozenset(),
         deferred: list[bytes] | None = None,
         series: str = "",
+        sequence_of: Callable[[bytes], str | None] = lambda key: None,
     ) -> tuple[list[Retired], list[Retired]]:
         """Apply the cancel ``record`` read at ``at``: remove every pending entry with its id
         that its sender may cancel (rule 1; ``owner_of`` gives an entry key's owner, the others
@@ -220,10 +226,15 @@ class CancelBatch:
         any (right after theirs), those of older cancels that the count bound closed.
         ``series``: a replace's own buffer key, whose series it never cancels (``own_series``).
         An entry ``in_release`` (the master is releasing it, ``in_round.py``) stays pending:
-        its key goes to ``deferred``, and the cancel waits for that release's outcome."""
+        its key goes to ``deferred``, and the cancel waits for that release's outcome.
+        ``sequence_of`` gives an entry key's producer-sequence stamp: one its own producer
+        produced after the cancel stays pending (module docstring)."""
         partition, offset, time_ms = at
         removed = []
+        sent_as = record.producer_seq
         for index_key, key in list(txn.with_id(record.id)):
+            if sent_as is not None and produced_before(sent_as, sequence_of(key)) is False:
+                continue
             if not record.admin:
                 owner = owner_of(key)
                 if not may_cancel(record.owner, record.admin, owner):
@@ -274,10 +285,9 @@ class CancelBatch:
     ) -> tuple[int, Canceller] | None:
         """The offset of the open cancel that cancels schedule ``record`` (rule 2) and who sent
         it, or None."""
-        accepted = accepted_ms(record)
         work = self._work.get(partition)
         part = work.part if work is not None else self._memory._parts.get(partition)
-        if accepted is None or part is None or part.open == 0:
+        if part is None or part.open == 0:
             return None
         key = id_index_key(partition, record.id)
         found = self._index[key] if key in self._index else self._stored(key)
@@ -285,16 +295,19 @@ class CancelBatch:
             return None
         by, cancel_ms, suffix = decode_index(found)
         by_replace, series, _ = replace_of(suffix)
-        # A later replace in the buffer wins over an earlier one; a replace's own series is
-        # the new message, not what it replaced.
-        if by_replace and (record.replace or own_series(series, record.buffer_key)):
+        order = produced_before(stamp_of(suffix)[0], record.producer_seq)
+        # A later replace in the buffer wins over an earlier one (unless one producer's
+        # sequence orders them); a replace's own series is the new message.
+        if by_replace and (
+            (record.replace and order is None) or own_series(series, record.buffer_key)
+        ):
             return None
         if by >= offset:  # a schedule before its cancel was removed when the cancel was read
             return None
         known = None if cancel_ms == UNKNOWN else cancel_ms
-        if buffer.cancels(by, known, offset, time_ms, accepted) and self._allowed(
-            partition, offset, record, suffix
-        ):
+        if buffer.cancels(
+            by, known, offset, time_ms, accepted_ms(record), order=order
+        ) and self._allowed(partition, offset, record, suffix):
             return int(by), sent_by(suffix)
         return None
 

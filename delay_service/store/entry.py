@@ -16,6 +16,9 @@ fields, ``repeat`` (``length (4) | bytes``) and ``occurrence (4)``; an entry of 
 does not repeat is written as version 3. Version 5, an owned message's (README "Message
 owners"), is version 3 followed by ``repeat`` (null when it does not repeat), ``occurrence``
 and ``owner`` (``length (4) | bytes``); a message without an owner is written as before.
+Version 6, a message stamped with its producer's sequence (``kdelay.buffer.producer_seq``, the
+cancel rule's), is version 5 with ``owner`` nullable, followed by that stamp (``length (4) |
+bytes``); a message without a stamp is written as before.
 Every field is as wide as Kafka's own (int32 counts and sizes, int64 times): whatever one
 Kafka record can carry encodes; :func:`check_storable` names what cannot (a due time beyond
 int64, a string that is not encodable as UTF-8), and ingest dead-letters such records
@@ -38,7 +41,7 @@ from kdelay.delay_service.store.keyspace import ENTRY_LEN as _LEN
 from kdelay.delay_service.store.keyspace import ENTRY_OCCURRENCE as _OCCURRENCE
 from kdelay.immutable import immutable
 
-_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD, 4: _HEAD, 5: _HEAD}
+_HEADS = {1: _HEAD_V1, 2: _HEAD, 3: _HEAD, 4: _HEAD, 5: _HEAD, 6: _HEAD}
 _NULL = 0xFFFFFFFF
 _NULL_LEN = _LEN.pack(_NULL)
 #: The largest length field: ``_NULL`` marks a null.
@@ -46,6 +49,9 @@ MAX_FIELD_BYTES = _NULL - 1
 ENTRY_VERSION = 3
 SERIES_VERSION = 4
 OWNER_VERSION = 5
+SEQUENCE_VERSION = 6
+_OWNED = (bytes([OWNER_VERSION]), bytes([SEQUENCE_VERSION]))
+_STAMPED = bytes([SEQUENCE_VERSION])
 _U64_MAX = 2**64 - 1
 _I32 = (-(2**31), 2**31 - 1)
 
@@ -107,6 +113,7 @@ def check_storable(msg: Scheduled) -> None:
         and msg.topic.isascii()
         and (msg.repeat is None or (msg.repeat.isascii() and 1 <= msg.occurrence <= _NULL))
         and (msg.owner is None or msg.owner.isascii())
+        and (msg.producer_seq is None or msg.producer_seq.isascii())
         and all(name.isascii() for name, _ in msg.headers)
         and _size(msg) < MAX_FIELD_BYTES
     ):
@@ -125,6 +132,7 @@ def _size(msg: Scheduled) -> int:
         + sum(len(n) + len(v or b"") for n, v in msg.headers)
         + len(msg.repeat or "")
         + len(msg.owner or "")
+        + len(msg.producer_seq or "")
     )
 
 
@@ -159,13 +167,26 @@ def _encode_parts(msg: Scheduled) -> list[bytes]:
         if not 1 <= msg.occurrence <= _NULL:
             raise UnstorableError(f"occurrence {msg.occurrence} is beyond 32 bits")
         out.append(_OCCURRENCE.pack(msg.occurrence))
+    return out + _tail(msg, version)
+
+
+def _tail(msg: Scheduled, version: int) -> list[bytes]:
+    """The owner (nullable in version 6) and the producer-sequence stamp of an entry."""
+    out = []
     if msg.owner is not None:
         owner = _utf8("owner", msg.owner)
         out += [_LEN.pack(len(owner)), owner]
+    elif version == SEQUENCE_VERSION:
+        out.append(_NULL_LEN)
+    if msg.producer_seq is not None:
+        stamp = _utf8("producer sequence", msg.producer_seq)
+        out += [_LEN.pack(len(stamp)), stamp]
     return out
 
 
 def _version(msg: Scheduled) -> int:
+    if msg.producer_seq is not None:
+        return SEQUENCE_VERSION
     if msg.owner is not None:
         return OWNER_VERSION
     return ENTRY_VERSION if msg.repeat is None else SERIES_VERSION
@@ -190,11 +211,16 @@ def _encode_fast(msg: Scheduled) -> bytes:
     is out of range. The hot path of ingest, with one call per field less."""
     headers = msg.headers
     repeat = msg.repeat
+    stamp = msg.producer_seq
     if msg.owner is not None:
-        return b""  # an owned message's entry (version 5): the general path
+        return b""  # an owned message's entry (version 5 or 6): the general path
     out = [
         _HEAD.pack(
-            ENTRY_VERSION if repeat is None else SERIES_VERSION,
+            SEQUENCE_VERSION
+            if stamp is not None
+            else ENTRY_VERSION
+            if repeat is None
+            else SERIES_VERSION,
             msg.deliver_at_ms,
             msg.partition,
             len(headers),
@@ -212,18 +238,22 @@ def _encode_fast(msg: Scheduled) -> bytes:
     for name, value in headers:
         fields.append(name.encode())
         fields.append(value)
-    if repeat is not None:
-        fields.append(repeat.encode())
+    series = repeat is not None or stamp is not None
+    if series:
+        fields.append(None if repeat is None else repeat.encode())
     for data in fields:
         if data is None:
             add(_NULL_LEN)
         else:
             add(pack(len(data)))
             add(data)
-    if repeat is not None:
-        if msg.occurrence < 1:
+    if series:
+        if not 1 <= msg.occurrence <= _NULL:
             return b""
         add(_OCCURRENCE.pack(msg.occurrence))
+    if stamp is not None:
+        raw = stamp.encode()
+        out += [_NULL_LEN, pack(len(raw)), raw]  # no owner, then the stamp
     joined = b"".join(out)
     # Every field shorter than a length field's null marker (any record Kafka carries is):
     # the whole entry is, less its fixed parts.
@@ -231,7 +261,7 @@ def _encode_fast(msg: Scheduled) -> bytes:
 
 
 def decode_entry(data: bytes) -> Scheduled:
-    """Inverse of :func:`encode_entry` (format versions 1-5); StoreError on anything else."""
+    """Inverse of :func:`encode_entry` (format versions 1-6); StoreError on anything else."""
     head = _HEADS.get(data[0]) if data else None
     if head is None:
         version = data[0] if data else None
@@ -265,14 +295,11 @@ def decode_entry(data: bytes) -> Scheduled:
         if series:
             (occurrence,) = _OCCURRENCE.unpack_from(data, pos)
             pos += _OCCURRENCE.size
-        owner = None
-        if version == OWNER_VERSION:
-            (length,) = unpack(data, pos)
-            pos += 4
-            if pos + length > end:
-                raise StoreError("store entry is truncated")
-            owner = data[pos : pos + length].decode()
-            pos += length
+        owner = stamp = None
+        if version >= OWNER_VERSION:
+            owner, pos = _text(data, pos)
+        if version == SEQUENCE_VERSION:
+            stamp, pos = _text(data, pos)
         if version < 3:
             fields.insert(1, b"")  # no buffer key before version 3
         msg_id, uid, topic, key, value = fields[:5]
@@ -292,6 +319,7 @@ def decode_entry(data: bytes) -> Scheduled:
             repeat=repeat,
             occurrence=occurrence,
             owner=owner,
+            producer_seq=stamp,
         )
     except (struct.error, UnicodeDecodeError) as exc:
         raise StoreError(f"store entry is corrupt: {exc}") from None
@@ -300,9 +328,25 @@ def decode_entry(data: bytes) -> Scheduled:
     return result
 
 
+def _text(data: bytes, pos: int) -> tuple[str | None, int]:
+    """A nullable ``length (4) | UTF-8`` field at ``pos``, and the position after it."""
+    (length,) = _LEN.unpack_from(data, pos)
+    pos += _LEN.size
+    if length == _NULL:
+        return None, pos
+    if pos + length > len(data):
+        raise StoreError("store entry is truncated")
+    return data[pos : pos + length].decode(), pos + length
+
+
 def entry_owner(data: bytes) -> str | None:
     """The owner of the entry ``data`` (None: it has none); decodes only an owned one."""
-    return decode_entry(data).owner if data[:1] == bytes([OWNER_VERSION]) else None
+    return decode_entry(data).owner if data[:1] in _OWNED else None
+
+
+def entry_producer_seq(data: bytes) -> str | None:
+    """The producer-sequence stamp of the entry ``data`` (None: it has none)."""
+    return decode_entry(data).producer_seq if data[:1] == _STAMPED else None
 
 
 @immutable

@@ -75,6 +75,8 @@ CANCEL_REPLACE = b"r"
 CANCEL_REPLACE_OF = b"R"  # then len (1 byte) and the replace's buffer key
 CANCEL_ADMIN = b"A"
 CANCEL_SENDER = b"W"
+CANCEL_STAMP = b"Q"  # then len (2 bytes) and the cancel's producer-sequence stamp
+CANCEL_STAMP_LEN = struct.Struct(">H")
 CANCEL_OPEN = struct.Struct(">qQH")  # time, number, len(id): at most kdelay.buffer.MAX_ID_BYTES
 
 # meta: bulk cancels (bulk_cancels.py).

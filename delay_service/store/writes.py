@@ -40,6 +40,7 @@ from kdelay.delay_service.store.entry import (
     decode_entry,
     entry_key,
     entry_owner,
+    entry_producer_seq,
     entry_seq,
     split_key,
 )
@@ -181,13 +182,19 @@ class StoreWrites:
                 removed, owed = cancels.cancel(
                     txn,
                     at,
-                    Cancel(record.id, owner=record.owner, admin=record.admin),
+                    Cancel(
+                        record.id,
+                        owner=record.owner,
+                        admin=record.admin,
+                        producer_seq=record.producer_seq,
+                    ),
                     in_release=self._st.in_round,
                     deferred=deferred,
                     replace=True,
                     owner_of=self._owner_of,
                     keys=keys,
                     series=record.buffer_key,  # its own series is not cancelled by it
+                    sequence_of=self._sequence_of,
                 )
                 result.cancelled += len(removed)
                 result.replaced += len(removed)
@@ -220,6 +227,7 @@ class StoreWrites:
             keys=keys,
             in_release=self._st.in_round,
             deferred=deferred,
+            sequence_of=self._sequence_of,
         )
         result.cancelled += len(removed)
         result.retired += [*removed, *owed]
@@ -383,3 +391,10 @@ class StoreWrites:
             return self._owners[key]
         value = self._st.db.get(key)
         return None if value is None else entry_owner(bytes(value))
+
+    def _sequence_of(self, key: bytes) -> str | None:
+        """The producer-sequence stamp of the pending entry ``key`` (as :meth:`_owner_of`)."""
+        if key in self._added:
+            return self._added[key].producer_seq
+        value = self._st.db.get(key)
+        return None if value is None else entry_producer_seq(bytes(value))

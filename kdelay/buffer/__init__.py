@@ -31,6 +31,11 @@ message that reuses its id.
   ``"rx": true``: it is also a cancel of its id (:func:`cancels`, with its own offset and
   append time; never of its own series' later occurrences, :func:`own_series`), and then
   pending itself; readers that predate it see a plain schedule.
+  A record an idempotent producer sent through the proxy's Kafka listener adds ``"q":
+  "<producer id>/<epoch>/<partition>/<sequence>/<topic>"`` (:func:`producer_seq`; a cancel
+  too): when a schedule and a cancel of one id carry the same producer, epoch, topic and
+  partition, their sequence numbers decide (:func:`cancels`, :func:`produced_before`).
+  Readers that predate ``q`` ignore it (the rule by offsets and times).
   Behind an authenticating proxy a schedule adds ``"w": its owner`` (the principal that
   scheduled it, Kafka's form ``"User:alice"``), and a replace by a kdelay administrator
   ``"a": true``.
@@ -59,7 +64,8 @@ Version 1 (read only): key = the message id; no ``i``, ``r``, ``s``; ``d`` alway
 The package exports the whole contract (``__all__``); its modules: :mod:`.records` the record
 values, :mod:`.codec` the wire format (:func:`encode`, :func:`decode`, the route header's fields
 and their Spark DDL, :func:`route_schema`), :mod:`.partitions` an id's buffer partition,
-:mod:`.cancel_rule` which schedules a cancel cancels (:func:`cancels`).
+:mod:`.cancel_rule` which schedules a cancel cancels (:func:`cancels`), :mod:`.sequences` the
+producer-sequence stamps (route field ``q``).
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from kdelay.buffer.cancel_rule import (
     cancels,
     may_cancel,
     own_series,
+    produced_before,
 )
 from kdelay.buffer.codec import (
     BUFFER_TOPIC,
@@ -94,6 +101,7 @@ from kdelay.buffer.codec import (
 )
 from kdelay.buffer.partitions import partition_for, pinned_id, target_pin
 from kdelay.buffer.records import BufferRecord, Cancel, Fate, Scheduled, Tombstone
+from kdelay.buffer.sequences import parse_stamp, producer_seq, valid_producer_seq
 
 __all__ = [
     "BUFFER_TOPIC",
@@ -123,9 +131,13 @@ __all__ = [
     "encode_schedule",
     "may_cancel",
     "own_series",
+    "parse_stamp",
     "partition_for",
     "pinned_id",
+    "produced_before",
+    "producer_seq",
     "route_schema",
     "target_pin",
     "tombstone_route",
+    "valid_producer_seq",
 ]

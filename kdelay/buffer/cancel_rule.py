@@ -1,6 +1,8 @@
 """The replicas' cancel rule: which schedules a cancel cancels
 (README "Cancelling a message"), from the records' buffer offsets, append times and the
-proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it); and
+proxy's acceptance order, stamped on the broker's clock (rounded up: never behind it), or,
+for a message and a cancel of one idempotent producer to one topic-partition, from that
+producer's sequence numbers (:func:`produced_before`, stamps of ``sequences.py``); and
 whose (README "Message owners"): :func:`may_cancel`; a replace never cancels its own series'
 later occurrences: :func:`own_series`. The verifier does not import it: it judges by its own
 reading of the contract (``verifier/cancel_contract.py``), so a bug here is not its bug too.
@@ -9,6 +11,8 @@ Functions of their arguments; safe from any thread.
 """
 
 from __future__ import annotations
+
+from kdelay.buffer.sequences import SEQUENCES, parse_stamp
 
 #: How long after its own append time a cancel still cancels a schedule appended after it (5
 #: minutes of the records' append time; covers a proxy's upstream delivery timeout, 30 s by
@@ -25,6 +29,21 @@ CANCEL_SENT_WITH_MS = 100
 ORDER_SHIFT = 20
 
 
+def produced_before(cancel_seq: str | None, schedule_seq: str | None) -> bool | None:
+    """Whether the schedule stamped ``schedule_seq`` was produced before the cancel stamped
+    ``cancel_seq``: True when the same idempotent producer (id and epoch) sent both to the
+    same topic-partition, the schedule with the lower sequence number (modulo 2**31, within
+    half of it); False when it sent the schedule with the same or a higher one; None when
+    they are not comparable (either unstamped, or another producer, epoch or partition)."""
+    if cancel_seq is None or schedule_seq is None:
+        return None
+    c, s = parse_stamp(cancel_seq), parse_stamp(schedule_seq)
+    if c is None or s is None or c[0] != s[0]:
+        return None
+    ahead = (c[1] - s[1]) % SEQUENCES
+    return 0 < ahead < SEQUENCES // 2
+
+
 def accepted_ms(seq: int) -> int | None:
     """When a proxy accepted a schedule with order field ``seq`` (its millisecond), None if
     unknown (format 1, or not written by a proxy's router)."""
@@ -38,6 +57,8 @@ def cancels(
     offset: int,
     time_ms: int | None,
     accepted: int | None,
+    *,
+    order: bool | None = None,
 ) -> bool:
     """Whether a cancel of an id, at ``cancel_offset`` of a buffer partition and appended at
     ``cancel_ms``, cancels a schedule of that id in the same partition at ``offset``, appended
@@ -52,9 +73,18 @@ def cancels(
     broker clock's lower bound is past its append time plus :data:`CANCEL_SENT_WITH_MS`
     (proxy/routing/cancel_acks.py), so a schedule accepted after that has ``accepted`` beyond it.
 
+    ``order``: :func:`produced_before` of the two records' producer-sequence stamps. When it
+    is known (one idempotent producer sent both to one topic-partition: the cancel sent to the
+    message's topic with its key) it decides instead of the offsets and times: the schedule
+    produced before the cancel is cancelled, whichever reaches the buffer first (appended
+    within :data:`CANCEL_WINDOW_MS` after the cancel when after it); one produced after it
+    never is.
+
     The replicas also close a cancel once 50,000 newer ones of its partition are open
     (``delay_service/store/cancels.py``); this rule of one cancel and one schedule does not count.
     """
+    if order is not None:
+        return order and _in_window(cancel_offset, cancel_ms, offset, time_ms)
     if offset < cancel_offset:
         return True
     if offset == cancel_offset or cancel_ms is None or accepted is None:
@@ -62,6 +92,17 @@ def cancels(
     if accepted > cancel_ms + CANCEL_SENT_WITH_MS:
         return False
     return time_ms is None or time_ms - cancel_ms <= CANCEL_WINDOW_MS
+
+
+def _in_window(cancel_offset: int, cancel_ms: int | None, offset: int, time_ms: int | None) -> bool:
+    """Whether a schedule at ``offset`` (appended at ``time_ms``) is before the cancel at
+    ``cancel_offset`` (appended at ``cancel_ms``), or after it within
+    :data:`CANCEL_WINDOW_MS` (unknown times: within)."""
+    if offset == cancel_offset:
+        return False
+    if offset < cancel_offset or cancel_ms is None or time_ms is None:
+        return True
+    return time_ms - cancel_ms <= CANCEL_WINDOW_MS
 
 
 def own_series(replace_key: str, schedule_key: str) -> bool:

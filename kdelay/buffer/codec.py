@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from kdelay.buffer.records import BufferRecord, Cancel, Fate, Scheduled, Tombstone
+from kdelay.buffer.sequences import valid_producer_seq
 from kdelay.errors import BufferFormatError
 from kdelay.immutable import immutable
 from kdelay.json_bytes import dumps
@@ -55,6 +56,7 @@ ROUTE_FIELDS: dict[str, str] = {
     "px": "STRING",
     "dr": "STRING",
     "ac": "BIGINT",
+    "q": "STRING",
 }
 
 
@@ -98,6 +100,7 @@ def encode(record: BufferRecord) -> Encoded:
             replace=record.replace,
             owner=record.owner,
             admin=record.admin,
+            producer_seq=record.producer_seq,
         )
         return Encoded(key, value, headers)
     if isinstance(record, Cancel):
@@ -110,6 +113,8 @@ def encode(record: BufferRecord) -> Encoded:
             fields["px"] = record.prefix
             if record.topic is not None:
                 fields["t"] = record.topic
+        if record.producer_seq is not None:
+            fields["q"] = record.producer_seq
         return Encoded(key, b"", [_route(fields)])
     return Encoded(key, None, [tombstone_route(record.id, record.offset, record.fate)])
 
@@ -158,6 +163,7 @@ def encode_schedule(
     replace: bool = False,
     owner: str | None = None,
     admin: bool = False,
+    producer_seq: str | None = None,
 ) -> tuple[bytes, list[tuple[str, bytes | None]]]:
     """The value and headers of a schedule's buffer record (its key is its buffer key): what
     :func:`encode` writes for a :class:`Scheduled`, for the proxy's hot path, which has the
@@ -184,6 +190,8 @@ def encode_schedule(
         fields["w"] = owner
     if admin:
         fields["a"] = True
+    if producer_seq is not None:
+        fields["q"] = producer_seq
     return (b"" if value is None else value), [*headers, (ROUTE_HEADER, dumps(fields))]
 
 
@@ -311,6 +319,7 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             replace=route.get("rx") is True,
             owner=_owner(route),
             admin=route.get("a") is True,
+            producer_seq=valid_producer_seq(route.get("q")),
         )
     if op == OP_CANCEL:
         prefix, topic = route.get("px"), route.get("t")
@@ -323,6 +332,7 @@ def _decode_route(  # noqa: PLR0917 - the parts of one record, in one private ca
             admin=route.get("a") is True,
             prefix=None if prefix is None else _id("the prefix", str(prefix)),
             topic=None if prefix is None or topic is None else str(topic),
+            producer_seq=None if prefix is not None else valid_producer_seq(route.get("q")),
         )
     if op == OP_DONE:
         return Tombstone(

@@ -36,6 +36,10 @@ class Scheduled:
     owner: str | None = None
     #: A replace by a kdelay administrator: its cancel part may cancel any owner's messages.
     admin: bool = False
+    #: Who produced it in which order (route field ``q``, ``cancel_rule.producer_seq``): an
+    #: idempotent producer's id, epoch, target partition, sequence number and target topic;
+    #: None when unknown (HTTP, a producer without idempotence, an older proxy).
+    producer_seq: str | None = None
 
     @property
     def buffer_key(self) -> str:
@@ -95,6 +99,8 @@ class Cancel:
     prefix: str | None = None
     #: A bulk cancel limited to messages for this target topic (route field ``t``).
     topic: str | None = None
+    #: As :attr:`Scheduled.producer_seq`: the topic-partition the cancel was produced to.
+    producer_seq: str | None = None
 
     @property
     def buffer_key(self) -> str:

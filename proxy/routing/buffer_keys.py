@@ -13,6 +13,11 @@ all of that, content and timestamp included, which a retry cannot be told from. 
 other producers get random keys. The ids of records sent without ``kdelay-id`` derive from
 these keys (``kdelay.buffer.pinned_id``).
 
+Producer-sequence stamps (:meth:`BatchKeys.stamp`): the same identity and sequence number,
+written in clear on every delayed record and cancel (route field ``q``), so that the replicas
+order a message and its cancel of one producer and topic-partition exactly
+(``kdelay.buffer.produced_before``).
+
 Acceptance order (:class:`AcceptanceOrder`): each delayed record carries the order in which
 this process accepted it, which orders messages due at the same millisecond
 (``kdelay.buffer.ORDER_SHIFT``), and its millisecond is when the proxy accepted it *by the
@@ -35,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kdelay import clock
+from kdelay.buffer import producer_seq
 from kdelay.errors import KdelayError
 from kdelay.proxy.wire.records import Record
 
@@ -97,9 +103,12 @@ class BatchKeys:
     """The :func:`buffer_key` of every record of one batch: the name's part shared by the batch
     (``producer id/epoch/topic/partition/``) encoded once, not once a record."""
 
-    __slots__ = ("_base", "_prefix")
+    __slots__ = ("_base", "_origin", "_partition", "_prefix", "_topic")
 
     def __init__(self, origin: Origin | None, topic: str, partition: int) -> None:
+        self._origin = origin
+        self._topic = topic
+        self._partition = partition
         if origin is None or origin.base_sequence < 0:
             self._prefix: bytes | None = None
             self._base = 0
@@ -107,6 +116,16 @@ class BatchKeys:
             name = f"{origin.producer_id}/{origin.epoch}/{topic}/{partition}/"
             self._prefix = _DERIVED_BYTES + name.encode()
             self._base = origin.base_sequence
+
+    def stamp(self, index: int) -> str | None:
+        """The producer-sequence stamp (route field ``q``, ``kdelay.buffer.producer_seq``) of
+        record ``index`` of the batch; None when the producer is not idempotent."""
+        if self._prefix is None or self._origin is None:
+            return None
+        origin = self._origin
+        return producer_seq(
+            origin.producer_id, origin.epoch, self._topic, self._partition, self._base + index
+        )
 
     def key(self, index: int, record: Record) -> str:
         """The buffer key of ``record``, record ``index`` of the batch: the UUID version 5

@@ -176,11 +176,13 @@ def scheduled(
     replace: bool = False,
     owner: str | None = None,
     admin: bool = False,
+    producer_seq: str | None = None,
 ) -> Outgoing:
     """The buffer-topic record of a delayed message (``delay_ms``: due at its append time +
     ``delay_ms``; ``deliver_at_ms`` is then only the proxy's estimate). ``buffer_partition``:
     the id's, when the caller knows it (a pinned id's); else computed from the id. ``owner``:
-    the principal that sent it; ``admin``: a kdelay administrator's replace."""
+    the principal that sent it; ``admin``: a kdelay administrator's replace; ``producer_seq``:
+    its producer-sequence stamp (``kdelay.buffer.producer_seq``)."""
     value, routed_headers = buffer.encode_schedule(
         msg_id,
         topic=topic,
@@ -195,6 +197,7 @@ def scheduled(
         replace=replace,
         owner=owner,
         admin=admin and replace,
+        producer_seq=producer_seq,
     )
     return Outgoing(
         Kind.DELAYED,
@@ -219,10 +222,14 @@ def cancel(
     buffer_partitions: int,
     owner: str | None = None,
     admin: bool = False,
+    producer_seq: str | None = None,
 ) -> Outgoing:
     """The buffer-topic record that cancels ``msg_id``: in the id's partition, after it;
-    ``owner``: the principal that sent it, ``admin``: a kdelay administrator."""
-    enc = buffer.encode(buffer.Cancel(msg_id, uid, owner=owner, admin=admin))
+    ``owner``: the principal that sent it, ``admin``: a kdelay administrator;
+    ``producer_seq``: its producer-sequence stamp (``kdelay.buffer.producer_seq``)."""
+    enc = buffer.encode(
+        buffer.Cancel(msg_id, uid, owner=owner, admin=admin, producer_seq=producer_seq)
+    )
     return Outgoing(
         Kind.CANCEL,
         buffer.BUFFER_TOPIC,
@@ -246,6 +253,7 @@ def _delayed(
     seq: int,
     owner: str | None,
     admin: bool,
+    producer_seq: str | None = None,
 ) -> Outgoing:
     """The buffer record of ``r``, delayed as ``asked``; without an id, one pinned to the
     target partition's buffer partition."""
@@ -269,6 +277,7 @@ def _delayed(
         replace=asked.replace,
         owner=owner,
         admin=admin,
+        producer_seq=producer_seq,
     )
 
 
@@ -365,6 +374,7 @@ def route(
                 buffer_partitions=buffer_partitions,
                 owner=owner,
                 admin=admin,
+                producer_seq=keys.stamp(i),
             )
         else:
             assert isinstance(asked, Delay)
@@ -378,6 +388,7 @@ def route(
                 seq=seqs.take(len(records) - i),
                 owner=owner,
                 admin=admin,
+                producer_seq=keys.stamp(i),
             )
         counts[routed.kind] += 1
         append(routed)
