@@ -14,9 +14,15 @@ REVOKED_OWNERS = Panel(
             "DescribeAcls failed",
         ),
         q(f"sum(kdelay_replica_owner_unchecked_messages and {MASTER})", "held: owner not checked"),
+        q(
+            f"max(kdelay_replica_buffer_foreign_writers and {MASTER})",
+            "foreign buffer writers (all held)",
+        ),
     ],
     "short",
     description="Releases refused because the message's owner may no longer WRITE its target "
     "by Kafka's ACLs (dead-lettered), questions to Kafka about a target's ACLs that failed, and "
-    "due owned messages held pending because of them.",
+    "due owned messages held pending because of them; and the ACL bindings that let a principal "
+    "other than kdelay's WRITE the buffer topic (while any exists the master releases nothing: "
+    "docs/security.md, \"The buffer's writers\").",
 )
