@@ -46,13 +46,14 @@ message that reuses its id.
   cancels only messages that principal owns, any when ``a``, and those without an owner
   (:func:`may_cancel`). Readers that predate ``w`` and ``a`` ignore them.
 - bulk cancel: a cancel whose ``kdelay-route`` adds ``"px": id prefix`` (never empty) and
-  optionally ``"t": target topic``; ``i`` is then the bulk cancel's own id (``bulk.<32 hex>``,
-  which no message has). Every replica applies it to its whole store: it cancels each pending
-  message whose id starts with ``px`` (and whose target is ``t``), appended to the buffer topic
-  no later than the bulk cancel itself (by LogAppendTime), whichever partition it is in, and
-  that its sender may cancel (:func:`may_cancel`); nothing appended after it. One record per
-  replica set (shard), in a buffer partition of that shard. Readers that predate ``px`` see
-  a cancel of an id no message has: a no-op.
+  optionally ``"t": target topic``; ``i`` is then the bulk cancel's own id, which no message
+  has (``bulk_ids.py``). The proxy writes one copy in every buffer partition, id
+  ``bulk.p<N>.<32 hex>``: the copy in partition ``q`` cancels each pending message of partition
+  ``q`` whose id starts with ``px`` (and whose target is ``t``), appended no later than the copy
+  itself (by LogAppendTime), and that its sender may cancel (:func:`may_cancel`); nothing
+  appended after it. An older proxy's ``bulk.<32 hex>`` (one record per shard) applies to every
+  partition of the store that reads it. Readers that predate ``px`` see a cancel of an id no
+  message has: a no-op.
 - tombstone: value null, key = the buffer key of the record it retires; ``kdelay-route`` =
   ``{"v": 2, "op": "done", "i": id, "o": buffer offset of that record}``, plus, when the
   master knows what became of the message, ``"x": "delivered" | "dead_lettered" |
