@@ -70,7 +70,14 @@ from kdelay.verifier.matching import (
     with_cancels,
 )
 from kdelay.verifier.report import Summary, WindowResult
-from kdelay.verifier.source import only_topics, parse_buffer, parse_delivered, read_batch
+from kdelay.verifier.source import (
+    buffer_records,
+    buffer_rows,
+    delivered_records,
+    delivery_times,
+    only_topics,
+    read_batch,
+)
 
 log = logs.get(__name__)
 
@@ -182,14 +189,16 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
     """Verify what the topics hold now (see the module docstring for why this is a batch read)."""
     end_ms = cfg.end_ms if cfg.end_ms is not None else _now_ms()
     # The buffer snapshot is taken (and pinned in memory) before the target topics are read,
-    # so every delivery of a message in the snapshot that happened before it is seen.
-    buffer = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
-    msgs = messages(only_topics(buffer.schedules, cfg.topic_list)).persist()
-    cancels = buffer.cancels.persist()
-    cached = [msgs, cancels]
+    # so every delivery of a message in the snapshot that happened before it is seen. Each
+    # topic is read once: its parsed rows are pinned, everything after reads them.
+    records = buffer_records(read_batch(spark, cfg, subscribe=cfg.buffer_topic)).persist()
+    cached = [records]
     try:
+        records.count()
+        buffer = buffer_rows(records)
+        msgs = messages(only_topics(buffer.schedules, cfg.topic_list)).persist()
+        cached.append(msgs)
         found = sorted(str(r["topic"]) for r in msgs.select("topic").distinct().collect())
-        cancels.count()
         topics = cfg.topic_list or found
         log.info("verifier.once_topics", topics=topics, end_ms=end_ms)
         if topics:
@@ -198,15 +207,13 @@ def run_once(spark: SparkSession, cfg: VerifierConfig) -> OnceResult:
             raw = spark.createDataFrame([], _EMPTY_TARGET)
         # Read (and pinned) first: the instant after is the receipt time of every record in
         # it, an upper bound of its append time (verifier.source).
-        raw = raw.select("headers", "timestamp", "timestampType").persist()
-        cached.append(raw)
-        raw.count()
-        received = F.timestamp_millis(F.lit(_now_ms()))
-        deliveries = parse_delivered(raw, received).persist()
-        cached.append(deliveries)
-        matched = match_batch(msgs, deliveries).persist()
-        cached.append(matched)
-        cancelled = cancelled_positions(msgs, cancels)
+        delivered = delivered_records(raw.select("headers", "timestamp", "timestampType"))
+        delivered = delivered.persist()
+        cached.append(delivered)
+        delivered.count()
+        deliveries = delivery_times(delivered, F.timestamp_millis(F.lit(_now_ms())))
+        matched = match_batch(msgs, deliveries)
+        cancelled = cancelled_positions(msgs, buffer.cancels)
         if buffer.bulk is not None:
             cancelled = cancelled.unionByName(bulk_cancelled_positions(msgs, buffer.bulk))
         per_id = with_cancels(matched, cancelled).persist()

@@ -147,13 +147,20 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
     Version 1: id = the record key, due = ``d``. Version 2: id = ``i``, due = ``d`` or, for a
     relative delay, the record timestamp (LogAppendTime on the buffer topic) + ``r``.
     """
+    return buffer_rows(buffer_records(raw))
+
+
+def buffer_records(raw: DataFrame) -> DataFrame:
+    """The buffer topic's records of the versions read, each route header parsed once: bkey, r
+    (the route fields), ts_ms, bpart, boff, id. :func:`buffer_rows` derives schedules and
+    cancels from them (``--once`` pins them in memory in between, so the topic is read and its
+    JSON parsed once)."""
     last = F.try_element_at(F.col("headers"), F.lit(-1))
     route = F.when(
         last.getField("key") == ROUTE_HEADER,
         F.from_json(last.getField("value").cast("string"), _ROUTE_SCHEMA),
     )
     key = F.col("key").cast("string")
-    v1 = F.col("r.v") == 1
     parsed = raw.select(
         key.alias("bkey"),
         route.alias("r"),
@@ -161,9 +168,15 @@ def parse_buffer(raw: DataFrame) -> BufferRows:
         F.col("partition").alias("bpart"),
         F.col("offset").alias("boff"),
     ).where(F.col("r.v").isin(list(READ_VERSIONS)))
-    parsed = parsed.withColumn("id", F.when(v1, F.col("bkey")).otherwise(F.col("r.i"))).where(
+    v1 = F.col("r.v") == 1
+    return parsed.withColumn("id", F.when(v1, F.col("bkey")).otherwise(F.col("r.i"))).where(
         F.col("id").isNotNull()
     )
+
+
+def buffer_rows(parsed: DataFrame) -> BufferRows:
+    """Schedules, cancels and bulk cancels of :func:`buffer_records`' rows."""
+    v1 = F.col("r.v") == 1
     due_ms = F.when(v1, F.col("r.d")).otherwise(
         F.coalesce(F.col("r.d"), F.col("ts_ms") + F.col("r.r"))
     )
@@ -208,8 +221,11 @@ def only_topics(schedules: DataFrame, topics: list[str]) -> DataFrame:
 
 
 def _header(name: str) -> Column:
-    found = F.filter(F.col("headers"), lambda hdr: hdr.getField("key") == name)
-    return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
+    """The value of the first header ``name`` as a string (null without one). By position in
+    the array of keys, not a ``filter`` lambda: Spark compiles this to Java, while a
+    higher-order function is interpreted row by row (a few times the CPU per record)."""
+    at = F.array_position(F.col("headers.key"), F.lit(name))
+    return F.when(at > 0, F.get(F.col("headers.value"), (at - 1).cast("int"))).cast("string")
 
 
 def parse_delivered(raw: DataFrame, received: Column | None = None) -> DataFrame:
@@ -219,11 +235,26 @@ def parse_delivered(raw: DataFrame, received: Column | None = None) -> DataFrame
     number); at, the delivery time (module docstring); receipt, whether ``at`` is the receipt
     time ``received`` (default ``current_timestamp()``, the streaming batch's time).
     """
-    appended = F.col("timestampType") == LOG_APPEND_TIME
-    receipt_time = F.current_timestamp() if received is None else received
+    return delivery_times(delivered_records(raw), received)
+
+
+def delivered_records(raw: DataFrame) -> DataFrame:
+    """The records of :func:`parse_delivered` before their delivery time is chosen: id, due_ms,
+    timestamp, receipt (``--once`` pins them, then learns the receipt time)."""
     return raw.select(
         _header(h.ID).alias("id"),
         _header(h.DELIVER_AT).try_cast("bigint").alias("due_ms"),
-        F.when(appended, F.col("timestamp")).otherwise(receipt_time).alias("at"),
-        (~appended).alias("receipt"),
+        "timestamp",
+        (F.col("timestampType") != LOG_APPEND_TIME).alias("receipt"),
     ).where(F.col("id").isNotNull())
+
+
+def delivery_times(records: DataFrame, received: Column | None = None) -> DataFrame:
+    """:func:`delivered_records` with the delivery time ``at`` (see :func:`parse_delivered`)."""
+    receipt_time = F.current_timestamp() if received is None else received
+    return records.select(
+        "id",
+        "due_ms",
+        F.when(F.col("receipt"), receipt_time).otherwise(F.col("timestamp")).alias("at"),
+        "receipt",
+    )
