@@ -5,7 +5,8 @@ configured rate instead of all together.
 One :class:`TokenBucket` per rate-limited topic holds what it may still be sent: it fills at
 ``rate`` messages per second up to ``burst`` (a tenth of a second's worth, at least one), or
 up to a second's worth while the topic has due messages waiting (a scan pass that meets the
-topic only every few rounds does not lose what it was owed). The master's rounds consult it
+topic only every few rounds, or a round that takes longer than a second, does not lose what it
+was owed). The master's rounds consult it
 through :class:`RoundQuota`, the collection of targets the round's scan passes over
 (``Store.due_skipping``): it contains the held targets (``sweep.py``) and, once a rate-limited
 topic's budget for the round is used up, every target of that topic. So the throttled
@@ -71,6 +72,7 @@ class TokenBucket:
     updated: float  # monotonic time of the last refill
     tokens: float = field(default=-1.0)  # -1: start full
     waiting_at: float = -math.inf  # when the topic last had due entries waiting
+    waiting: bool = False  # it had due entries waiting at the last round's end
 
     def __post_init__(self) -> None:
         if self.tokens < 0:
@@ -82,7 +84,7 @@ class TokenBucket:
 
     def capacity(self, now: float) -> float:
         """The most tokens the bucket holds now: more while the topic has a backlog."""
-        if now - self.waiting_at <= BACKLOG_S:
+        if self.waiting or now - self.waiting_at <= BACKLOG_S:
             return max(self.burst, self.rate * BACKLOG_S)
         return self.burst
 
@@ -253,8 +255,10 @@ class Smoothing:
         now = self._clock.monotonic()
         self._denied_now = dict.fromkeys(skip.denied, now_ms)  # applies after released()
         waiting = skip.met | {t for t, _ in passed if t in self._buckets}
-        for topic in waiting:
-            self._buckets[topic].waiting_at = now
+        for topic, bucket in self._buckets.items():
+            bucket.waiting = topic in waiting  # however long the next round takes to come
+            if bucket.waiting:
+                bucket.waiting_at = now
         self._waiting = waiting
         if self._metrics is not None:
             self._metrics.release_throttled_topics.set(len(skip.denied))

@@ -328,6 +328,29 @@ def decode_entry(data: bytes) -> Scheduled:
     return result
 
 
+def entry_target(data: bytes) -> tuple[str, int]:
+    """The (topic, partition) of the entry ``data``, reading only its head and first fields:
+    the forwarder's scan passes over far more entries than it releases (held targets, a
+    throttled topic's backlog) and needs only this of them. Anything it cannot read is left to
+    :func:`decode_entry`, which names what is wrong."""
+    head = _HEADS.get(data[0]) if data else None
+    if head is not None:
+        try:
+            partition = head.unpack_from(data, 0)[2]
+            pos = head.size
+            for _ in range(1 if data[0] < 3 else 2):  # id, and the buffer key since version 3
+                (length,) = _LEN.unpack_from(data, pos)
+                pos += _LEN.size + (0 if length == _NULL else length)
+            (length,) = _LEN.unpack_from(data, pos)
+            pos += _LEN.size
+            if length != _NULL and pos + length <= len(data):
+                return data[pos : pos + length].decode(), partition
+        except (struct.error, UnicodeDecodeError):
+            pass
+    message = decode_entry(data)
+    return message.topic, message.partition
+
+
 def _text(data: bytes, pos: int) -> tuple[str | None, int]:
     """A nullable ``length (4) | UTF-8`` field at ``pos``, and the position after it."""
     (length,) = _LEN.unpack_from(data, pos)

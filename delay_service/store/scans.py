@@ -21,7 +21,13 @@ from typing import Any
 from rocksdict import ReadOptions
 
 from kdelay.delay_service.store.due_scan import DueScan, Holds, Target
-from kdelay.delay_service.store.entry import Entry, decode_entry, due_bound, split_key
+from kdelay.delay_service.store.entry import (
+    Entry,
+    decode_entry,
+    due_bound,
+    entry_target,
+    split_key,
+)
 from kdelay.delay_service.store.ids import first_with_id
 from kdelay.delay_service.store.outcomes import Outcome
 from kdelay.delay_service.store.state import StoreState
@@ -86,10 +92,10 @@ class StoreScans:
                 last_ms, partition, offset = split_key(last)
                 target = known.get(last)
                 if target is None or not holds(target):
-                    message = decode_entry(bytes(it.value()))
-                    target = (message.topic, message.partition)
+                    value = bytes(it.value())
+                    target = entry_target(value)  # most entries examined are passed over
                     if not holds(target):
-                        out.append(Entry(last, message, partition, offset))
+                        out.append(Entry(last, decode_entry(value), partition, offset))
                         cut = len(out) >= limit
                         if cut:
                             break

@@ -62,6 +62,18 @@ def test_a_bucket_with_a_backlog_keeps_up_to_a_second_of_tokens() -> None:
     assert bucket.available(12.0) == BURST  # the backlog is a second old: back to the burst
 
 
+def test_a_bucket_still_waiting_after_a_long_round_keeps_a_second_of_tokens() -> None:
+    """A round slower than a second (a large backlog passed over on a busy machine) does not
+    cut a waiting topic back to its burst: it still had due entries at the last round's end."""
+    bucket = TokenBucket(RATE, 10.0)
+    bucket.take(BURST, 10.0)
+    bucket.waiting_at, bucket.waiting = 10.0, True
+    assert bucket.available(11.5) == RATE  # a second's worth, not the burst
+    bucket.waiting = False
+    bucket.take(RATE, 11.5)
+    assert bucket.available(13.0) == BURST
+
+
 def test_a_bucket_in_debt_waits_it_out_and_says_when_it_is_ready() -> None:
     bucket = TokenBucket(RATE, 10.0)
     bucket.take(BURST + 5, 10.0)  # more than it held (a round's retry): a debt
