@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 import ssl
 import time
 import urllib.error
@@ -22,65 +21,15 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
-from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
-from confluent_kafka.admin._scram import (
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialUpsertion,
-)
 from confluent_kafka.cimpl import NewTopic
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from kdelay import headers as h
 from tests.support.kafka_helpers import consume_until, unique_topic
-from tests.support.up import kdelay_up
+from tests.support.up import add_user, admin_config, kdelay_up, sasl_config
 
 pytestmark = pytest.mark.e2e
-
-
-def _sasl(state: dict[str, Any], user: str, password: str) -> dict[str, str]:
-    sec = state["security"]
-    return {
-        "security.protocol": sec["protocol"],
-        "sasl.mechanism": sec["mechanism"],
-        "sasl.username": user,
-        "sasl.password": password,
-        "ssl.ca.location": sec["ca_file"],
-    }
-
-
-def _admin(state: dict[str, Any]) -> dict[str, str]:
-    admin = state["security"]["admin"]
-    return _sasl(state, admin["username"], admin["password"])
-
-
-def _user(state: dict[str, Any], name: str, topic: str | None) -> str:
-    """A SCRAM user (allowed WRITE and DESCRIBE on ``topic`` if given); its password."""
-    password = secrets.token_urlsafe(16)
-    admin = AdminClient({"bootstrap.servers": state["kafka"], **_admin(state)})
-    upsert = UserScramCredentialUpsertion(
-        name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
-    )
-    for future in admin.alter_user_scram_credentials([upsert]).values():
-        future.result(timeout=30)
-    if topic is not None:
-        acls = [
-            AclBinding(
-                ResourceType.TOPIC,
-                topic,
-                ResourcePatternType.LITERAL,
-                f"User:{name}",
-                "*",
-                op,
-                AclPermissionType.ALLOW,
-            )
-            for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
-        ]
-        for future in admin.create_acls(acls).values():
-            future.result(timeout=30)
-    return password
 
 
 def _produce(proxy: str, conf: dict[str, str], topic: str, msg_id: str) -> KafkaError | None:
@@ -144,15 +93,15 @@ def test_up_secure_serves_users_by_their_acls_and_keeps_every_door_shut(
         used.add(sec["admin"]["password"])
 
         topic = unique_topic("up-secure")
-        admin = AdminClient({"bootstrap.servers": state["kafka"], **_admin(state)})
+        admin = AdminClient({"bootstrap.servers": state["kafka"], **admin_config(state)})
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
-        alice = _user(state, "alice", topic)
-        mallory = _user(state, "mallory", None)
+        alice = add_user(state, "alice", topic)
+        mallory = add_user(state, "mallory", None)
         used |= {alice, mallory}
 
         # A user with WRITE on the topic schedules through the SASL_SSL proxy; it is delivered.
         sent_ms = int(time.time() * 1000)
-        assert _produce(state["proxy"], _sasl(state, "alice", alice), topic, "s-1") is None
+        assert _produce(state["proxy"], sasl_config(state, "alice", alice), topic, "s-1") is None
         status, body = _http(
             state,
             "POST",
@@ -162,16 +111,17 @@ def test_up_secure_serves_users_by_their_acls_and_keeps_every_door_shut(
         )
         assert status == 202, body
         records = consume_until(
-            state["kafka"], [topic], lambda r: len(r) >= 2, config=dict(_admin(state))
+            state["kafka"], [topic], lambda r: len(r) >= 2, config=dict(admin_config(state))
         )
         assert sorted(r.header(h.ID) or b"" for r in records) == [b"s-1", b"s-2"]
         assert all(r.timestamp_ms >= sent_ms + 300 for r in records)
 
         # The doors that must stay shut.
-        err = _produce(state["proxy"], _sasl(state, "mallory", mallory), topic, "m-1")
+        err = _produce(state["proxy"], sasl_config(state, "mallory", mallory), topic, "m-1")
         assert err is not None
         assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
-        err = _produce(state["proxy"], _sasl(state, "alice", "not-her-password"), topic, "m-2")
+        wrong = sasl_config(state, "alice", "not-her-password")
+        err = _produce(state["proxy"], wrong, topic, "m-2")
         assert err is not None
         assert err.code() == KafkaError._AUTHENTICATION, err
         anonymous = AdminClient(

@@ -42,8 +42,7 @@ from tests.support.raw_client import (
     RawClient,
     init_producer_id_request,
     plain_token,
-    produce_request,
-    record_batch,
+    produce_with_id,
     sasl_authenticate_request,
     sasl_handshake_request,
 )
@@ -93,11 +92,6 @@ def _login(address: str, secure: SecureKafka, user: str) -> RawClient:
     return client
 
 
-def _produce(client: RawClient, topic: str, value: bytes, pid: int, *, epoch: int, seq: int) -> Any:
-    batch = record_batch([(None, value, [])], producer_id=pid, epoch=epoch, base_sequence=seq)
-    return client.request(produce_request(topic, 0, batch)).responses[0].partition_responses[0]
-
-
 def _values(secure: SecureKafka, topic: str, expected: set[bytes]) -> set[bytes]:
     """What ``topic`` holds once it holds ``expected`` (or a timeout, with what it holds)."""
     seen: set[bytes] = set()
@@ -119,15 +113,15 @@ def test_another_principals_batch_with_your_producer_id_is_refused(
         init = alice.request(init_producer_id_request())
         assert init.error_code == 0
         pid, epoch = init.producer_id, init.producer_epoch
-        assert _produce(alice, topic, b"alice-0", pid, epoch=epoch, seq=0).error_code == 0
+        assert produce_with_id(alice, topic, b"alice-0", pid, epoch=epoch, seq=0).error_code == 0
 
-        stolen = _produce(bob, topic, b"bob-1", pid, epoch=epoch, seq=1)
+        stolen = produce_with_id(bob, topic, b"bob-1", pid, epoch=epoch, seq=1)
         assert stolen.error_code == UNKNOWN_PRODUCER_ID, "bob wrote with alice's producer id"
-        fenced = _produce(bob, topic, b"bob-fence", pid, epoch=epoch + 1, seq=0)
+        fenced = produce_with_id(bob, topic, b"bob-fence", pid, epoch=epoch + 1, seq=0)
         assert fenced.error_code == UNKNOWN_PRODUCER_ID, "bob fenced alice's epoch"
 
-        assert _produce(alice, topic, b"alice-1", pid, epoch=epoch, seq=1).error_code == 0
-        assert _produce(alice, topic, b"alice-2", pid, epoch=epoch, seq=2).error_code == 0
+        assert produce_with_id(alice, topic, b"alice-1", pid, epoch=epoch, seq=1).error_code == 0
+        assert produce_with_id(alice, topic, b"alice-2", pid, epoch=epoch, seq=2).error_code == 0
     seen = _values(secure, topic, {b"alice-0", b"alice-1", b"alice-2"})
     assert not seen & {b"bob-1", b"bob-fence"}
 
@@ -205,7 +199,7 @@ def test_another_principal_cannot_fence_your_idempotent_producer(
         bump = bob.request(init_producer_id_request(producer_id=pid, epoch=epoch))
         assert bump.error_code == 0
         assert bump.producer_id != pid, "bob's InitProducerId bumped alice's epoch"
-        fence = _produce(bob, topic, b"bob-fence", pid, epoch=epoch + 5, seq=0)
+        fence = produce_with_id(bob, topic, b"bob-fence", pid, epoch=epoch + 5, seq=0)
         assert fence.error_code == UNKNOWN_PRODUCER_ID, "bob fenced alice's producer"
     mine = [f"alice-{i}".encode() for i in range(2, 7)]
     alice.send(topic, mine)
@@ -229,7 +223,7 @@ def test_an_id_claimed_first_after_a_restart_costs_its_owner_nothing(
     with running_proxy(cfg) as px:  # the same address: alice's producer reconnects to it
         with _login(_addr(px), secure, "bob") as bob:
             # bob presents alice's id first, at the sequence her next batch will carry.
-            assert _produce(bob, topic, b"bob-2", pid, epoch=epoch, seq=2).error_code == 0
+            assert produce_with_id(bob, topic, b"bob-2", pid, epoch=epoch, seq=2).error_code == 0
         mine = [f"alice-{i}".encode() for i in range(2, 6)]
         alice.send(topic, mine)
         assert alice.failed == []

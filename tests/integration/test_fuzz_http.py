@@ -1,12 +1,14 @@
 """The HTTP API of a secured proxy fuzzed with schemathesis from its own OpenAPI schema.
 
-``kdelay proxy`` (a process, tests/support/fuzz.py) serves its API on HTTPS with
-``http_auth=kafka`` in front of a real secured Kafka; schemathesis generates requests for every
-operation of ``/openapi.json``, valid and invalid. Without credentials, or with a wrong password
-carrying a marker, every operation answers 401 JSON and never echoes the credentials. As alice
-(a Kafka user allowed to write one topic) no answer is a server error but 503 naming the setting
-the proxy runs without (``zk_connect``: no replicas to ask), and answers conform to the schema
-where schemathesis can check. After each run the process lives, an authenticated POST of a
+Two targets (tests/support/fuzz_targets.py): ``kdelay proxy`` (a process, tests/support/fuzz.py)
+serving its API on HTTPS with ``http_auth=kafka`` in front of a real secured Kafka, and the whole
+stack of ``kdelay up --secure`` (its proxy the same, with replicas behind it; a fifth of the
+examples). schemathesis generates requests for every operation of ``/openapi.json``, valid and
+invalid. Without credentials, or with a wrong password carrying a marker, every operation
+answers 401 JSON and never echoes the credentials. As alice (a Kafka user allowed to write one
+topic) no answer is a server error but, from the lone proxy, 503 naming the setting it runs
+without (``zk_connect``: no replicas to ask), and answers conform to the schema where
+schemathesis can check. After each run the proxy's process lives, an authenticated POST of a
 delayed message is accepted, and the HTTP metric's label values are of closed sets. Seeded
 (``derandomize``) and bounded so CI is deterministic; ``KDELAY_FUZZ_SCALE`` multiplies the
 examples for a deep run.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -29,9 +31,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import content_type_conformance, response_schema_conformance
 
 from kdelay.proxy import metric_labels
-from tests.support.fuzz import SCALE, SecuredProxy, basic, secured_proxy, series
-from tests.support.kafka_helpers import create_topic, unique_topic
-from tests.support.secure_kafka import SecureKafka, secured_kafka
+from tests.support.fuzz import SCALE, SecuredProxy, basic, series
+from tests.support.fuzz_targets import TARGETS, fuzz_target
 
 #: Examples per operation.
 EXAMPLES = 20 * SCALE
@@ -49,21 +50,18 @@ def _fuzz(examples: int) -> settings:
     )
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
-    with secured_kafka(tmp_path_factory.mktemp("fuzz-http"), "SASL_SSL") as sk:
-        yield sk
-
-
-@pytest.fixture(scope="module")
-def proxy(secure: SecureKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredProxy]:
-    with secured_proxy(secure, tmp_path_factory.mktemp("fuzz-http-proxy") / "proxy.log") as px:
+@pytest.fixture(scope="module", params=TARGETS)
+def proxy(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SecuredProxy]:
+    target = cast(str, request.param)
+    with fuzz_target(target, tmp_path_factory.mktemp(f"fuzz-http-{target}")) as px:
         yield px
 
 
 @pytest.fixture(scope="module")
-def alice(secure: SecureKafka) -> str:
-    return basic("alice", secure.password("alice"))
+def alice(proxy: SecuredProxy) -> str:
+    return proxy.basic("alice")
 
 
 def _call(case: Any, proxy: SecuredProxy, auth: str | None) -> Any:
@@ -99,11 +97,9 @@ def _replay(case: Any, resp: Any) -> str:
     )
 
 
-def _still_serving(secure: SecureKafka, proxy: SecuredProxy, alice: str) -> None:
-    assert proxy.proc.alive(), proxy.proc.log_tail()
-    topic = unique_topic("fuzz-http")
-    create_topic(secure.plain, topic)
-    secure.grant("alice", topic)
+def _still_serving(proxy: SecuredProxy, alice: str) -> None:
+    assert proxy.alive(), proxy.log_tail()
+    topic = proxy.users.topic_for("alice", "fuzz-http")
     body = {"topic": topic, "value": "after the fuzzing", "delay_ms": 60_000}
     resp = proxy.http.post(f"{proxy.url}/v1/messages", json=body, headers={"authorization": alice})
     assert resp.status_code == 202, resp.text
@@ -115,7 +111,7 @@ def _still_serving(secure: SecureKafka, proxy: SecuredProxy, alice: str) -> None
 
 
 def test_every_operation_without_valid_credentials_is_401(
-    secure: SecureKafka, proxy: SecuredProxy, schema: Any, alice: str
+    proxy: SecuredProxy, schema: Any, alice: str
 ) -> None:
     marker = f"fuzz-{uuid.uuid4().hex}"
     wrong = basic("alice", marker)
@@ -123,7 +119,7 @@ def test_every_operation_without_valid_credentials_is_401(
         if operation.path in OPEN:
             continue
 
-        @_fuzz(EXAMPLES)
+        @_fuzz(proxy.examples(EXAMPLES))
         @given(case=_cases(operation), credentials=st.sampled_from([None, wrong]))
         def fuzz(case: Any, credentials: str | None) -> None:
             resp = _call(case, proxy, credentials)
@@ -135,7 +131,7 @@ def test_every_operation_without_valid_credentials_is_401(
             assert wrong.split()[1] not in echoed, _replay(case, resp)
 
         fuzz()
-    _still_serving(secure, proxy, alice)
+    _still_serving(proxy, alice)
 
 
 def _no_server_error(case: Any, resp: Any) -> None:
@@ -146,15 +142,13 @@ def _no_server_error(case: Any, resp: Any) -> None:
 
 
 def test_every_operation_as_alice_never_answers_a_server_error(
-    secure: SecureKafka, proxy: SecuredProxy, schema: Any, alice: str
+    proxy: SecuredProxy, schema: Any, alice: str
 ) -> None:
-    topic = unique_topic("fuzz-http-alice")
-    create_topic(secure.plain, topic)
-    secure.grant("alice", topic)
+    proxy.users.topic_for("alice", "fuzz-http-alice")
     statuses: Counter[int] = Counter()
     for operation in _operations(schema):
 
-        @_fuzz(EXAMPLES)
+        @_fuzz(proxy.examples(EXAMPLES))
         @given(case=_cases(operation))
         def fuzz(case: Any) -> None:
             resp = _call(case, proxy, alice)
@@ -168,7 +162,7 @@ def test_every_operation_as_alice_never_answers_a_server_error(
         fuzz()
     # Past authentication: the fuzzing reached the operations themselves.
     assert statuses[401] < sum(statuses.values()), statuses
-    _still_serving(secure, proxy, alice)
+    _still_serving(proxy, alice)
 
 
 #: Methods as sent on the wire: RFC 9110's, made-up tokens, and odd case.
@@ -199,7 +193,7 @@ def _raw_request(
 
 
 def test_made_up_requests_under_v1_are_never_a_server_error(
-    secure: SecureKafka, proxy: SecuredProxy, alice: str
+    proxy: SecuredProxy, alice: str
 ) -> None:
     """What the schema does not list: any method, any path under /v1, odd queries and bodies.
     Without credentials 401; as alice never a 5xx; the HTTP metric gains no series per path or
@@ -207,7 +201,7 @@ def test_made_up_requests_under_v1_are_never_a_server_error(
     name = "kdelay_proxy_http_requests_total"
     before = len(series(proxy.metrics(), name)[name])
 
-    @_fuzz(EXAMPLES * 5)
+    @_fuzz(proxy.examples(EXAMPLES * 5))
     @given(methods, segments, queries, bodies, st.booleans())
     def fuzz(
         method: str, parts: list[str], query: dict[str, str], body: bytes | None, as_alice: bool
@@ -224,4 +218,4 @@ def test_made_up_requests_under_v1_are_never_a_server_error(
     after = len(series(proxy.metrics(), name)[name])
     # A series per (method label, route, status): a few at most (10 seen), not one a request.
     assert after <= before + 40 * SCALE, (before, after)
-    _still_serving(secure, proxy, alice)
+    _still_serving(proxy, alice)

@@ -2,11 +2,17 @@
 
 It sends exactly the bytes a test asks for (a retried batch, a truncated frame, an unknown API)
 and reads responses with a deadline, so a misbehaving proxy fails a test instead of hanging it.
+Over TLS too (a SASL_SSL listener, ``kdelay up --secure``'s): the bytes are the same inside it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import secrets
 import socket
+import ssl
 import struct
 import time
 from typing import Any
@@ -19,6 +25,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from kdelay.proxy.wire import protocol as p
 
 Header = tuple[str, bytes]
+#: What a socket raises when the peer has hung up (TLS adds its own EOFs to TCP's).
+PEER_CLOSED = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
 def record_batch(
@@ -108,12 +116,55 @@ def plain_token(user: str, password: str) -> bytes:
     return f"\0{user}\0{password}".encode()
 
 
-class RawClient:
-    """A blocking socket speaking the Kafka protocol one request at a time."""
+def produce_with_id(
+    client: RawClient, topic: str, value: bytes, pid: int, *, epoch: int, seq: int
+) -> Any:
+    """One record in a batch of producer id ``pid`` (``epoch``, sequence ``seq``) to partition 0
+    of ``topic``; the partition's response."""
+    batch = record_batch([(None, value, [])], producer_id=pid, epoch=epoch, base_sequence=seq)
+    return client.request(produce_request(topic, 0, batch)).responses[0].partition_responses[0]
 
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+
+def scram_login(client: RawClient, user: str, password: str, mechanism: str) -> None:
+    """Log ``client`` in with SCRAM-SHA-256 or -512 (RFC 5802, no channel binding); fails the
+    test at a refusal."""
+    digest = "sha512" if mechanism == "SCRAM-SHA-512" else "sha256"
+    assert client.request(sasl_handshake_request(mechanism)).error_code == 0
+    bare = f"n={user},r={secrets.token_urlsafe(18)}"
+    first = client.request(sasl_authenticate_request(f"n,,{bare}".encode()))
+    assert first.error_code == 0, first
+    server_first = bytes(first.auth_bytes).decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        digest, password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", digest).digest()
+    without_proof = f"c=biws,r={fields['r']}"
+    message = f"{bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(hashlib.new(digest, client_key).digest(), message, digest).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    final = client.request(
+        sasl_authenticate_request(f"{without_proof},p={proof.decode()}".encode())
+    )
+    assert final.error_code == 0, final
+
+
+class RawClient:
+    """A blocking socket speaking the Kafka protocol one request at a time; inside TLS when
+    ``tls`` is given (a context trusting the listener's CA); from the loopback address
+    ``source`` if given (another client address than 127.0.0.1)."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
+        source: str | None = None,
+    ) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        bind = None if source is None else (source, 0)
+        sock = socket.create_connection((host, int(port)), timeout=timeout, source_address=bind)
+        self.sock = sock if tls is None else tls.wrap_socket(sock, server_hostname=host)
         self._correlation = 0
 
     def close(self) -> None:
@@ -142,11 +193,11 @@ class RawClient:
 
     def read_frame(self) -> bytes | None:
         """The next response frame, or None when the proxy closed the connection."""
-        prefix = self._read_exact(4)
+        prefix = self.read_exact(4)
         if prefix is None:
             return None
         (size,) = struct.unpack(">i", prefix)
-        return self._read_exact(size)
+        return self.read_exact(size)
 
     def read_response(self, request: Any) -> Any:
         frame = self.read_frame()
@@ -162,17 +213,18 @@ class RawClient:
                 chunk = self.sock.recv(65536)
                 if not chunk:
                     return True
-        except (ConnectionResetError, BrokenPipeError):
+        except PEER_CLOSED:
             return True
         except TimeoutError:
             return False
 
-    def _read_exact(self, n: int) -> bytes | None:
+    def read_exact(self, n: int) -> bytes | None:
+        """``n`` bytes, or None when the peer hung up first; TimeoutError if it went quiet."""
         buf = bytearray()
         while len(buf) < n:
             try:
                 chunk = self.sock.recv(n - len(buf))
-            except ConnectionResetError:
+            except PEER_CLOSED:
                 return None
             if not chunk:
                 return None

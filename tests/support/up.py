@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -10,6 +12,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+from confluent_kafka.admin._scram import (
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from dev.stack.leftovers import Managed, managed
 from dev.stack.process import ManagedProcess, python_argv, wait_until
@@ -32,9 +43,12 @@ class UpProcess:
 
 
 @contextmanager
-def kdelay_up(workdir: Path, *args: str, timeout: float = 300) -> Iterator[UpProcess]:
-    """Run ``kdelay up ARGS`` with its data and state under ``workdir`` until the block ends;
-    then SIGTERM it and record its exit status in ``exit_code``."""
+def kdelay_up(
+    workdir: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> Iterator[UpProcess]:
+    """Run ``kdelay up ARGS`` with its data and state under ``workdir`` (and ``env`` added to
+    the environment it and its children get) until the block ends; then SIGTERM it and record
+    its exit status in ``exit_code``."""
     state_file = workdir / "up.json"
     proc = ManagedProcess(
         "kdelay-up",
@@ -42,6 +56,7 @@ def kdelay_up(workdir: Path, *args: str, timeout: float = 300) -> Iterator[UpPro
             "up", "--data-dir", str(workdir / "data"), "--state-file", str(state_file), *args
         ),
         workdir / "up.log",
+        env=None if env is None else {**os.environ, **env},
     )
     up = UpProcess(proc, workdir, state_file)
     proc.start()
@@ -104,3 +119,56 @@ def confirmed_master(status: dict[str, Any]) -> str | None:
 def children_of(owner: int) -> list[Managed]:
     """Running processes that carry ``owner``'s kdelay.managed marker (its children)."""
     return [m for m in managed() if m.owner == owner]
+
+
+def sasl_config(state: dict[str, Any], user: str, password: str) -> dict[str, str]:
+    """A librdkafka configuration logging in as ``user`` to ``kdelay up --secure``'s Kafka or
+    proxy (SASL_SSL, SCRAM-SHA-512, trusting the stack's CA)."""
+    sec = state["security"]
+    return {
+        "security.protocol": sec["protocol"],
+        "sasl.mechanism": sec["mechanism"],
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": sec["ca_file"],
+    }
+
+
+def admin_config(state: dict[str, Any]) -> dict[str, str]:
+    """:func:`sasl_config` of the stack's Kafka super user (the state file's)."""
+    admin = state["security"]["admin"]
+    return sasl_config(state, admin["username"], admin["password"])
+
+
+def add_user(state: dict[str, Any], name: str, topic: str | None = None) -> str:
+    """A SCRAM-SHA-512 user of ``kdelay up --secure``'s Kafka (allowed WRITE and DESCRIBE on
+    ``topic`` if given), made as its super user; the user's password."""
+    password = secrets.token_urlsafe(16)
+    admin = AdminClient({"bootstrap.servers": state["kafka"], **admin_config(state)})
+    upsert = UserScramCredentialUpsertion(
+        name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+    )
+    for future in admin.alter_user_scram_credentials([upsert]).values():
+        future.result(timeout=30)
+    if topic is not None:
+        grant_write(state, name, topic)
+    return password
+
+
+def grant_write(state: dict[str, Any], user: str, topic: str) -> None:
+    """Allow ``user`` to WRITE and DESCRIBE ``topic`` (as the stack's super user)."""
+    admin = AdminClient({"bootstrap.servers": state["kafka"], **admin_config(state)})
+    acls = [
+        AclBinding(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.LITERAL,
+            f"User:{user}",
+            "*",
+            op,
+            AclPermissionType.ALLOW,
+        )
+        for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
+    ]
+    for future in admin.create_acls(acls).values():
+        future.result(timeout=30)
