@@ -70,7 +70,7 @@ def test_a_bucket_still_waiting_after_a_long_round_keeps_a_second_of_tokens() ->
     bucket.waiting_at, bucket.waiting = 10.0, True
     assert bucket.available(11.5) == RATE  # a second's worth, not the burst
     bucket.waiting = False
-    bucket.take(RATE, 11.5)
+    bucket.take(int(RATE), 11.5)
     assert bucket.available(13.0) == BURST
 
 

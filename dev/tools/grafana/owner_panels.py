@@ -24,5 +24,5 @@ REVOKED_OWNERS = Panel(
     "by Kafka's ACLs (dead-lettered), questions to Kafka about a target's ACLs that failed, and "
     "due owned messages held pending because of them; and the ACL bindings that let a principal "
     "other than kdelay's WRITE the buffer topic (while any exists the master releases nothing: "
-    "docs/security.md, \"The buffer's writers\").",
+    'docs/security.md, "The buffer\'s writers").',
 )
