@@ -23,6 +23,7 @@ from kdelay.delay_service.store.entry import (
     due_bound,
     encode_entry,
     entry_key,
+    entry_target,
     split_key,
 )
 from kdelay.delay_service.store.outcomes import OutcomeLog
@@ -73,7 +74,9 @@ messages = st.builds(
 @given(messages)
 @settings(deadline=None)
 def test_entry_codec_round_trips(msg: Scheduled) -> None:
-    assert decode_entry(encode_entry(msg)) == msg
+    encoded = encode_entry(msg)
+    assert decode_entry(encoded) == msg
+    assert entry_target(encoded) == (msg.topic, msg.partition)  # the scan's shortcut agrees
 
 
 #: Anything at all, in range or not: series fields, lone surrogates, integers beyond 64 bits;
@@ -154,6 +157,7 @@ def test_entries_of_format_version_1_still_decode() -> None:
     assert encode_entry(msg)[0] == 3  # written as version 3 from now on (with the buffer key)
     v2 = struct.pack("<BqiI", 2, 42, 3, 2) + body
     assert decode_entry(v2) == msg
+    assert entry_target(v1) == entry_target(v2) == ("t", 3)
 
 
 @pytest.mark.parametrize(
@@ -182,6 +186,10 @@ def test_entry_codec_rejects_unknown_versions_and_garbage() -> None:
         decode_entry(encode_entry(sched("a", 1))[:-3])
     with pytest.raises(StoreError, match="after the last field"):
         decode_entry(encode_entry(sched("a", 1)) + b"x")
+    with pytest.raises(StoreError, match="version"):
+        entry_target(b"\x07rest")  # what the shortcut cannot read, decode_entry names
+    with pytest.raises(StoreError, match=r"truncated|corrupt"):
+        entry_target(encode_entry(sched("a", 1))[:12])
 
 
 def test_due_returns_entries_in_key_order_up_to_now(store: Store) -> None:
