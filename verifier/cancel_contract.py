@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kdelay.buffer.sequences import parse_stamp
+
 #: README "Cancelling a message": a message "that a proxy accepted no later than 100 ms after
 #: the cancel was appended" was sent with it.
 SENT_WITH_MS = 100
@@ -49,6 +51,26 @@ WINDOW_MS = 5 * 60 * 1000
 ORDER_SHIFT = 20
 #: The buffer format: occurrence n of a series has the buffer key ``<key of occurrence 1>#<n>``.
 OCCURRENCE_SEPARATOR = "#"
+#: Kafka's producer sequence numbers are int32s that wrap (KIP-98): "before" is modulo this.
+SEQUENCE_MODULUS = 2**31
+
+
+def sequence_before(earlier: int, later: int) -> bool:
+    """Whether sequence number ``earlier`` precedes ``later`` modulo :data:`SEQUENCE_MODULUS`:
+    ``later`` is ahead of it by at least 1 and less than half the modulus (so a producer's
+    sequence that wrapped past 2**31 - 1 to 0 still counts as later)."""
+    ahead = (later - earlier) % SEQUENCE_MODULUS
+    return 0 < ahead < SEQUENCE_MODULUS // 2
+
+
+def produced_before(cancel_stamp: str | None, message_stamp: str | None) -> bool | None:
+    """Rule 5's order: whether the message stamped ``message_stamp`` was produced before the
+    cancel stamped ``cancel_stamp``; None when the two are not comparable (either unstamped or
+    malformed, or another producer stream: producer id, epoch, partition, topic)."""
+    cancel, message = parse_stamp(cancel_stamp), parse_stamp(message_stamp)
+    if cancel is None or message is None or cancel[0] != message[0]:
+        return None
+    return sequence_before(message[1], cancel[1])
 
 
 def accepted_ms(order: int | None) -> int | None:
@@ -74,6 +96,8 @@ class CancelAt:
     appended_ms: int | None  # its append time (LogAppendTime of the buffer topic)
     #: A replace's own buffer key (that of occurrence 1 of its series); None for a cancel.
     replace_key: str | None = None
+    #: Its producer-sequence stamp (route field ``q``; None: unstamped), rule 5.
+    stamp: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +110,23 @@ class MessageAt:
     appended_ms: int | None
     accepted_ms: int | None  # when a proxy accepted it (occurrence 1's for a series)
     buffer_key: str = ""  # its record's buffer key ("": unknown)
+    stamp: str | None = None  # its record's producer-sequence stamp (route field ``q``)
 
 
 def cancels(cancel: CancelAt, message: MessageAt) -> bool:
-    """Whether ``cancel`` cancels ``message`` (the module docstring's words 1 to 4)."""
+    """Whether ``cancel`` cancels ``message`` (the module docstring's words 1 to 5)."""
     if cancel.id != message.id or cancel.partition != message.partition:
         return False
     if cancel.replace_key and series_key(message.buffer_key) == cancel.replace_key:
         return False  # 3: the replacement, or an occurrence of its series
+    order = produced_before(cancel.stamp, message.stamp)
+    if order is not None:  # 5: the producer's sequence decides, within the window
+        return order and message.offset != cancel.offset and _within_window(cancel, message)
+    return _by_position(cancel, message)
+
+
+def _by_position(cancel: CancelAt, message: MessageAt) -> bool:
+    """Words 1 and 2: ``message`` appended before ``cancel``, or sent with it."""
     if message.offset < cancel.offset:
         return True  # 1: appended before it
     if message.offset == cancel.offset:
@@ -105,3 +138,13 @@ def cancels(cancel: CancelAt, message: MessageAt) -> bool:
         WINDOW_MS
     )
     return sent_with_it and in_window  # 2
+
+
+def _within_window(cancel: CancelAt, message: MessageAt) -> bool:
+    """Rule 5's bound: ``message`` is appended before ``cancel``, or at most :data:`WINDOW_MS`
+    after it (within when either append time is unknown)."""
+    if message.offset < cancel.offset:
+        return True
+    if cancel.appended_ms is None or message.appended_ms is None:
+        return True
+    return message.appended_ms - cancel.appended_ms <= WINDOW_MS

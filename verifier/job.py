@@ -20,7 +20,9 @@ cancels in :mod:`verifier.matching`; aggregating in :mod:`verifier.aggregates`):
    due + grace. There every early delivery is counted on its own, at once, by
    ``early_deliveries`` (one early delivery outside the horizon would otherwise be invisible).
    ``with_cancels`` then marks the messages a cancel record cancels (one that follows them in
-   their buffer partition, or one sent with them; a replace never its own series), by the
+   their buffer partition, or one sent with them, or one its producer sent after them by its
+   sequence numbers; a replace never its own series; a bulk cancel's copy only in its own
+   buffer partition), by the
    verifier's own reading of the contract (:mod:`verifier.cancel_contract`), never the
    replicas' rule.
 3. ``summarise`` aggregates per-message rows per event-time window (over the due time) and

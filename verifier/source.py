@@ -38,7 +38,7 @@ from kdelay.verifier.cancel_contract import ORDER_SHIFT
 from kdelay.verifier.config import VerifierConfig
 
 #: The route fields the verifier needs (schedules and cancels); the rest are not parsed.
-_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx", "px")
+_ROUTE_SCHEMA = route_schema("v", "op", "i", "t", "d", "r", "s", "rx", "px", "q")
 #: Spark's Kafka source ``timestampType``: 0 is CreateTime, 1 LogAppendTime.
 LOG_APPEND_TIME = 1
 
@@ -121,13 +121,17 @@ class BufferRows:
     ``schedules``: id, due (timestamp), due_ms, topic, bpart, boff, bts (the record's buffer
     partition, offset and append time in ms), bacc (when a proxy accepted it, ms, from its
     order field; null if unknown) and dkey (what makes copies of one buffer record one
-    message: the buffer key in version 2, id and due time in version 1, whose key is the id).
+    message: the buffer key in version 2, id and due time in version 1, whose key is the id),
+    q (its producer-sequence stamp, route field ``q``, as written; null without one).
     ``cancels``: id, bpart, boff, bts of each cancel and each replace (``"rx"``: a schedule
     that is also a cancel of its id at its own position), rkey (a replace's own buffer key,
-    null for a cancel), and a bulk cancel's px and t (null for the others; the streaming job's
-    one side query reads both kinds from it). Which cancel cancels which schedule:
+    null for a cancel), q (its producer-sequence stamp; null for a bulk cancel), and a bulk
+    cancel's px and t (null for the others; the streaming job's one side query reads both
+    kinds from it). Which cancel cancels which schedule:
     :func:`verifier.cancel_contract.cancels`.
-    ``bulk``: px (the id prefix), t (the target topic or null) and bts of each bulk cancel.
+    ``bulk``: i (the bulk cancel's id: ``bulk.p<N>.<hex>`` for one copy per buffer partition,
+    ``kdelay.buffer.bulk_ids``), bpart (the buffer partition of this record), px (the id
+    prefix), t (the target topic or null) and bts of each bulk cancel record.
     """
 
     schedules: DataFrame
@@ -196,6 +200,7 @@ def buffer_rows(parsed: DataFrame) -> BufferRows:
             F.when(v1, F.concat_ws(" ", "id", F.col("due_ms").cast("string")))
             .otherwise(F.col("bkey"))
             .alias("dkey"),
+            F.col("r.q").alias("q"),
         )
     )
     replaces = (F.col("r.op") == OP_SCHEDULE) & F.coalesce(F.col("r.rx"), F.lit(False))
@@ -205,11 +210,16 @@ def buffer_rows(parsed: DataFrame) -> BufferRows:
         "boff",
         F.col("ts_ms").alias("bts"),
         F.when(replaces, F.col("bkey")).alias("rkey"),
+        F.when(F.col("r.px").isNull(), F.col("r.q")).alias("q"),
         F.when(F.col("r.op") == OP_CANCEL, F.col("r.px")).alias("px"),
         F.when(F.col("r.op") == OP_CANCEL, F.col("r.t")).alias("t"),
     )
     bulk = parsed.where((F.col("r.op") == OP_CANCEL) & F.col("r.px").isNotNull()).select(
-        F.col("r.px").alias("px"), F.col("r.t").alias("t"), F.col("ts_ms").alias("bts")
+        F.col("id").alias("i"),
+        "bpart",
+        F.col("r.px").alias("px"),
+        F.col("r.t").alias("t"),
+        F.col("ts_ms").alias("bts"),
     )
     return BufferRows(schedules, cancels, bulk)
 

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kdelay import logs
+from kdelay.buffer.bulk_ids import bulk_copies
 from kdelay.verifier import cancel_contract as contract
 from kdelay.verifier.aggregates import lateness_values, summarise, window_results
 from kdelay.verifier.config import VerifierConfig
@@ -44,14 +45,16 @@ log = logs.get(__name__)
 BatchHandler = Callable[[int, list[WindowResult], list[float]], None]
 #: A buffer record's place: (id, buffer partition, offset).
 Position = tuple[str, int, int]
-#: A cancel record: its place and append time (ms), and a replace's own buffer key (None for a
-#: cancel).
-CancelAt = tuple[str, int, int, int | None, str | None]
-#: A bulk cancel: its id prefix, target topic (None: every topic) and append time (ms).
-BulkAt = tuple[str, str | None, int | None]
+#: A cancel record: its place and append time (ms), a replace's own buffer key (None for a
+#: cancel), and its producer-sequence stamp (route field ``q``; None: unstamped).
+CancelAt = tuple[str, int, int, int | None, str | None, str | None]
+#: A bulk cancel record: its id prefix, target topic (None: every topic), append time (ms),
+#: its own id (``bulk.p<N>.<hex>``: a copy, for its buffer partition only) and buffer partition.
+BulkAt = tuple[str, str | None, int | None, str, int]
 #: A message's (last) schedule record: its place, append time and acceptance time (ms), its
-#: target topic, and the buffer key of occurrence 1 of its series (None: unknown).
-ScheduleAt = tuple[str, int, int, int | None, int | None, str | None, str | None]
+#: target topic, the buffer key of occurrence 1 of its series (None: unknown), and its
+#: producer-sequence stamp (None: unstamped).
+ScheduleAt = tuple[str, int, int, int | None, int | None, str | None, str | None, str | None]
 _POSITIONS_DDL = "id STRING, bpart INT, boff BIGINT"
 
 
@@ -64,7 +67,9 @@ def match_stream(
     twice)."""
     delay = f"{grace_ms} milliseconds"
     s = (
-        schedules.select("id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "dkey")
+        schedules.select(
+            "id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "dkey", "q"
+        )
         .withWatermark("due", delay)
         # Copies of one buffer record (a client's retried produce) are one message; then one
         # row per (id, due), so that no delivery is joined twice.
@@ -90,12 +95,13 @@ def match_stream(
         "bts",
         "bacc",
         "skey",
+        "q",
         # A new column (not ``at`` itself) carries no event-time metadata, so the aggregation
         # below has exactly one event-time key: ``due``.
         F.unix_millis(F.col("at")).alias("at_ms"),
         "receipt",
     )
-    keys = ["id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "skey"]
+    keys = ["id", "due", "due_ms", "topic", "bpart", "boff", "bts", "bacc", "skey", "q"]
     per = per_message(joined, keys)
     return per.select(
         "id",
@@ -112,6 +118,7 @@ def match_stream(
         F.lit(0).cast("long").alias("early"),
         "receipt",
         "skey",
+        "q",
     )
 
 
@@ -134,12 +141,14 @@ def early_deliveries(deliveries: DataFrame) -> DataFrame:
         F.lit(1).cast("long").alias("early"),
         "receipt",
         F.lit(None).cast("string").alias("skey"),
+        F.lit(None).cast("string").alias("q"),
     )
 
 
 class CancelRegistry:
-    """Every cancel record of each (id, buffer partition), and every bulk cancel (its prefix,
-    topic and append time), fed by a small streaming query over the buffer topic.
+    """Every cancel record of each (id, buffer partition), and every bulk cancel record (its
+    prefix, topic, append time, id and buffer partition), fed by a small streaming query over
+    the buffer topic.
 
     Why not a join: a cancel may come any time before its message's due time, so a
     time-bounded stream-stream join would have to keep cancels (and hold back every result)
@@ -154,38 +163,50 @@ class CancelRegistry:
 
     def add(self, cancels: Iterable[CancelAt], bulk: Iterable[BulkAt] = ()) -> None:
         with self._lock:
-            for msg_id, part, off, ts, replace_key in cancels:
-                at = contract.CancelAt(msg_id, part, off, ts, replace_key)
+            for msg_id, part, off, ts, replace_key, stamp in cancels:
+                at = contract.CancelAt(msg_id, part, off, ts, replace_key, stamp)
                 self._cancels.setdefault((msg_id, part), {})[off] = at
             self._bulk.update(bulk)
 
     def cancelled(self, schedules: Iterable[ScheduleAt]) -> list[Position]:
         """The positions of the ``schedules`` a cancel or a replace cancels
         (:func:`verifier.cancel_contract.cancels`: one before it in its partition, or one after
-        it that was sent with it; never a replace's own series), or a bulk cancel does
-        (:func:`bulk_cancels`)."""
+        it that was sent with it, or, for one producer's stamped pair, one it sent before the
+        cancel; never a replace's own series), or a bulk cancel does (:func:`bulk_cancels`)."""
         with self._lock:
             out = []
-            for msg_id, part, off, ts, accepted, topic, skey in schedules:
-                message = contract.MessageAt(msg_id, part, off, ts, accepted, skey or "")
+            for msg_id, part, off, ts, accepted, topic, skey, stamp in schedules:
+                message = contract.MessageAt(msg_id, part, off, ts, accepted, skey or "", stamp)
                 if any(
                     contract.cancels(c, message)
                     for c in self._cancels.get((msg_id, part), {}).values()
-                ) or any(bulk_cancels(b, msg_id, topic, ts, accepted) for b in self._bulk):
+                ) or any(
+                    bulk_cancels(b, msg_id, topic, ts, accepted, partition=part) for b in self._bulk
+                ):
                     out.append((msg_id, part, off))
             return out
 
 
 def bulk_cancels(
-    bulk: BulkAt, msg_id: str, topic: str | None, appended: int | None, accepted: int | None
+    bulk: BulkAt,
+    msg_id: str,
+    topic: str | None,
+    appended: int | None,
+    accepted: int | None,
+    *,
+    partition: int,
 ) -> bool:
-    """Whether bulk cancel ``bulk`` cancels a message (delay_service/store/bulk_cancels.py's rule,
-    owners aside; :func:`verifier.matching.bulk_cancelled_positions` in the batch job): an id with
-    its prefix, on its topic when it names one, accepted no later than its append time plus
-    SENT_WITH_MS (appended no later than it when the acceptance time is unknown), and appended
-    at most WINDOW_MS after it (:mod:`verifier.cancel_contract`)."""
-    prefix, bulk_topic, bulk_ms = bulk
+    """Whether bulk cancel record ``bulk`` cancels a message of buffer partition ``partition``
+    (delay_service/store/bulk_cancels.py's rule, owners aside;
+    :func:`verifier.matching.bulk_cancelled_positions` in the batch job): an id with its prefix,
+    on its topic when it names one, accepted no later than its append time plus SENT_WITH_MS
+    (appended no later than it when the acceptance time is unknown), and appended at most
+    WINDOW_MS after it (:mod:`verifier.cancel_contract`); a copy (id ``bulk.p<N>.<hex>``,
+    ``kdelay.buffer.bulk_ids``) only in its own buffer partition."""
+    prefix, bulk_topic, bulk_ms, bulk_id, bulk_partition = bulk
     if not msg_id.startswith(prefix) or (bulk_topic is not None and bulk_topic != topic):
+        return False
+    if bulk_copies(bulk_id) is not None and bulk_partition != partition:
         return False
     if bulk_ms is None or appended is None:
         return False
@@ -196,21 +217,34 @@ def bulk_cancels(
     return before and appended - bulk_ms <= contract.WINDOW_MS
 
 
-def _cancel_rows(df: DataFrame) -> tuple[list[CancelAt], list[BulkAt]]:
-    """A side batch's cancels (every cancel record, by id) and bulk cancels."""
+def cancel_rows(df: DataFrame) -> tuple[list[CancelAt], list[BulkAt]]:
+    """The cancels (every cancel record, by id) and bulk cancels of rows of
+    :attr:`verifier.source.BufferRows.cancels` (a side batch, or the bounded read at start)."""
     cancels: list[CancelAt] = []
     bulk: list[BulkAt] = []
     for r in df.collect():
-        cancels.append((str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["rkey"]))
+        part = int(r["bpart"])
+        cancels.append((str(r["id"]), part, int(r["boff"]), r["bts"], r["rkey"], r["q"]))
         if r["px"] is not None:
-            bulk.append((str(r["px"]), r["t"], r["bts"]))
+            bulk.append((str(r["px"]), r["t"], r["bts"], str(r["id"]), part))
     return cancels, bulk
 
 
-def _schedule_rows(df: DataFrame) -> list[ScheduleAt]:
-    rows = df.select("id", "bpart", "boff", "bts", "bacc", "topic", "skey").collect()
+def schedule_rows(df: DataFrame) -> list[ScheduleAt]:
+    """The :data:`ScheduleAt` of per-message rows (:func:`match_stream`'s, or
+    :func:`verifier.matching.messages`'), for :meth:`CancelRegistry.cancelled`."""
+    rows = df.select("id", "bpart", "boff", "bts", "bacc", "topic", "skey", "q").collect()
     return [
-        (str(r["id"]), int(r["bpart"]), int(r["boff"]), r["bts"], r["bacc"], r["topic"], r["skey"])
+        (
+            str(r["id"]),
+            int(r["bpart"]),
+            int(r["boff"]),
+            r["bts"],
+            r["bacc"],
+            r["topic"],
+            r["skey"],
+            r["q"],
+        )
         for r in rows
     ]
 
@@ -226,7 +260,7 @@ def start_continuous(
     # so that no message is judged before the cancels query has caught up.
     snapshot = parse_buffer(read_batch(spark, cfg, subscribe=cfg.buffer_topic))
     registry = CancelRegistry()
-    registry.add(*_cancel_rows(snapshot.cancels))
+    registry.add(*cancel_rows(snapshot.cancels))
     found = snapshot.schedules.select("topic").distinct().collect()
     topics = cfg.topic_list or sorted(str(r["topic"]) for r in found)
     source = {"subscribe": ",".join(topics)} if topics else {"subscribePattern": ALL_USER_TOPICS}
@@ -234,7 +268,7 @@ def start_continuous(
     trigger = f"{cfg.trigger_ms} milliseconds"
 
     def each_cancels(batch: DataFrame, _batch_id: int) -> None:
-        registry.add(*_cancel_rows(batch))
+        registry.add(*cancel_rows(batch))
 
     # From the earliest offset, without a checkpoint: the set lives in memory only.
     cancels_cfg = cfg.model_copy(update={"starting_offsets": "earliest"})
@@ -259,7 +293,7 @@ def start_continuous(
         batch = batch.persist()
         try:
             undelivered = batch.where(F.col("has_schedule") & (F.col("deliveries") == 0))
-            hit = registry.cancelled(_schedule_rows(undelivered))
+            hit = registry.cancelled(schedule_rows(undelivered))
             marked = with_cancels(
                 batch, spark.createDataFrame(hit, _POSITIONS_DDL) if hit else None
             )

@@ -56,11 +56,72 @@ def test_a_replace_never_cancels_its_own_series_and_a_later_cancel_does() -> Non
     assert contract.cancels(other, message(21, T + 1_600, T, key="r1#3"))
 
 
+def test_one_producers_sequence_decides_within_the_window() -> None:
+    """docs/cancelling.md: the cancel cancels what the producer sent before it, whichever
+    reaches the buffer first (appended at most 5 minutes after it), never what it sent after."""
+
+    def stamp(sequence: int, producer: int = 7) -> str:
+        return buffer.producer_seq(producer, 0, "orders", 3, sequence)
+
+    cancel = contract.CancelAt("x", 0, 10, T, stamp=stamp(100))
+
+    def msg(offset: int, appended: int, sequence: int, producer: int = 7) -> contract.MessageAt:
+        return contract.MessageAt(
+            "x", 0, offset, appended, appended, "m", stamp(sequence, producer)
+        )
+
+    assert not contract.cancels(cancel, msg(9, T - 1, 101))  # sent after it, appended before
+    assert contract.cancels(cancel, msg(11, T + 60_000, 99))  # sent before, appended after
+    assert contract.cancels(cancel, msg(11, T + WINDOW, 99))  # at the window's edge
+    assert not contract.cancels(cancel, msg(11, T + WINDOW + 1, 99))  # beyond it
+    assert not contract.cancels(cancel, msg(11, T + 1, 100))  # the same sequence
+    assert not contract.cancels(cancel, msg(11, T + 60_000, 99, producer=8))  # rule 2 decides
+    assert contract.cancels(cancel, msg(9, T - 1, 101, producer=8))  # rule 1 decides
+    unstamped = contract.CancelAt("x", 0, 10, T)
+    assert contract.cancels(unstamped, msg(9, T - 1, 101))  # rule 1 decides
+    replace = contract.CancelAt("x", 0, 10, T, replace_key="m", stamp=stamp(100))
+    assert not contract.cancels(replace, msg(9, T - 1, 99))  # never its own series
+
+
+def test_sequence_order_is_wrap_aware_as_the_replicas_read_it() -> None:
+    half, top = contract.SEQUENCE_MODULUS // 2, contract.SEQUENCE_MODULUS
+    values = [0, 1, 2, 5, half - 1, half, half + 1, half + 5, top - 2, top - 1]
+    for c in values:
+        for m in values:
+            for producer in (7, 8):
+                c_q = buffer.producer_seq(7, 0, "orders", 3, c)
+                m_q = buffer.producer_seq(producer, 0, "orders", 3, m)
+                ours = contract.produced_before(c_q, m_q)
+                assert ours == buffer.produced_before(c_q, m_q), (c, m, producer)
+    assert contract.sequence_before(top - 2, 5)
+    assert not contract.sequence_before(5, half + 5)  # exactly half ahead: not before
+    assert contract.produced_before("7/0/3/5/orders", "7/1/3/4/orders") is None  # new epoch
+    assert contract.produced_before(None, "7/0/3/4/orders") is None
+
+
 # The reported history, one buffer partition: (offset, append time) of each record.
-OLD: ScheduleAt = ("x", 0, 0, T - 5_000, T - 5_000, "t", "old")  # the pending message, replaced
-REPLACE_AS_CANCEL: CancelAt = ("x", 0, 1, T, "r1")  # the PUT, accepted and appended at T
-FIRST: ScheduleAt = ("x", 0, 1, T, T, "t", "r1")  # its occurrence 1, delivered
-SECOND: ScheduleAt = ("x", 0, 3, T + 1_002, T, "t", "r1")  # written at its release, never delivered
+OLD: ScheduleAt = (
+    "x",
+    0,
+    0,
+    T - 5_000,
+    T - 5_000,
+    "t",
+    "old",
+    None,
+)  # the pending message, replaced
+REPLACE_AS_CANCEL: CancelAt = ("x", 0, 1, T, "r1", None)  # the PUT, accepted and appended at T
+FIRST: ScheduleAt = ("x", 0, 1, T, T, "t", "r1", None)  # its occurrence 1, delivered
+SECOND: ScheduleAt = (
+    "x",
+    0,
+    3,
+    T + 1_002,
+    T,
+    "t",
+    "r1",
+    None,
+)  # written at its release, never delivered
 
 
 def _outcomes(cancelled: set[tuple[str, int, int]]) -> list[Outcome]:
@@ -86,10 +147,10 @@ def test_the_verifier_reports_the_replaced_series_lost_occurrence_as_missing() -
 def test_the_replicas_rule_it_used_to_share_excused_the_lost_occurrence() -> None:
     """Why the verifier saw nothing: by the rule the replicas applied, the replace cancels
     occurrence 2 (appended after it, stamped within 100 ms of its append)."""
-    _, c_part, c_off, c_ms, _ = REPLACE_AS_CANCEL
+    _, c_part, c_off, c_ms, _, _ = REPLACE_AS_CANCEL
     excused = {
         ("x", c_part, off)
-        for _, _, off, ts, acc, _, _ in (OLD, FIRST, SECOND)
+        for _, _, off, ts, acc, _, _, _ in (OLD, FIRST, SECOND)
         if buffer.cancels(c_off, c_ms, off, ts, acc)
     }
     assert excused == {("x", 0, 0), ("x", 0, 3)}
