@@ -51,14 +51,13 @@ from kdelay.clock import SYSTEM_CLOCK, Clock
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.release.backoff import ReleaseBackoff
-from kdelay.delay_service.release.catch_up import behind, catch_up, merged
 from kdelay.delay_service.release.delivery_reports import Settled, Settler
 from kdelay.delay_service.release.forwarder_control import CheckpointWriter, ForwarderControl
 from kdelay.delay_service.release.owner_acls import OwnerAcls
 from kdelay.delay_service.release.producer import is_permanent
 from kdelay.delay_service.release.round import RoundResult, claim_ms, next_wake_ms, plan_scan
 from kdelay.delay_service.release.sender import Sender
-from kdelay.delay_service.release.smoothing import RoundQuota, Smoothing
+from kdelay.delay_service.release.smoothing import Smoothing
 from kdelay.delay_service.release.sweep import Sweep
 from kdelay.delay_service.store.due_scan import DueScan, Target
 from kdelay.delay_service.store.entry import Entry
@@ -324,21 +323,6 @@ class Forwarder:
             self._smoothing.known_view(self._sweep.known),
             start=self._sweep.start,
         )
-        now_s = self._clock.monotonic()
-        late = behind(self._sweep, self._smoothing, now_s)
-        if late and isinstance(quota, RoundQuota):  # a throttled topic's budget, from the floor
-            caught, spent = catch_up(
-                self._store,
-                self._smoothing,
-                topics=late,
-                held=held,
-                now_ms=now,
-                now=now_s,
-                limit=self._cfg.scan_batch,
-            )
-            scan = merged(caught, scan)
-            quota.denied |= spent.denied
-            quota.met |= spent.met
         # A revoked owner's message goes to the dead letters; one Kafka was not asked about waits.
         scan = self._owners.screen(scan)
         if self._smoothing.planned(now, skip):

@@ -5,8 +5,7 @@ configured rate instead of all together.
 One :class:`TokenBucket` per rate-limited topic holds what it may still be sent: it fills at
 ``rate`` messages per second up to ``burst`` (a tenth of a second's worth, at least one), or
 up to a second's worth while the topic has due messages waiting (a scan pass that meets the
-topic only every few rounds, or a round that takes longer than a second, does not lose what it
-was owed). The master's rounds consult it
+topic only every few rounds does not lose what it was owed). The master's rounds consult it
 through :class:`RoundQuota`, the collection of targets the round's scan passes over
 (``Store.due_skipping``): it contains the held targets (``sweep.py``) and, once a rate-limited
 topic's budget for the round is used up, every target of that topic. So the throttled
@@ -21,10 +20,6 @@ over, and the sweep keeps a target it passed over passed over until its pass end
 (``sweep.py``). A throttled entry is therefore never overtaken by a later one of its partition.
 The bucket is charged for what the round actually sent (:meth:`Smoothing.released`), in both
 delivery modes; an aborted transaction's records were charged (the rate errs low).
-
-A backlog many scans long: once passed over, the topic stays passed over by the main scan
-until the pass ends (order); ``catch_up.py`` spends its budget from the floor in the pass's
-later rounds, so it leaves at its rate in every round, not only in a pass's first.
 
 Cost: each round while a throttled topic's backlog waits passes over it again. The first scan
 of a sweep's pass reads the targets of entries passed over from the sweep's cache
@@ -72,7 +67,6 @@ class TokenBucket:
     updated: float  # monotonic time of the last refill
     tokens: float = field(default=-1.0)  # -1: start full
     waiting_at: float = -math.inf  # when the topic last had due entries waiting
-    waiting: bool = False  # it had due entries waiting at the last round's end
 
     def __post_init__(self) -> None:
         if self.tokens < 0:
@@ -84,7 +78,7 @@ class TokenBucket:
 
     def capacity(self, now: float) -> float:
         """The most tokens the bucket holds now: more while the topic has a backlog."""
-        if self.waiting or now - self.waiting_at <= BACKLOG_S:
+        if now - self.waiting_at <= BACKLOG_S:
             return max(self.burst, self.rate * BACKLOG_S)
         return self.burst
 
@@ -255,10 +249,8 @@ class Smoothing:
         now = self._clock.monotonic()
         self._denied_now = dict.fromkeys(skip.denied, now_ms)  # applies after released()
         waiting = skip.met | {t for t, _ in passed if t in self._buckets}
-        for topic, bucket in self._buckets.items():
-            bucket.waiting = topic in waiting  # however long the next round takes to come
-            if bucket.waiting:
-                bucket.waiting_at = now
+        for topic in waiting:
+            self._buckets[topic].waiting_at = now
         self._waiting = waiting
         if self._metrics is not None:
             self._metrics.release_throttled_topics.set(len(skip.denied))

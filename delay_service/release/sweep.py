@@ -77,21 +77,13 @@ class Sweep:
 
     def advance(self, scan: DueScan, kept: Iterable[bytes]) -> None:
         """After the round of ``scan``: ``kept`` are the keys of its entries still pending (in
-        flight, failed, not sent). A scan that reached the horizon ends the pass. A kept key
-        below where this round's scan began was a throttled topic's catch-up
-        (``catch_up.py``): that topic stays passed over by the pass, and the next catch-up
-        meets its entry again, so the pass does not go back for it."""
+        flight, failed, not sent). A scan that reached the horizon ends the pass."""
         if not scan.truncated or scan.stopped_at is None:
             self.restart()
             return
         self._passed |= scan.passed
         resume = scan.stopped_at + _NEXT
-        began = self.start
-        self.start = min([resume, *(k for k in kept if began is None or k >= began)])
-
-    def passed_topics(self) -> set[str]:
-        """The topics of the targets this pass passed over."""
-        return {topic for topic, _ in self._passed}
+        self.start = min([resume, *kept])
 
     def restart(self) -> None:
         """The next scan starts a new pass, from the floor."""

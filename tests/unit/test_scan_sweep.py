@@ -20,7 +20,6 @@ from kdelay.delay_service.release.round import RoundResult
 from kdelay.delay_service.release.sender import Sender
 from kdelay.delay_service.release.sweep import Sweep
 from kdelay.delay_service.release.txn_sender import TxnSender
-from kdelay.delay_service.store.due_scan import DueScan
 from kdelay.delay_service.store.store import Store
 from tests.support.fakes import FakeClock, FakeProducer, Sent
 from tests.support.forwarder_rigs import FakeCheckpoints, FakeIngest, FakeTxnProducer, ids_to, msg
@@ -223,20 +222,3 @@ def test_a_target_held_and_freed_during_the_pass_keeps_its_order(store: Store) -
     released_w = [dict(s.headers)["kdelay-id"] for s in producer.produced if s.topic == "w"]
     assert released_w == [b"m500", b"m500", b"m501", b"m502"]  # w1 never before w0
     assert ids_to(producer, "y") == ["m1000", "m1001", "m1002"]
-
-
-def test_a_catch_up_entry_still_pending_does_not_send_the_pass_back() -> None:
-    """A kept key below where the round's scan began was a throttled topic's catch-up
-    (release/catch_up.py): the pass goes on from where the scan stopped; a key the scan itself
-    returned still brings it back."""
-    sweep = Sweep()
-    scan = DueScan([], 5, 1, 50, truncated=True, passed=frozenset({("a", 0)}), stopped_at=b"k50")
-    sweep.advance(scan, [])
-    began = sweep.start
-    assert began is not None
-    sweep.advance(scan, [b"k01"])  # below began: a catch-up's
-    assert sweep.start == began
-    sweep.advance(
-        DueScan([], 5, 1, 70, truncated=True, stopped_at=b"k70"), [b"k01", began + b"\x01"]
-    )
-    assert sweep.start == began + b"\x01"  # the scan's own pending entry

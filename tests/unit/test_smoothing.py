@@ -62,18 +62,6 @@ def test_a_bucket_with_a_backlog_keeps_up_to_a_second_of_tokens() -> None:
     assert bucket.available(12.0) == BURST  # the backlog is a second old: back to the burst
 
 
-def test_a_bucket_still_waiting_after_a_long_round_keeps_a_second_of_tokens() -> None:
-    """A round slower than a second (a large backlog passed over on a busy machine) does not
-    cut a waiting topic back to its burst: it still had due entries at the last round's end."""
-    bucket = TokenBucket(RATE, 10.0)
-    bucket.take(BURST, 10.0)
-    bucket.waiting_at, bucket.waiting = 10.0, True
-    assert bucket.available(11.5) == RATE  # a second's worth, not the burst
-    bucket.waiting = False
-    bucket.take(int(RATE), 11.5)
-    assert bucket.available(13.0) == BURST
-
-
 def test_a_bucket_in_debt_waits_it_out_and_says_when_it_is_ready() -> None:
     bucket = TokenBucket(RATE, 10.0)
     bucket.take(BURST + 5, 10.0)  # more than it held (a round's retry): a debt
@@ -422,6 +410,13 @@ def forwarder(
 SCAN_COST_S = 0.0005
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="starvation confirmed (a throttled backlog many scans long leaves only in a pass's "
+    "first round); a catch-up scan passed this test, but on real Kafka with a 1M backlog "
+    "(bench.smoothing, a loaded machine) it released 0.03 of the limit against 0.13 without "
+    "it, so it is not landed (see the closing note of 2026-12-07)",
+)
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
     store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
