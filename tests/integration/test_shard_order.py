@@ -46,6 +46,7 @@ from tests.support.kafka_helpers import Record, consume_until, create_topic, uni
 from tests.support.proxies import proxy_process, wait_accepting
 from tests.support.replicas import ReplicaSet
 from tests.support.schedule import assert_not_early, create_target
+from tests.support.shards import at_least_partitions
 
 SHARDS = 2
 TARGET_PARTITIONS = 4
@@ -55,13 +56,15 @@ COMMITTED: dict[str, str | int | bool] = {"isolation.level": "read_committed"}
 
 
 def _buffer_partitions(bootstrap: str) -> int:
-    """``__kdelay_buffer``'s partitions (created with 4 when no test has created it yet)."""
+    """``__kdelay_buffer``'s partitions (created with 4 when no test has created it yet, grown
+    to 4 when a one-partition replica set created it: ``shards.at_least_partitions``)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = admin.list_topics(timeout=10).topics.get(BUFFER_TOPIC)
     if topic is None:
         create_topic(bootstrap, BUFFER_TOPIC, 4, config=dict(BUFFER_TOPIC_CONFIG))
         return 4
-    return len(topic.partitions)
+    at_least_partitions(bootstrap, BUFFER_TOPIC, 4)
+    return max(4, len(topic.partitions))
 
 
 def _target_in_both_shards(partitions: int) -> str:

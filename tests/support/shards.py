@@ -6,7 +6,23 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions
+
 from tests.support.replicas import ReplicaSet
+
+
+def at_least_partitions(bootstrap: str, topic: str, partitions: int) -> None:
+    """Grow ``topic`` to ``partitions`` if it exists with fewer. The shared ``__kdelay_buffer``
+    of a test worker's Kafka is created by whichever replica starts first with that Kafka, with
+    that replica's ``buffer_partitions`` (a replica creates it even when it uses a buffer topic
+    of its own): a one-partition set before a two-shard one left shard 1 no partition."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    found = admin.list_topics(topic, timeout=30).topics.get(topic)
+    if found is None or found.error is not None or len(found.partitions) >= partitions:
+        return
+    for future in admin.create_partitions([NewPartitions(topic, partitions)]).values():
+        future.result(timeout=30)
 
 
 @contextlib.contextmanager
@@ -36,6 +52,7 @@ def sharded(
         )
         for i in range(shards)
     ]
+    at_least_partitions(bootstrap, buffer_topic, partitions)
     try:
         for rs in sets:
             rs.start_all()
