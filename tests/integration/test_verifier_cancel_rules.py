@@ -12,9 +12,7 @@ from the same buffer records (docs/cancelling.md). No Kafka.
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import uuid
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -35,6 +33,7 @@ from kdelay.verifier.matching import (
 )
 from kdelay.verifier.source import parse_buffer
 from kdelay.verifier.stream import CancelRegistry, cancel_rows, schedule_rows
+from tests.support.spark_local import local_spark
 
 pytestmark = [
     pytest.mark.integration,
@@ -54,21 +53,8 @@ MINUTE = 60_000
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kdelay-cancel-rules-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
-    with warnings.catch_warnings():  # the sockets collect() left, closed here, not in a later test
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    with local_spark("kdelay-cancel-rules-test") as session:
+        yield session
 
 
 Row = tuple[bytes, list[tuple[str, bytes | None]], dt.datetime, int, int]

@@ -9,8 +9,6 @@ No Kafka.
 from __future__ import annotations
 
 import datetime as dt
-import gc
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +17,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay import headers as h
 from kdelay.verifier.source import LOG_APPEND_TIME, parse_delivered
+from tests.support.spark_local import local_spark
 
 pytestmark = [
     pytest.mark.integration,
@@ -34,21 +33,8 @@ RECEIVED = dt.datetime(2026, 12, 7, 12, 0, 5, tzinfo=dt.UTC)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kdelay-parsing-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
-    with warnings.catch_warnings():  # the sockets collect() left, closed here, not in a later test
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    with local_spark("kdelay-parsing-test") as session:
+        yield session
 
 
 def _raw(spark: SparkSession) -> DataFrame:

@@ -9,9 +9,7 @@ Spark in local mode, no Kafka.
 
 from __future__ import annotations
 
-import gc
 import random
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +18,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the PySpark idiom
 
 from kdelay.verifier.quantiles import exact_percentiles
 from kdelay.verifier.report import QUANTILES
+from tests.support.spark_local import local_spark
 
 # PySpark's collect() leaves its result socket to the garbage collector; a collection during a
 # test reports it as unraisable (as in test_verifier_once.py).
@@ -36,20 +35,8 @@ NONE: tuple[float | None, ...] = (None, None, None)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kdelay-quantiles-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
-    with warnings.catch_warnings():  # the sockets collect() left, closed here, not in a later test
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    with local_spark("kdelay-quantiles-test", shuffle_partitions=4, time_zone=None) as session:
+        yield session
 
 
 def _sparks(df: DataFrame, keys: list[str]) -> dict[tuple[object, ...], tuple[float | None, ...]]:
