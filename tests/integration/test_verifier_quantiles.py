@@ -35,7 +35,7 @@ NONE: tuple[float | None, ...] = (None, None, None)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    with local_spark("kdelay-quantiles-test", shuffle_partitions=4, time_zone=None) as session:
+    with local_spark("kdelay-quantiles-test", shuffle_partitions=4) as session:
         yield session
 
 
