@@ -7,10 +7,12 @@ message that left the store is what :meth:`Store.outcome` remembers (``delivered
 ``cancelled``, ``dead_lettered``), with who cancelled it (``cancelled_by``) or why it was
 dead-lettered (``reason``) when known. A pending entry the master is releasing right now (its
 outcome not known yet: a cancel read meanwhile waits for it, ``in_round.py``) carries
-``"releasing": true``: a confirmed cancel is not decided by such an answer. When both exist (a
-reused id, or a recurring message whose earlier occurrence was released) the answer is
-``pending`` and carries the other as ``last_outcome``. Neither: unknown (None; the caller
-answers 404).
+``"releasing": true``: a confirmed cancel is not decided by such an answer; nor by that of a
+series whose released occurrence a cancel waited on, until the store reads the next occurrence
+that release wrote (``pending``, ``releasing``, the last outcome as ``last_outcome``,
+``in_round.py``). When both exist (a reused id, or a recurring message whose earlier
+occurrence was released) the answer is ``pending`` and carries the other as ``last_outcome``.
+Neither: unknown (None; the caller answers 404).
 
 Every answer carries the id's ``history``, oldest first: each message with the id (each
 occurrence of a series) as ``accepted`` (when a proxy accepted it, by whom), then what became
@@ -161,4 +163,10 @@ def message_status(store: Store, msg_id: str) -> dict[str, Any] | None:
         return doc
     if not earlier:
         return None
+    if store.awaits_next(msg_id):  # a cancel awaits the series' next occurrence (in_round.py)
+        last = outcome_status(earlier[-1])
+        doc = {"id": msg_id, "state": PENDING, "releasing": True, "topic": last["topic"]}
+        if "owner" in last:
+            doc["owner"] = last["owner"]
+        return {**doc, "last_outcome": last, "history": history}
     return {**outcome_status(earlier[-1]), "history": history}

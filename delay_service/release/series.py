@@ -16,26 +16,20 @@ from __future__ import annotations
 
 from kdelay import logs
 from kdelay.buffer import encode
+from kdelay.buffer.records import REPEAT_ERRORS
 from kdelay.delay_service.release.producer import Outgoing
 from kdelay.delay_service.store.entry import Entry, entry_seq
-from kdelay.errors import KdelayError
-from kdelay.repeat import parse_repeat
 
 log = logs.get(__name__)
-
-#: The proxy checked each gap of a series against its maximum horizon; no second check here.
-_NO_HORIZON = 2**62
 
 
 def next_occurrence(entry: Entry, buffer_topic: str) -> Outgoing | None:
     """The buffer record of ``entry``'s next occurrence, or None (not recurring, or the series
     ends here)."""
     msg = entry.message
-    if msg.repeat is None:
-        return None
     try:
-        due = parse_repeat(msg.repeat, _NO_HORIZON).after(msg.occurrence, msg.deliver_at_ms)
-    except (KdelayError, ValueError, OverflowError) as exc:
+        due = msg.next_due()
+    except REPEAT_ERRORS as exc:
         # A value this version cannot follow (or a bug computing it) must not stop every
         # release: this occurrence goes out, the series ends here, loudly.
         log.exception(

@@ -16,6 +16,11 @@ unacknowledged after a timeout; exactly-once: once the round's transaction commi
   transaction, a record the broker or client refused) -> the waiting cancel applies now, 200.
   A release that may have been written (a timeout, at-least-once) stays in release and is
   retried as it would be anyway, until it is delivered or dead-lettered;
+- a series' occurrence whose release commits while a cancel waits on it wrote the series'
+  next occurrence with it (``release/series.py``), which that cancel stops when the store reads
+  it (``cancels.py`` rule 2: it keeps occurrence 1's acceptance time). Until the store has read
+  it (:meth:`InRound.await_next`, :meth:`InRound.arrived`) the id stays ``releasing``, so the
+  answer is 200 when the series stopped, never a 409 for an occurrence it met in flight;
 - a term as master that ends with entries in release (``Store.end_releases``): a waiting
   cancel applies in this store, which so converges with the followers' (they applied the
   cancel when they read it); this replica is no longer master, so no proxy takes its answer.
@@ -45,6 +50,8 @@ class InRound:
 
     def __init__(self) -> None:
         self._keys: dict[bytes, list[Waiting]] = {}
+        #: Next occurrences a settled cancel awaits, buffer key -> message id.
+        self._next: dict[str, str] = {}
 
     def claim(self, key: bytes) -> None:
         """Entry ``key`` is about to be produced (again: the cancels waiting stay)."""
@@ -68,4 +75,19 @@ class InRound:
         """Every entry leaves the release (the term ended): each with its waiting cancels."""
         items = list(self._keys.items())
         self._keys.clear()
+        self._next.clear()
         return items
+
+    def await_next(self, msg_id: str, uid: str) -> None:
+        """Series ``msg_id``'s next occurrence, buffer key ``uid``, decides a cancel that
+        waited on its last release: ``msg_id`` is in release until the store reads it."""
+        self._next[uid] = msg_id
+
+    def arrived(self, uid: str) -> None:
+        """The store read the schedule with buffer key ``uid``."""
+        if self._next:
+            self._next.pop(uid, None)
+
+    def awaits(self, msg_id: str) -> bool:
+        """Whether a cancel of ``msg_id`` awaits its series' next occurrence."""
+        return msg_id in self._next.values()

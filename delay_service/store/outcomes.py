@@ -184,7 +184,13 @@ class OutcomeLog:
                 if _RANK[doc["source"]] < _RANK[body["source"]]:
                     return
                 body = {**doc, **body}  # the richer word, with what the poorer knew besides
-            if not event:
+            if not event and _occurs_before(body, doc):
+                # An earlier occurrence of the series, learnt after a later one's outcome (its
+                # release settled after the store read the next occurrence): history only.
+                if not any(_occurs_before(body, e) is None for e in earlier):
+                    earlier = [*earlier, body][-HISTORY_MAX:]
+                body = doc
+            elif not event:
                 earlier = [*earlier, doc][-HISTORY_MAX:]
             if earlier:
                 body[_HISTORY] = earlier
@@ -340,6 +346,18 @@ def _body(fate: Fate, source: str) -> dict[str, Any]:
     if fate.owner is not None:
         body["owner"] = fate.owner
     return body
+
+
+def _occurs_before(body: dict[str, Any], other: dict[str, Any]) -> bool | None:
+    """Whether outcome ``body`` is of an earlier occurrence of the series ``other`` is of
+    (None: the same occurrence, same state; False otherwise)."""
+    occurrence, then = body.get("occurrence"), other.get("occurrence")
+    if occurrence is None or then is None:
+        return False
+    due, due_then = body.get("deliver_at_ms"), other.get("deliver_at_ms")
+    if occurrence == then and due == due_then and body["state"] == other["state"]:
+        return None
+    return occurrence < then and due is not None and due_then is not None and due < due_then
 
 
 def _decode(msg_id: str, raw: bytes) -> tuple[Outcome, int]:

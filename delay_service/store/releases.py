@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from rocksdict import WriteBatch
 
-from kdelay.buffer import Fate, accepted_ms
+from kdelay.buffer import Fate, Scheduled, accepted_ms
+from kdelay.buffer.records import REPEAT_ERRORS
 from kdelay.checkpoint import Checkpoint
 from kdelay.delay_service.store import rocks
 from kdelay.delay_service.store import writes as store_writes
@@ -31,6 +32,7 @@ from kdelay.delay_service.store.entry import Entry, decode_entry, due_bound, ent
 from kdelay.delay_service.store.ids import id_key
 from kdelay.delay_service.store.in_round import Waiting
 from kdelay.delay_service.store.keyspace import META_CHECKPOINT, META_PENDING, U64
+from kdelay.delay_service.store.outcomes import DELIVERED
 from kdelay.delay_service.store.state import StoreState
 from kdelay.delay_service.store.tombstones import Retired
 
@@ -129,7 +131,7 @@ class StoreReleases:
             now_ms, now = self._st.wall_ms(), time.monotonic()
             learnt: list[tuple[str, Fate]] = []
             for entry, index_key, key in zip(entries, index_keys, current, strict=True):
-                self._st.in_round.settle(entry.key)
+                waited = self._st.in_round.settle(entry.key)
                 if key != entry.key:
                     continue
                 batch.delete(entry.key)
@@ -138,6 +140,8 @@ class StoreReleases:
                 removed += 1
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
                     learnt.append((entry.message.id, fate))
+                    if waited and fate.state == DELIVERED:
+                        self._await_next(entry.message, now)
                     buffer_key = entry.message.buffer_key.encode()
                     released.append(((entry.partition, buffer_key), entry.offset))
             self._st.outcomes.learn_all(batch, learnt, "master", now_ms)
@@ -149,6 +153,26 @@ class StoreReleases:
             while len(self._st.released) > store_writes.RELEASED_MEMORY:
                 self._st.released.popitem(last=False)
         return removed
+
+    def _await_next(self, msg: Scheduled, now: float) -> None:
+        """Occurrence ``msg`` of a series was released while a cancel waited on it: its
+        release wrote the next occurrence, which decides that cancel (``in_round.py``), unless
+        the store read it already or the series ends here."""
+        try:
+            due = msg.next_due()
+        except REPEAT_ERRORS:
+            return  # the series ended here (release/series.py)
+        if due is None:
+            return
+        uid = msg.next_occurrence(due, 0).uid
+        index_key = id_key(msg.id, uid)
+        if index_key not in self._st.done and self._st.ids.get(index_key) is None:
+            self._st.in_round.await_next(msg.id, uid)
+
+    def awaits_next(self, msg_id: str) -> bool:
+        """Whether a cancel of ``msg_id`` waits for its series' next occurrence to be read."""
+        with self._st.lock:
+            return self._st.in_round.awaits(msg_id)
 
     def own_tombstone(self, partition: int, key: bytes) -> bool:
         """Whether the buffer record with Kafka key ``key`` in ``partition`` is a tombstone of a

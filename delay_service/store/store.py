@@ -214,6 +214,10 @@ class Store:
         """:meth:`StoreReleases.in_release`: whether entry ``key`` is in a release."""
         return self.releases.in_release(key)
 
+    def awaits_next(self, msg_id: str) -> bool:
+        """:meth:`StoreReleases.awaits_next`: a cancel of ``msg_id`` awaits its next occurrence."""
+        return self.releases.awaits_next(msg_id)
+
     def not_released(self, keys: Iterable[bytes]) -> list[Retired]:
         """:meth:`StoreReleases.not_released`: releases that surely were not written."""
         return self.releases.not_released(keys)

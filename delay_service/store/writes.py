@@ -150,6 +150,7 @@ class StoreWrites:
         record: Scheduled,
     ) -> None:
         partition, offset, _ = at
+        self._st.in_round.arrived(record.buffer_key)  # a cancel may await it (in_round.py)
         if self._st.checkpoint.covers(partition, offset, record.deliver_at_ms):
             result.covered += 1
         elif (index_key := id_key(record.id, record.uid)) in self._st.done or txn.lookup(

@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import field, replace
 
 from kdelay import headers as h
+from kdelay.errors import KdelayError
 from kdelay.immutable import immutable
+from kdelay.repeat import parse_repeat
+
+#: What :meth:`Scheduled.next_due` raises for a repeat value this version cannot follow.
+REPEAT_ERRORS = (KdelayError, ValueError, OverflowError)
+#: The proxy checked each gap of a series against its maximum horizon; no second check here.
+_NO_HORIZON = 2**62
 
 
 @immutable
@@ -63,6 +70,14 @@ class Scheduled:
         if self.repeat is not None:
             out.append((h.OCCURRENCE, str(self.occurrence).encode()))
         return out
+
+    def next_due(self) -> int | None:
+        """When occurrence n+1 of this recurring message is due: None when it does not repeat
+        or its series ends at this occurrence; raises one of :data:`REPEAT_ERRORS` for a
+        repeat value this version cannot follow."""
+        if self.repeat is None:
+            return None
+        return parse_repeat(self.repeat, _NO_HORIZON).after(self.occurrence, self.deliver_at_ms)
 
     def next_occurrence(self, deliver_at_ms: int, seq: int) -> Scheduled:
         """Occurrence n+1 of this recurring message, due at ``deliver_at_ms``: same id, order

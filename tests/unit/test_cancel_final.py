@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled
+from kdelay.buffer import DEAD_LETTER_TOPIC, Cancel, Scheduled, decode
 from kdelay.checkpoint import CheckpointRecord
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.delay_service.metrics import Metrics
@@ -275,4 +275,100 @@ def test_a_term_that_ends_with_a_cancel_waiting_applies_it_in_this_store(store: 
     doc = message_status(store, "m1")
     assert doc is not None
     assert doc["state"] == "cancelled"
+    assert store.pending == 0
+
+
+# -- a series: the cancel stops it, whatever the occurrence it met ---------------------------
+
+ACCEPTED_MS = T0 - 5_000  # when a proxy accepted occurrence 1 (its order field's ms part)
+
+
+def series(repeat: str = "R3/PT1S", occurrence: int = 1) -> Scheduled:
+    return Scheduled(
+        "m1",
+        "t",
+        0,
+        b"k",
+        b"v1",
+        T0 - 10,
+        uid="u1",
+        seq=ACCEPTED_MS << 20,
+        repeat=repeat,
+        occurrence=occurrence,
+    )
+
+
+def read_next_occurrence(store: Store, sent: list[Sent], offset: int) -> None:
+    """Ingest reads the buffer record the release wrote for the next occurrence, appended at
+    ``offset`` a few ms after the cancel (``cancel`` reads it at T0)."""
+    (nxt,) = [s for s in sent if s.topic == cfg().buffer_topic and s.value is not None]
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in nxt.headers]
+    record = decode(nxt.key, nxt.value, headers, T0 + 5)
+    store.apply([(0, offset, record, T0 + 5)], {0: offset + 1})
+
+
+def test_a_cancel_that_met_a_series_occurrence_in_release_stops_the_series_and_says_so(
+    store: Store,
+) -> None:
+    store.apply([(0, 0, series())], {0: 1})
+    producer = TxnProducer()
+    fwd, gen = exactly_once(store, producer)
+    producer.actions.put(lambda: cancel(store, 1, 1))  # read while occurrence 1 flies
+    fwd.forward_once(Checkpoints(), gen)
+    assert values(producer.committed) == [b"v1"]  # occurrence 1 was delivered
+    # Occurrence 2 was written with it; until the store reads it, the answer is not known.
+    assert answer(store, 1, 1) is None
+    read_next_occurrence(store, producer.committed, 2)
+    assert answer(store, 1, 1) == (200, {"id": "m1", "state": "cancelled"})
+    assert store.pending == 0  # occurrence 2 was cancelled on arrival: the series stopped
+
+
+def test_a_cancel_that_met_a_series_occurrence_in_flight_stops_the_series_at_least_once(
+    store: Store,
+) -> None:
+    store.apply([(0, 0, series())], {0: 1})
+    producer = FakeProducer(hold=lambda s: s.topic == "t")
+    fwd, gen = at_least_once(store, producer)
+    fwd.forward_once(Checkpoints(), gen)
+    cancel(store, 1, 1)
+    producer.hold = lambda s: False
+    fwd.forward_once(Checkpoints(), gen)
+    assert answer(store, 1, 1) is None
+    read_next_occurrence(store, producer.produced, 2)
+    assert answer(store, 1, 1) == (200, {"id": "m1", "state": "cancelled"})
+    assert store.pending == 0
+
+
+def test_a_cancel_that_met_a_series_last_occurrence_answers_delivered(store: Store) -> None:
+    store.apply([(0, 0, series("R2/PT1S", occurrence=2))], {0: 1})
+    producer = TxnProducer()
+    fwd, gen = exactly_once(store, producer)
+    producer.actions.put(lambda: cancel(store, 1, 1))
+    fwd.forward_once(Checkpoints(), gen)
+    assert [s for s in producer.committed if s.topic == cfg().buffer_topic and s.value] == []
+    decided = answer(store, 1, 1)
+    assert decided is not None
+    assert decided[0] == 409, decided  # nothing left to stop
+    assert decided[1]["state"] == "already_delivered"
+
+
+def test_a_series_next_occurrence_read_before_its_release_settles_still_answers_cancelled(
+    store: Store,
+) -> None:
+    store.apply([(0, 0, series())], {0: 1})
+
+    @dataclass
+    class ReadAtCommit(TxnProducer):
+        """Ingest reads what the commit made visible before the forwarder settles it."""
+
+        def commit_transaction(self, timeout: float = -1) -> None:
+            super().commit_transaction(timeout)
+            read_next_occurrence(store, self.committed, 2)
+
+    producer = ReadAtCommit()
+    fwd, gen = exactly_once(store, producer)
+    producer.actions.put(lambda: cancel(store, 1, 1))
+    fwd.forward_once(Checkpoints(), gen)
+    assert values(producer.committed) == [b"v1"]
+    assert answer(store, 1, 1) == (200, {"id": "m1", "state": "cancelled"})
     assert store.pending == 0
