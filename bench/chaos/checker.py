@@ -27,10 +27,13 @@ written from CONTRACT.md and the README's words, not from ``kdelay.buffer.cancel
 - **order_inversion**: in one target partition, a message appended after another although its
   latest possible due time is more than ``order_tolerance`` before the other's earliest, and it
   was acknowledged ``order_tolerance`` before the other was released (so both were pending):
-  "per partition in (due time, arrival) order", which one master keeps for its shard. Shards
-  release independently and the client cannot tell an id's shard, so a pair is judged only when
-  both were appended while the layout had one shard: not within ``several_shards`` (the spans,
-  epoch ms, during which more than one shard released), each widened by ``order_tolerance``.
+  "per partition in (due time, arrival) order", which one master keeps for its shard. A message
+  acknowledged after its own due time is not judged: overdue on arrival, it leaves when the
+  master reads it, which the client cannot see (around a broker fault, seconds after the ack).
+  Shards release independently and the client cannot tell an id's shard, so a pair is judged
+  only when both were appended while the layout had one shard: not within ``several_shards``
+  (the spans, epoch ms, during which more than one shard released), each widened by
+  ``order_tolerance``.
 - **phantom**: a delivery of a token the run never wrote; **dead_lettered**: a write of the
   run in the dead-letter topic (nothing the run sends is invalid).
 """
@@ -221,6 +224,8 @@ def _judge_order(
         if any(lo - tol <= first.ts_ms <= hi + tol for lo, hi in several_shards):
             continue
         if op.acked and op.repeat_count == 1 and op.kind != "immediate" and op.done_ms:
+            if op.done_ms > op.occurrence_due(1)[1]:  # overdue on arrival: released when read
+                continue
             per_partition[(first.topic, first.partition)].append((first, op))
     for rows in per_partition.values():
         rows.sort(key=lambda row: row[0].offset)

@@ -193,6 +193,25 @@ def test_order_inversion_within_a_partition() -> None:
     assert counts(ops, apart) == {}
 
 
+def test_order_is_not_judged_for_a_message_acknowledged_after_its_due_time() -> None:
+    """Overdue on arrival: released when the master reads it, which the client cannot see
+    (the one-hour run's c2026-948: acknowledged 2.5 s after its due time, during a broker
+    kill, and released 0.3 s after a message due 1.9 s later)."""
+    late_ack = Op(
+        "delayed_http",
+        "a",
+        T,
+        T + 6_000,
+        "ok",
+        token="a.0",  # noqa: S106 - a message's token, not a secret
+        topic="t",
+        due_lo=T + 5_000,
+        due_hi=T + 5_000,
+    )
+    ops = [late_ack, write("b", "b.0", T + 7_000)]
+    assert counts(ops, [got("b.0", T + 9_000, offset=0), got("a.0", T + 9_300, offset=1)]) == {}
+
+
 def test_phantom_and_dead_lettered() -> None:
     ops = [write("a", "a.0", T + 1_000)]
     dead = Delivery("a.0", "__kdelay_dead_letter", 0, 0, T + 1_000, None, dead_letter=True)
