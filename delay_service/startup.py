@@ -29,7 +29,6 @@ from confluent_kafka.admin._config import ConfigResource  # not re-exported in t
 from kdelay import acl_check, logs
 from kdelay.acls import REPLICA_GROUPS, Acl, replica_acls
 from kdelay.broker_clock import BrokerClock
-from kdelay.buffer import BUFFER_TOPIC
 from kdelay.delay_service import away, health
 from kdelay.delay_service.config import EXACTLY_ONCE, ReplicaConfig
 from kdelay.delay_service.ingest.ingest import Ingest
@@ -42,7 +41,7 @@ from kdelay.delay_service.release.forwarder import Forwarder
 from kdelay.delay_service.reshard import shard_dir
 from kdelay.delay_service.store.store import Store
 from kdelay.errors import ConfigError
-from kdelay.topics import ensure_buffer_topic, ensure_internal_topics
+from kdelay.topics import ensure_internal_topics
 from kdelay.zk import Paths, Session
 from kdelay.zk.layout import ensure_layout
 
@@ -70,9 +69,9 @@ def check_acls(cfg: ReplicaConfig) -> list[Acl] | None:
 
 def ensure_topics(cfg: ReplicaConfig) -> None:
     """Check the replica's ACLs (:func:`check_acls`) and that no principal but kdelay's may
-    WRITE the buffer (``buffer_writers.check_at_start``), create the internal topics (and a
-    buffer topic of the shard's own) when missing, and check again what could not be asked
-    of the topics before they existed."""
+    WRITE the buffer (``buffer_writers.check_at_start``), create the internal topics when
+    missing (of buffer topics, only the one it reads: a shard's own or ``__kdelay_buffer``),
+    and check again what could not be asked of the topics before they existed."""
     unchecked = check_acls(cfg)
     check_at_start(cfg)
     client = cfg.kafka_client_config()
@@ -82,16 +81,8 @@ def ensure_topics(cfg: ReplicaConfig) -> None:
         replication=cfg.buffer_replication,
         min_insync=cfg.buffer_min_insync_replicas,
         client_config=client,
+        buffer_topic=cfg.buffer_topic,  # a shard's own: no __kdelay_buffer beside it
     )
-    if cfg.buffer_topic != BUFFER_TOPIC:
-        ensure_buffer_topic(
-            cfg.bootstrap_servers,
-            cfg.buffer_topic,
-            partitions=cfg.buffer_partitions,
-            replication=cfg.buffer_replication,
-            min_insync=cfg.buffer_min_insync_replicas,
-            client_config=client,
-        )
     if unchecked and acl_check.awaiting_topics(unchecked):
         check_acls(cfg)
 

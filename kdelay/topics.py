@@ -236,16 +236,18 @@ def ensure_internal_topics(
     min_insync: int | None = None,
     timeout: float = 30.0,
     client_config: dict[str, str] | None = None,
+    buffer_topic: str = BUFFER_TOPIC,
 ) -> list[WeakTopic]:
-    """Create the buffer, dead-letter and checkpoint topics when missing (replication and
-    min ISR: None is auto, see the module docstring); existing ones are left alone, and those
-    weaker than asked are logged and returned. ConfigError names an impossible setting.
-    ``client_config``: librdkafka settings of the admin client (the component's login,
+    """Create the buffer (``buffer_topic``: a shard's own, or ``__kdelay_buffer``),
+    dead-letter and checkpoint topics when missing (replication and min ISR: None is auto,
+    see the module docstring); existing ones are left alone, and those weaker than asked are
+    logged and returned. ConfigError names an impossible setting. ``client_config``:
+    librdkafka settings of the admin client (the component's login,
     kdelay/kafka_security.py)."""
     return _ensure(
         bootstrap,
         [
-            (BUFFER_TOPIC, partitions, BUFFER_TOPIC_CONFIG),
+            (buffer_topic, partitions, BUFFER_TOPIC_CONFIG),
             (DEAD_LETTER_TOPIC, 1, {}),
             (CHECKPOINT_TOPIC, 1, CHECKPOINT_TOPIC_CONFIG),
         ],

@@ -16,6 +16,7 @@ import pytest
 from kdelay import topics
 from kdelay.buffer import BUFFER_TOPIC, CANCEL_WINDOW_MS, DEAD_LETTER_TOPIC
 from kdelay.config_loader import load
+from kdelay.delay_service import startup
 from kdelay.delay_service.config import ReplicaConfig
 from kdelay.errors import ConfigError
 from kdelay.proxy.config import ProxyConfig
@@ -170,6 +171,19 @@ def test_an_existing_weaker_topic_is_left_alone_and_warned_about(
     assert "buffer_replication" in warnings[0]["settings"]
     assert "buffer_min_insync_replicas" in warnings[0]["settings"]
     assert f"--entity-name {BUFFER_TOPIC} --add-config min.insync.replicas=2" in warnings[0]["fix"]
+
+
+def test_a_replica_with_its_own_buffer_topic_creates_no_other(
+    monkeypatch: pytest.MonkeyPatch, events: Events
+) -> None:
+    """A shard's replica creates its buffer topic, not also ``__kdelay_buffer`` with its own
+    partition count (which a proxy or the default shard would then find and use)."""
+    admin = _use(monkeypatch, FakeAdmin(brokers=1))
+    monkeypatch.setattr(startup, "check_acls", lambda cfg: None)
+    monkeypatch.setattr(startup, "check_at_start", lambda cfg: None)
+    startup.ensure_topics(ReplicaConfig(name="r1", buffer_topic="shard-1", buffer_partitions=2))
+    made = {t.topic: t.num_partitions for t in admin.created}
+    assert made == {"shard-1": 2, DEAD_LETTER_TOPIC: 1, CHECKPOINT_TOPIC: 1}
 
 
 def test_what_was_asked_for_explicitly_is_not_weak(
