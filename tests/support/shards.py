@@ -15,10 +15,13 @@ from tests.support.replicas import ReplicaSet
 def at_least_partitions(bootstrap: str, topic: str, partitions: int) -> None:
     """Grow ``topic`` to ``partitions`` if it exists with fewer. The shared ``__kdelay_buffer``
     of a test worker's Kafka is created by whichever replica starts first with that Kafka, with
-    that replica's ``buffer_partitions`` (a replica creates it even when it uses a buffer topic
-    of its own): a one-partition set before a two-shard one left shard 1 no partition."""
+    that replica's ``buffer_partitions``: a one-partition set before a two-shard one left shard
+    1 no partition. Asks for every topic's metadata, not ``topic``'s: a Metadata request that
+    names a missing topic makes a broker with ``auto.create.topics.enable`` create it, with one
+    partition, before the replicas create it with ``partitions`` (CI of fa12c91: two tests of
+    test_shards.py, shard 1 owned no partition)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    found = admin.list_topics(topic, timeout=30).topics.get(topic)
+    found = admin.list_topics(timeout=30).topics.get(topic)
     if found is None or found.error is not None or len(found.partitions) >= partitions:
         return
     for future in admin.create_partitions([NewPartitions(topic, partitions)]).values():
