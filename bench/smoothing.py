@@ -69,17 +69,22 @@ def released(bs: str, topic: str, n: int, timeout: float) -> list[Record]:
 
 
 def released_over(bs: str, topic: str, span_ms: int, timeout: float) -> list[Record]:
-    """``topic``'s records, read_committed, until one was released ``span_ms`` after the first."""
-    bounds = [math.inf, -math.inf]  # the first and the last release time read so far
+    """``topic``'s records, read_committed, until *every* partition has one released
+    ``span_ms`` after the first of all. (Until one of any partition was, as before 2026-12-07,
+    stopped the read as soon as the first partition's fetch reached the window's end: the
+    window then held about one partition's releases, and a throttled topic releasing at its
+    limit measured 0.29 of it.)"""
+    first = math.inf  # the first release time read so far
+    last: dict[int, int] = dict.fromkeys(range(PARTITIONS), -1)  # the last, per partition
     seen = 0
 
     def spanned(records: list[Record]) -> bool:
-        nonlocal seen
+        nonlocal seen, first
         for r in records[seen:]:
-            bounds[0] = min(bounds[0], r.timestamp_ms)
-            bounds[1] = max(bounds[1], r.timestamp_ms)
+            first = min(first, r.timestamp_ms)
+            last[r.partition] = max(last.get(r.partition, -1), r.timestamp_ms)
         seen = len(records)
-        return bounds[1] - bounds[0] >= span_ms
+        return min(last.values()) - first >= span_ms
 
     config: dict[str, str | int | bool] = {"isolation.level": "read_committed"}
     return consume_until(bs, [topic], spanned, timeout=timeout, config=config)

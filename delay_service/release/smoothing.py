@@ -3,15 +3,17 @@
 configured rate instead of all together.
 
 One :class:`TokenBucket` per rate-limited topic holds what it may still be sent: it fills at
-``rate`` messages per second up to ``burst`` (a tenth of a second's worth, at least one), or
-up to a second's worth while the topic has due messages waiting (a scan pass that meets the
-topic only every few rounds does not lose what it was owed). The master's rounds consult it
-through :class:`RoundQuota`, the collection of targets the round's scan passes over
+``rate`` messages per second up to ``burst`` (a tenth of a second's worth, at least one), or up to
+:data:`BACKLOG_S` worth while the topic has due messages waiting: a scan pass that meets the topic
+only every few rounds (a backlog of a million takes a pass of seconds, ``sweep.py``) does not lose
+what it was owed, and sends it when it meets the topic again. What it has sent by any time stays
+within its burst plus its rate times the time since its first release. The master's rounds consult
+it through :class:`RoundQuota`, the collection of targets the round's scan passes over
 (``Store.due_skipping``): it contains the held targets (``sweep.py``) and, once a rate-limited
-topic's budget for the round is used up, every target of that topic. So the throttled
-topic's remaining due entries are *passed over*, exactly like a held target's, and what is due
-for other topics after them is released at once: one throttled topic never holds the others
-back (README "Guarantees", isolation).
+topic's budget for the round is used up, every target of that topic. So the throttled topic's
+remaining due entries are *passed over*, exactly like a held target's, and what is due for other
+topics after them is released at once: one throttled topic never holds the others back (README
+"Guarantees", isolation).
 
 Order per partition: the scan examines the entries in key order (due time, then arrival) and
 admits a topic's entries only while its budget lasts, so what it admits of a topic is a prefix
@@ -49,8 +51,10 @@ from kdelay.delay_service.store.entry import Entry
 
 #: A bucket's burst when the topic has nothing waiting: this long at its rate (at least 1).
 BURST_S = 0.1
-#: While the topic has due messages waiting: up to this long at its rate.
-BACKLOG_S = 1.0
+#: While the topic has due messages waiting: up to this long at its rate. Longer than a sweep
+#: pass over a backlog of millions (about 6 s for 1M here): with one second, a 1M backlog left
+#: at 0.78 of its limit (bench.smoothing, 2026-12-07), with ten at 0.97.
+BACKLOG_S = 10.0
 #: A waiting topic wakes the forwarder once this long's worth of tokens is there (at least 1):
 #: releases leave in batches, not one round per message, and each such round scans the topic's
 #: backlog again (its entries passed over are decoded anew), so not more often than this.

@@ -20,7 +20,7 @@ from kdelay.delay_service.metrics import Metrics
 from kdelay.delay_service.release.exactly_once import ExactlyOnceForwarder
 from kdelay.delay_service.release.forwarder import Forwarder
 from kdelay.delay_service.release.sender import Sender
-from kdelay.delay_service.release.smoothing import BURST_S, Smoothing, TokenBucket
+from kdelay.delay_service.release.smoothing import BACKLOG_S, BURST_S, Smoothing, TokenBucket
 from kdelay.delay_service.release.txn_sender import TxnSender
 from kdelay.delay_service.store import scans as store_scans
 from kdelay.delay_service.store.due_scan import DueScan
@@ -54,12 +54,15 @@ def test_a_bucket_starts_full_with_its_burst_and_refills_at_its_rate() -> None:
     assert bucket.available(20.0) == BURST  # idle: no more than its burst
 
 
-def test_a_bucket_with_a_backlog_keeps_up_to_a_second_of_tokens() -> None:
+def test_a_bucket_with_a_backlog_keeps_what_it_was_owed_for_a_while() -> None:
     bucket = TokenBucket(RATE, 10.0)
     bucket.take(BURST, 10.0)
     bucket.waiting_at = 10.5
     assert bucket.available(10.5) == 50  # a long pass owed it half a second: it keeps it
-    assert bucket.available(12.0) == BURST  # the backlog is a second old: back to the burst
+    assert bucket.available(15.0) == 500  # ... and five seconds, for a pass that long
+    bucket.waiting_at = 30.0  # still waiting
+    assert bucket.available(30.0) == RATE * BACKLOG_S  # at most BACKLOG_S worth
+    assert bucket.available(40.5) == BURST  # nothing waiting for BACKLOG_S: back to the burst
 
 
 def test_a_bucket_in_debt_waits_it_out_and_says_when_it_is_ready() -> None:
@@ -314,7 +317,7 @@ def test_a_throttled_backlog_larger_than_a_scan_passes_over_keeps_order_and_free
 def test_rounds_at_any_pace_never_send_more_than_burst_plus_rate_times_time(seed: int) -> None:
     """Whatever the rounds' pace (sub-millisecond to a second apart), what a topic was sent by
     time t since its first release is at most its burst + rate * t (by the monotonic clock),
-    though its bucket keeps up to a second's worth while a backlog waits."""
+    though its bucket keeps up to BACKLOG_S worth while a backlog waits."""
     rng = random.Random(seed)
     clock = FakeClock(now_ms=0, mono=0.0)
     smoothing = Smoothing(None, {"a": RATE}, clock)
@@ -410,24 +413,16 @@ def forwarder(
 SCAN_COST_S = 0.0005
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="starvation confirmed (a throttled backlog many scans long leaves only in a pass's "
-    "first round); a catch-up scan passed this test, but on real Kafka with a 1M backlog "
-    "(bench.smoothing, an idle machine) it released 0.029 of the limit against 0.289 without "
-    "it, so it is not landed (docs/benchmarks.md, 'Release smoothing with a large backlog')",
-)
-@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
-def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
-    store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _backlog_run(
+    store: Store, mode: str, monkeypatch: pytest.MonkeyPatch, seconds: int
+) -> tuple[list[int], FakeProducer, dict[str, int]]:
     """A throttled backlog far larger than one scan passes over (10,000 of "a" against
     ``scan_skip_limit`` 500: a sweep pass of 20 rounds), with scans that take time (the clock
-    moves with each entry a scan examines, ``SCAN_COST_S``): "a" leaves at >= 0.9 of its rate,
-    in every round of a pass (a catch-up scan from the floor), not only in the first one of
-    each pass, and in order per partition; b's messages, due one every 50 ms behind a's
-    backlog, leave as soon as the pass reaches them (within one pass), as before."""
-    backlog, skip_limit, seconds = 10_000, 500, 9
+    moves with each entry a scan examines, ``SCAN_COST_S``), and b's messages due one every
+    50 ms behind it, run for ``seconds``: how many of "a" had left at the end of each second,
+    the producer, and b's due times by id. Asserts what holds whatever the rate: "a" never
+    above its rate, in order per partition; b leaves as soon as a pass reaches it."""
+    backlog, skip_limit = 10_000, 500
     clock = FakeClock(now_ms=1_000_000, mono=50.0)
     fwd, producer = forwarder(
         mode, store, clock, scan_skip_limit=skip_limit, checkpoint_interval_ms=100
@@ -452,12 +447,6 @@ def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
             fwd.forward_once(cps, gen)
             clock.advance_ms(max(1, fwd.next_wake_ms() - clock.now_ms))
         sent_by_second.append(len(released(producer, "a")))
-    per_second = [n - m for m, n in itertools.pairwise(sent_by_second)]
-    # Its rate, measured after its first second: in all, and over any three seconds (a
-    # catch-up's releases may fall on either side of a second's end).
-    assert sum(per_second) >= 0.9 * RATE * len(per_second), per_second
-    threes = [sum(per_second[i : i + 3]) for i in range(len(per_second) - 2)]
-    assert min(threes) >= 0.8 * 3 * RATE, per_second
     assert sent_by_second[-1] <= BURST + RATE * (clock.mono - 50.0)  # never above its rate
     for partition in (0, 1):
         got = [id_of(s) for s in released(producer, "a") if s.partition == partition]
@@ -467,3 +456,40 @@ def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
     late_b = [s.timestamp - b_due[id_of(s)] for s in released(producer, "b")]
     assert len(late_b) >= len(b_due) - 20 * (pass_s + 1)  # all but those due in the last pass
     assert max(late_b) <= 1_000 * (pass_s + 1), max(late_b)
+    return sent_by_second, producer, b_due
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_backlog_many_scans_long_leaves_at_its_rate_over_its_passes(
+    store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's measure: over four passes (20 s) "a" leaves at >= 0.9 of its rate. A pass
+    meets it in its first round only (the sweep keeps what it passed over passed over), so
+    its bucket keeps what it was owed while it waits (``BACKLOG_S``), and it leaves in one
+    batch per pass; before, a waiting bucket kept one second's worth, 0.2 of the rate here."""
+    sent_by_second, _, _ = _backlog_run(store, mode, monkeypatch, seconds=21)
+    measured = sent_by_second[-1] - sent_by_second[0]  # after its first second
+    assert measured >= 0.9 * RATE * 20, sent_by_second
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a throttled backlog many scans long leaves in a pass's first round only, in one "
+    "batch of what its bucket kept (BACKLOG_S), not smoothly: a catch-up scan passed this "
+    "test, but on real Kafka with a 1M backlog (bench.smoothing, an idle machine) it released "
+    "0.029 of the limit against 0.289 without it, so it is not landed (docs/benchmarks.md, "
+    "'Release smoothing with a large backlog')",
+)
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_backlog_many_scans_long_leaves_at_its_rate_in_every_round_of_a_pass(
+    store: Store, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As :func:`_backlog_run`, over 9 s: "a" leaves at >= 0.9 of its rate in any three
+    seconds, in every round of a pass, not only in the first one of each pass."""
+    sent_by_second, _, _ = _backlog_run(store, mode, monkeypatch, seconds=9)
+    per_second = [n - m for m, n in itertools.pairwise(sent_by_second)]
+    # Its rate, measured after its first second: in all, and over any three seconds (a
+    # catch-up's releases may fall on either side of a second's end).
+    assert sum(per_second) >= 0.9 * RATE * len(per_second), per_second
+    threes = [sum(per_second[i : i + 3]) for i in range(len(per_second) - 2)]
+    assert min(threes) >= 0.8 * 3 * RATE, per_second
