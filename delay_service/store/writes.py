@@ -368,9 +368,8 @@ class StoreWrites:
 
     def _gone(self, removed: Iterable[Retired]) -> None:
         """Remember records a cancel or replace removed: a later copy is a duplicate."""
-        now = time.monotonic()
         for r in removed:
-            self._st.done.add(r.id, r.uid, now)
+            self._st.done.add(r.id, r.uid, time.monotonic())
 
     def _wait_on(self, keys: Iterable[bytes], at: At, by: Canceller, state: str) -> None:
         """A cancel read at ``at`` met entries ``keys`` in release: it waits for the outcome."""
