@@ -186,6 +186,8 @@ class ExactlyOnceForwarder(Forwarder):
             if err is None:
                 if not behind.holds(target):
                     kept.append(e)
+                else:
+                    behind.add(target)  # left out in turn: what may share its partition waits
             elif e.key not in self._doomed:  # a dead letter does not need its target
                 self._attempt_failed(e, err)
                 behind.add(target)

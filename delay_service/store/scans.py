@@ -77,7 +77,14 @@ class StoreScans:
         out: list[Entry] = []
         known = {} if known is None else known
         passed: set[Target] = set()
-        holds = Holds(skip).holds
+        held = Holds(skip).holds
+        # What this scan passed over holds what may share its partition, in turn: a (t, -1)
+        # passed over because (t, p) is held holds (t, q) after it (it may land in q).
+        behind = Holds(passed)
+
+        def holds(target: Target) -> bool:
+            return behind.holds(target) or held(target)  # held(...) may charge a budget: last
+
         skipped, first_skipped_ms, last_ms, last, cut = 0, None, None, None, False
         with self._st.lock:
             self._st.check_open()
@@ -102,7 +109,7 @@ class StoreScans:
                         it.next()
                         continue
                     known[last] = target
-                passed.add(target)
+                behind.add(target)  # into passed
                 skipped += 1
                 first_skipped_ms = last_ms if first_skipped_ms is None else first_skipped_ms
                 cut = skipped >= max_skipped

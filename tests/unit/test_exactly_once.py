@@ -388,3 +388,28 @@ def test_a_release_that_may_share_a_leaderless_partition_waits_behind_it(store: 
     rig.fwd.forward_once(cps, gen)
     rig.fwd.forward_once(cps, gen)
     assert ids(producer.visible("t")) == [b"m0", b"m1"]
+
+
+def test_a_release_placed_by_key_left_behind_a_leaderless_partition_holds_the_others(
+    store: Store,
+) -> None:
+    """The probe leaves out (t, 1) (no leader) and so m1 (t, -1), which may land there; m2
+    (t, 0), due after m1, may be m1's partition too: it waits behind it."""
+    store.apply([(0, 0, msg(0, 100, partition=1))], {0: 1})
+    failing = {b"m0"}
+    producer = FakeTxnProducer(fail=not_leader_for(failing))
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = start(rig, cps)
+    rig.fwd.forward_once(cps, gen)  # m0 fails: (t, 1) held
+    failing.clear()
+    producer.leaderless_partitions.add(("t", 1))
+    store.apply([(0, 1, msg(1, 101, partition=-1)), (0, 2, msg(2, 102, partition=0))], {0: 3})
+    rig.clock.advance_ms(2)  # m0's backoff is over: the probe finds (t, 1) leaderless
+    rig.fwd.forward_once(cps, gen)
+    assert producer.visible("t") == []  # neither m1 nor m2 overtook m0
+    producer.leaderless_partitions.clear()
+    rig.clock.advance_ms(2)
+    for _ in range(3):
+        rig.fwd.forward_once(cps, gen)
+    assert ids(producer.visible("t")) == [b"m0", b"m1", b"m2"]

@@ -473,3 +473,29 @@ def test_a_held_target_holds_every_target_that_may_be_the_same_partition(
     rig.fwd.forward_once(cps, gen)
     assert ids_to(producer, "t")[-2:] == ["m0", "m1"]
     assert store.pending == 0
+
+
+def test_a_release_placed_by_key_held_behind_another_partition_holds_every_partition(
+    store: Store,
+) -> None:
+    """Held as a possible same partition, a release placed by key holds its topic's others in
+    turn: (t, 3) held holds m1 (t, -1), which may land in partition 0, so m2 (t, 0), due after
+    it, waits too (the one-hour chaos run, seed 2026: three keyed messages overtaken by
+    explicit-partition ones in partitions 0, 1 and 2 while partition 3 was held)."""
+    store.apply([(0, 0, msg(0, 100, partition=3))], {0: 1})
+    failing = {"m0"}
+    producer = FakeProducer(fail=timing_out(failing))
+    rig = make(store, producer)
+    cps = FakeCheckpoints()
+    gen = rig.fwd.control.activate(cps)
+    rig.fwd.forward_once(cps, gen)
+    assert store.get("m0") is not None  # failed: (t, 3) held for its backoff
+    failing.clear()
+    store.apply([(0, 1, msg(1, 101, partition=-1)), (0, 2, msg(2, 102, partition=0))], {0: 3})
+    rig.fwd.forward_once(cps, gen)  # m0's backoff is running
+    assert store.get("m1") is not None
+    assert store.get("m2") is not None  # behind m1, which may be its partition
+    rig.clock.advance_ms(1)  # the backoff (1 ms) is over
+    for _ in range(3):
+        rig.fwd.forward_once(cps, gen)
+    assert ids_to(producer, "t") == ["m0", "m1", "m2"]
