@@ -141,7 +141,7 @@ class StoreReleases:
                 if fates is not None and (fate := fates.get(entry.key)) is not None:
                     learnt.append((entry.message.id, fate))
                     if waited and fate.state == DELIVERED:
-                        self._await_next(entry.message, now)
+                        self._await_next(entry.message)
                     buffer_key = entry.message.buffer_key.encode()
                     released.append(((entry.partition, buffer_key), entry.offset))
             self._st.outcomes.learn_all(batch, learnt, "master", now_ms)
@@ -154,7 +154,7 @@ class StoreReleases:
                 self._st.released.popitem(last=False)
         return removed
 
-    def _await_next(self, msg: Scheduled, now: float) -> None:
+    def _await_next(self, msg: Scheduled) -> None:
         """Occurrence ``msg`` of a series was released while a cancel waited on it: its
         release wrote the next occurrence, which decides that cancel (``in_round.py``), unless
         the store read it already or the series ends here."""
